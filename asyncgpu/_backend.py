@@ -1,0 +1,139 @@
+"""The contract every backend implements, and lazy loading of backends by name.
+
+A backend is a module (``_cuda``, ``_host``) whose ``backend_class`` implements `Backend`. The core
+(devices, pools, the completion engine, scopes) only talks to these methods; it never imports CUDA.
+
+Raw objects (``raw_event``, ``raw_stream``) are whatever the backend chooses; the core stores and passes them
+back. Methods marked *hot* are called once per record or query and must stay cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from abc import ABC, abstractmethod
+from typing import Any, Callable
+
+__all__ = ["Backend", "BackendDevice", "load_backend", "BACKEND_NAMES"]
+
+BACKEND_NAMES = ("cuda", "host")
+
+
+class BackendDevice(ABC):
+    """One device of a backend. Methods may be called from any thread unless stated otherwise."""
+
+    name: str  #: e.g. ``"cuda:0"`` or ``"host:1"``
+    index: int
+    backend: str
+    description: str  #: human-readable model, e.g. ``"NVIDIA H200"``
+
+    #: Called by the backend (from any thread, never a CUDA driver thread) after it completes an event, so a
+    #: sleeping completion engine can look at once. The core installs it; ``None`` means nobody listens.
+    on_progress: Callable[[], None] | None = None
+
+    @abstractmethod
+    def create_stream(self) -> Any: ...
+
+    @abstractmethod
+    def adopt_stream(self, obj: Any) -> Any:
+        """Wrap a foreign stream (an object with ``__cuda_stream__``, or a backend stream)."""
+
+    @abstractmethod
+    def stream_handle(self, raw_stream: Any) -> int:
+        """An integer identifying the stream (the ``cudaStream_t`` address on CUDA)."""
+
+    @abstractmethod
+    def create_event(self, timing: bool) -> Any: ...
+
+    @abstractmethod
+    def destroy_event(self, raw_event: Any) -> None: ...
+
+    @abstractmethod
+    def record(self, raw_event: Any, raw_stream: Any) -> None:
+        """Hot. Enqueue ``raw_event`` on ``raw_stream`` (re-recording an event that is complete)."""
+
+    @abstractmethod
+    def query(self, raw_event: Any) -> bool:
+        """Hot. True once the stream passed the event. Raises `BackendError` on a device error."""
+
+    @abstractmethod
+    def sync_event(self, raw_event: Any) -> None:
+        """Block the calling thread, GIL released, until the event completes."""
+
+    @abstractmethod
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        """Milliseconds between two completed timing events of this device."""
+
+    @abstractmethod
+    def wait_event(self, raw_stream: Any, raw_event: Any) -> None:
+        """Make ``raw_stream`` wait (on the device, no host wait) for ``raw_event``."""
+
+    @abstractmethod
+    def sync_stream(self, raw_stream: Any) -> None: ...
+
+    @abstractmethod
+    def sync_device(self) -> None:
+        """Block until all work on every stream of this device is done."""
+
+    @abstractmethod
+    def close_stream(self, raw_stream: Any) -> None: ...
+
+    @abstractmethod
+    def launch(self, raw_stream: Any, kernel: Any, config: Any, args: tuple) -> None:
+        """Enqueue a kernel (CUDA: a cuda.core Kernel and LaunchConfig; host: a callable, config None)."""
+
+    # Built-in workloads (``asyncgpu.workloads``): each enqueues on ``raw_stream`` and returns at once.
+    @abstractmethod
+    def alloc(self, n: int, dtype: Any, raw_stream: Any) -> Any: ...
+
+    @abstractmethod
+    def alloc_pinned(self, n: int, dtype: Any) -> Any:
+        """A numpy array in page-locked host memory (plain host memory on the host backend)."""
+
+    @abstractmethod
+    def spin(self, raw_stream: Any, duration_ns: int) -> None: ...
+
+    @abstractmethod
+    def inc_loop(self, raw_stream: Any, array: Any, n: int, iterations: int) -> None: ...
+
+    @abstractmethod
+    def memset(self, raw_stream: Any, array: Any, nbytes: int, byte: int) -> None: ...
+
+    @abstractmethod
+    def copy_to_host(self, raw_stream: Any, array: Any, host: Any, nbytes: int) -> None: ...
+
+    @abstractmethod
+    def to_numpy(self, array: Any, n: int, dtype: Any) -> Any:
+        """Synchronous copy of a device array to a new numpy array (tests and examples)."""
+
+
+class Backend(ABC):
+    name: str
+
+    @abstractmethod
+    def available(self) -> tuple[bool, str]:
+        """Whether devices can be opened, and why not. Probes once; never hangs without a driver."""
+
+    @abstractmethod
+    def device_count(self) -> int: ...
+
+    @abstractmethod
+    def open_device(self, index: int) -> BackendDevice: ...
+
+
+_loaded: dict[str, Backend] = {}
+_lock = threading.Lock()
+
+
+def load_backend(name: str) -> Backend:
+    """Import ``asyncgpu._<name>`` on first use and return its single `Backend` instance."""
+    if name not in BACKEND_NAMES:
+        from ._errors import UnknownDeviceError
+
+        raise UnknownDeviceError(f"unknown backend {name!r}: use one of {', '.join(BACKEND_NAMES)}")
+    with _lock:
+        backend = _loaded.get(name)
+        if backend is None:
+            module = importlib.import_module(f"asyncgpu._{name}")
+            backend = _loaded[name] = module.backend_class()
+        return backend

@@ -1,0 +1,204 @@
+"""`Device`: the per-device async worker: its streams, its pools of recycled events, its completion engine.
+
+Get one with `asyncgpu.device` / `asyncgpu.devices`; there is one open worker per device and process.
+
+Threads: every method may be called from any thread. The worker owns one waiter thread (started on the first
+wait) and, on the host backend, one thread per stream. `close` stops them; pending waits then fail with
+`ClosedError`, events in use are destroyed as they come back, and nothing is leaked.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Any, final
+
+import numpy as np
+
+from ._backend import BackendDevice
+from ._engine import KIND_RELEASE, Engine
+from ._errors import BackendError, ClosedError, DeviceMismatchError
+from ._event import Event
+from ._memory import DeviceArray
+from ._pool import EventPool, PoolStats
+from ._stream import Stream
+
+__all__ = ["Device"]
+
+
+@final
+class Device:
+    """The async worker of one device (``cuda:0``, ``host:1``…). See the module docstring for threads."""
+
+    def __init__(self) -> None:
+        raise TypeError("open devices with asyncgpu.device(...) or asyncgpu.devices()")
+
+    @classmethod
+    def _open(cls, bd: BackendDevice, *, streams: int, max_events: int) -> Device:
+        if streams < 1:
+            raise ValueError(f"a device needs at least one stream, got streams={streams}")
+        self = object.__new__(cls)
+        self._bd = bd
+        self.name: str = bd.name  #: ``"cuda:0"``, ``"host:1"``
+        self.index: int = bd.index
+        self.backend: str = bd.backend  #: ``"cuda"`` or ``"host"``
+        self.description: str = bd.description
+        self.options = {"streams": streams, "max_events": max_events}
+        self._closed = False
+        self._lock = threading.Lock()
+        self._engine = Engine(bd)
+        self._pool_t = EventPool(bd, timing=True, max_events=max_events)
+        self._pool_nt = EventPool(bd, timing=False, max_events=max_events)
+        self._graveyard: deque = deque()
+        self._owned: list[Stream] = []
+        self._adopted: dict[int, Stream] = {}
+        self.streams: tuple[Stream, ...] = tuple(self._new_stream() for _ in range(streams))
+        self.stream: Stream = self.streams[0]  #: the default stream
+        self._marker = self._new_stream("marker")  # idle: scope marks land at once
+        return self
+
+    # -- events -------------------------------------------------------------------------------------------
+    def record(self, stream: Stream | Any | None = None, *, timing: bool = True, tag: Any = None) -> Event:
+        """Record a pooled event on ``stream`` (default: `stream`; a foreign ``__cuda_stream__`` object is
+        adopted) and return it. Never blocks. Release it with ``event.release()`` or a ``with`` block."""
+        if self._closed:
+            self._check_open()
+        if self._graveyard:
+            self._drain_graveyard()
+        pool = self._pool_t if timing else self._pool_nt
+        raw = pool.take()
+        ev = Event._create(self, raw, timing)
+        try:
+            ev.record(stream, tag=tag)
+        except BaseException:
+            ev._raw = None
+            pool.give(raw)
+            raise
+        return ev
+
+    def create_event(self, *, timing: bool = True) -> Event:
+        """A pooled event that is not recorded yet: record it with ``event.record(stream)``."""
+        self._check_open()
+        return Event._create(self, (self._pool_t if timing else self._pool_nt).take(), timing)
+
+    def pool_stats(self, timing: bool = True) -> PoolStats:
+        """Counters of the pool of timing (or non-timing) events."""
+        return (self._pool_t if timing else self._pool_nt).stats()
+
+    def _recycle(self, raw: Any, timing: bool, key: int | None, seq: int) -> None:
+        """Give ``raw`` back to its pool once the device can no longer touch it."""
+        pool = self._pool_t if timing else self._pool_nt
+        try:
+            done = key is None or self._closed or self._bd.query(raw)
+        except BackendError:
+            self._bd.destroy_event(raw)  # a failed device: never reuse its events
+            return
+        if done:
+            pool.give(raw)
+            return
+        try:
+            self._engine.add(raw, key, seq, None, 0, KIND_RELEASE, None, pool.give)
+        except ClosedError:
+            pool.give(raw)  # the pool is closed too: this destroys it (CUDA frees it once the device passes it)
+
+    def _bury(self, raw: Any, timing: bool, key: int | None, seq: int) -> None:
+        """From ``Event.__del__`` (any thread, maybe inside the engine's lock): recycle later, lock-free."""
+        self._graveyard.append((raw, timing, key, seq))
+
+    def _drain_graveyard(self) -> None:
+        while True:
+            try:
+                item = self._graveyard.popleft()
+            except IndexError:
+                return
+            self._recycle(*item)
+
+    # -- streams ------------------------------------------------------------------------------------------
+    def _new_stream(self, label: str | None = None) -> Stream:
+        s = Stream._create(self, self._bd.create_stream(), label or f"s{len(self._owned)}", True)
+        if label is None:
+            self._owned.append(s)
+        return s
+
+    def create_stream(self) -> Stream:
+        """A new non-blocking stream owned by this worker (closed with it)."""
+        self._check_open()
+        with self._lock:
+            return self._new_stream()
+
+    def adopt_stream(self, obj: Any) -> Stream:
+        """Wrap a framework's stream (any object with ``__cuda_stream__``: torch, CuPy, cuda.core) so asyncgpu
+        can record and launch on it. asyncgpu never closes an adopted stream."""
+        self._check_open()
+        if isinstance(obj, Stream):
+            if obj.device is not self:
+                raise DeviceMismatchError(f"that stream belongs to {obj.device.name}, not {self.name}")
+            return obj
+        raw = self._bd.adopt_stream(obj)
+        handle = self._bd.stream_handle(raw)
+        with self._lock:
+            s = self._adopted.get(handle)
+            if s is None:
+                s = self._adopted[handle] = Stream._create(self, raw, f"x{len(self._adopted)}", False)
+            return s
+
+    def _stream_of(self, stream: Any) -> Stream:
+        if stream is None:
+            return self.stream
+        if isinstance(stream, Stream):
+            if stream.device is not self:
+                raise DeviceMismatchError(
+                    f"that stream belongs to {stream.device.name}, not {self.name}: record on one of "
+                    f"{self.name}'s streams, or on {stream.device.name}"
+                )
+            return stream
+        return self.adopt_stream(stream)
+
+    # -- memory -------------------------------------------------------------------------------------------
+    def alloc(self, n: int, dtype: Any = np.float32, *, stream: Stream | None = None) -> DeviceArray:
+        """``n`` elements of device memory, allocated in order on ``stream`` (contents undefined)."""
+        self._check_open()
+        if n < 0:
+            raise ValueError(f"cannot allocate {n} elements")
+        dt = np.dtype(dtype)
+        return DeviceArray._create(self, self._bd.alloc(n, dt, self._stream_of(stream)._raw), n, dt)
+
+    def alloc_pinned(self, n: int, dtype: Any = np.float32) -> np.ndarray:
+        """A numpy array of ``n`` elements in page-locked host memory (plain memory on the host backend)."""
+        self._check_open()
+        return self._bd.alloc_pinned(n, np.dtype(dtype))
+
+    # -- lifetime -----------------------------------------------------------------------------------------
+    def synchronize(self) -> None:
+        """Block the calling thread (GIL released) until all work on this device is done. For async code,
+        ``await device.record().wait()`` per stream, or a ``gpu_timer(..., synchronize=True)``."""
+        self._check_open()
+        self._bd.sync_device()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"{self.name}'s worker is closed: open it again with asyncgpu.device({self.name!r})")
+
+    def close(self) -> None:
+        """Stop the worker: pending waits fail with `ClosedError`; streams, events and the waiter thread are
+        released. Work already enqueued still runs. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        from ._select import _forget
+
+        _forget(self)
+        self._engine.close()
+        self._drain_graveyard()
+        for s in (*self._owned, self._marker):
+            self._bd.close_stream(s._raw)
+        self._pool_t.close()
+        self._pool_nt.close()
+
+    def __repr__(self) -> str:
+        return f"<asyncgpu.Device {self.name} {self.description}{' closed' if self._closed else ''}>"

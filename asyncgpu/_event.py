@@ -1,0 +1,146 @@
+"""`Event`: a pooled backend event with awaitable completion.
+
+Events come from `Device.record` (recorded at once) or `Device.create_event` (recorded later with
+`Event.record` / `Stream.record`). They return to their device's pool on `release()` (or when the ``with``
+block or the garbage collector ends them), and only once the device can no longer touch them.
+
+Threads: every method may be called from any thread; ``await wait()`` from any asyncio (uvloop) or trio loop.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, final
+
+from ._errors import DeviceMismatchError, NotRecordedError, ReleasedError, TimingDisabledError
+from ._waiting import await_completion
+
+if TYPE_CHECKING:
+    from ._device import Device
+    from ._stream import Stream
+
+__all__ = ["Event"]
+
+_now = time.perf_counter_ns
+
+
+@final
+class Event:
+    """A point in a stream's work on one device. Create with `Device.record` or `Device.create_event`."""
+
+    __slots__ = ("device", "timing", "_raw", "_key", "_seq", "_record_ns", "_tag", "__weakref__")
+
+    def __init__(self) -> None:
+        raise TypeError("events come from device.record() or device.create_event()")
+
+    @classmethod
+    def _create(cls, device: Device, raw: Any, timing: bool) -> Event:
+        self = object.__new__(cls)
+        self.device = device
+        self.timing = timing
+        self._raw = raw
+        self._key: int | None = None  # the stream it was last recorded on (None: never recorded)
+        self._seq = 0
+        self._record_ns = 0
+        self._tag: Any = None
+        return self
+
+    # -- recording ---------------------------------------------------------------------------------------
+    def record(self, stream: Stream | Any | None = None, *, tag: Any = None) -> Event:
+        """Record (or re-record) on ``stream`` (default: the device's default stream). Returns ``self``.
+
+        ``tag`` names the work before this point (default: the last workload launched on that stream); the
+        completion engine learns how long each tag takes to wake waiters just in time.
+        """
+        raw = self._live()
+        s = self.device._stream_of(stream)
+        s._bd.record(raw, s._raw)
+        self._key = s.handle
+        self._seq = next(s._seqs)
+        self._record_ns = _now()
+        self._tag = s._tag if tag is None else tag
+        return self
+
+    @property
+    def recorded(self) -> bool:
+        return self._key is not None
+
+    # -- completion ---------------------------------------------------------------------------------------
+    def query(self) -> bool:
+        """True once the device has passed the event. Never blocks."""
+        return self.device._bd.query(self._checked())
+
+    def sync(self) -> None:
+        """Block the calling thread (GIL released) until the device has passed the event."""
+        self.device._bd.sync_event(self._checked())
+
+    async def wait(self) -> None:
+        """Resume the calling task once the device has passed the event; the loop runs other tasks meanwhile.
+
+        A checkpoint, even when the event is already complete. Cancellation withdraws the wait at once and
+        leaves the event untouched (still recorded, still yours). Raises `BackendError` if the device fails
+        (a sticky CUDA error) and `ClosedError` if the device is closed while waiting.
+        """
+        raw = self._checked()
+        dev = self.device
+        await await_completion(dev._engine, dev._bd.query, raw, self._key, self._seq, self._tag, self._record_ns)
+
+    # -- timing -------------------------------------------------------------------------------------------
+    def elapsed_ms(self, start: Event) -> float:
+        """Milliseconds from ``start`` to this event (same device; both recorded, complete, with timing)."""
+        if not isinstance(start, Event):
+            raise TypeError(f"elapsed_ms() takes an asyncgpu Event, not {type(start).__name__}")
+        if start.device is not self.device:
+            raise DeviceMismatchError(
+                f"cannot time between {start.device.name} and {self.device.name}: each device has its own clock. "
+                "Time events of one device, or compare activity records on the aligned timeline"
+            )
+        for ev in (start, self):
+            if not ev.timing:
+                raise TimingDisabledError(
+                    "an event recorded with timing=False has no timestamp: record it with device.record(timing=True)"
+                )
+        return self.device._bd.elapsed_ms(start._checked(), self._checked())
+
+    def __sub__(self, start: Event) -> float:
+        """``end - start``: `elapsed_ms` in milliseconds."""
+        return self.elapsed_ms(start)
+
+    # -- lifetime -----------------------------------------------------------------------------------------
+    def release(self) -> None:
+        """Give the event back to its pool (at once if complete, else once the device passes it). Idempotent."""
+        raw = self._raw
+        if raw is not None:
+            self._raw = None
+            self.device._recycle(raw, self.timing, self._key, self._seq)
+
+    def __enter__(self) -> Event:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __del__(self) -> None:
+        raw = getattr(self, "_raw", None)
+        if raw is not None:
+            self._raw = None
+            self.device._bury(raw, self.timing, self._key, self._seq)
+
+    def _live(self) -> Any:
+        raw = self._raw
+        if raw is None:
+            raise ReleasedError(
+                "this event went back to its pool (released, or its scope closed): take a new one with "
+                "device.record()"
+            )
+        return raw
+
+    def _checked(self) -> Any:
+        raw = self._live()
+        if self._key is None:
+            raise NotRecordedError("this event was never recorded: call event.record(stream) first")
+        return raw
+
+    def __repr__(self) -> str:
+        state = "released" if self._raw is None else ("recorded" if self._key is not None else "unrecorded")
+        return f"<asyncgpu.Event {self.device.name} {state}{'' if self.timing else ' timing=False'}>"

@@ -1,0 +1,214 @@
+"""The host backend: devices that are CPU worker threads, with the same contract as CUDA devices.
+
+Each stream is one thread that runs what was submitted to it, in order. An event completes when its stream
+reaches it and carries the host time (``time.perf_counter_ns``) at that point, so elapsed times are real
+timings of real host work. Nothing here imitates a GPU: a host device is an in-order executor.
+
+Errors: an exception raised by work on a stream poisons the device, as a sticky CUDA error poisons a context:
+every later query, sync or record on it raises `BackendError` chained to the original exception.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import weakref
+from typing import Any, Callable
+
+import numpy as np
+
+from ._backend import Backend, BackendDevice
+from ._errors import BackendError, NotReadyError, UnknownDeviceError
+
+__all__ = ["HostBackend", "HostDevice", "backend_class"]
+
+MAX_HOST_DEVICES = 64
+_STOP = object()
+
+
+class _HostEvent:
+    __slots__ = ("done", "t_ns", "timing")
+
+    def __init__(self, timing: bool) -> None:
+        self.done = threading.Event()
+        self.done.set()  # a fresh event counts as complete, as cudaEventQuery says of an unrecorded event
+        self.t_ns = 0
+        self.timing = timing
+
+
+class _HostStream:
+    """One in-order executor thread."""
+
+    def __init__(self, device: HostDevice, number: int) -> None:
+        self.device = device
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name=f"asyncgpu-{device.name}-stream{number}", daemon=True)
+        self.closed = False
+        self.thread.start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        if self.closed:
+            raise BackendError(f"stream of {self.device.name} is closed")
+        self.queue.put((fn, args))
+
+    def _run(self) -> None:
+        device = self.device
+        while True:
+            item = self.queue.get()
+            if item is _STOP:
+                return
+            fn, args = item
+            if device.error is not None and fn is not _complete:
+                continue  # a poisoned device runs no more work; events still complete so nothing hangs
+            try:
+                fn(*args)
+            except BaseException as exc:  # noqa: BLE001 - recorded and re-raised to every waiter
+                device.error = exc
+            hook = device.on_progress
+            if hook is not None and fn is _complete:
+                hook()
+
+
+def _complete(ev: _HostEvent) -> None:
+    ev.t_ns = time.perf_counter_ns()
+    ev.done.set()
+
+
+def _sleep_until(deadline_ns: int) -> None:
+    while True:
+        left = deadline_ns - time.perf_counter_ns()
+        if left <= 0:
+            return
+        time.sleep(left / 1e9)
+
+
+def _inc_loop(a: np.ndarray, iterations: int) -> None:
+    for _ in range(iterations):
+        np.add(a, np.float32(1.0), out=a)
+
+
+def _wait_other(ev: _HostEvent) -> None:
+    ev.done.wait()
+
+
+class HostDevice(BackendDevice):
+    backend = "host"
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.name = f"host:{index}"
+        self.description = "host worker threads"
+        self.error: BaseException | None = None
+        self._streams: weakref.WeakSet[_HostStream] = weakref.WeakSet()
+        self._count = 0
+
+    def _check(self) -> None:
+        if self.error is not None:
+            raise BackendError(f"work on {self.name} raised {type(self.error).__name__}: {self.error}; the device "
+                               "is poisoned, fix the failing work and open a new process") from self.error
+
+    def create_stream(self) -> _HostStream:
+        self._count += 1
+        s = _HostStream(self, self._count)
+        self._streams.add(s)
+        return s
+
+    def adopt_stream(self, obj: Any) -> _HostStream:
+        if isinstance(obj, _HostStream) and obj.device is self:
+            return obj
+        raise TypeError(f"{self.name} can only adopt its own host streams, not {type(obj).__name__}")
+
+    def stream_handle(self, raw_stream: _HostStream) -> int:
+        return id(raw_stream)
+
+    def close_stream(self, raw_stream: _HostStream) -> None:
+        if not raw_stream.closed:
+            raw_stream.closed = True
+            raw_stream.queue.put(_STOP)
+            if raw_stream.thread is not threading.current_thread():
+                raw_stream.thread.join()
+
+    def create_event(self, timing: bool) -> _HostEvent:
+        return _HostEvent(timing)
+
+    def destroy_event(self, raw_event: _HostEvent) -> None:
+        pass
+
+    def record(self, raw_event: _HostEvent, raw_stream: _HostStream) -> None:
+        self._check()
+        raw_event.done.clear()
+        raw_stream.submit(_complete, raw_event)
+
+    def query(self, raw_event: _HostEvent) -> bool:
+        self._check()
+        return raw_event.done.is_set()
+
+    def sync_event(self, raw_event: _HostEvent) -> None:
+        raw_event.done.wait()
+        self._check()
+
+    def elapsed_ms(self, start: _HostEvent, end: _HostEvent) -> float:
+        if not (start.done.is_set() and end.done.is_set()):
+            raise NotReadyError("the host stream has not reached that event yet: await event.wait() first")
+        return (end.t_ns - start.t_ns) / 1e6
+
+    def wait_event(self, raw_stream: _HostStream, raw_event: _HostEvent) -> None:
+        raw_stream.submit(_wait_other, raw_event)
+
+    def sync_stream(self, raw_stream: _HostStream) -> None:
+        marker = _HostEvent(False)
+        self.record(marker, raw_stream)
+        self.sync_event(marker)
+
+    def sync_device(self) -> None:
+        for s in list(self._streams):
+            if not s.closed:
+                self.sync_stream(s)
+        self._check()
+
+    def launch(self, raw_stream: _HostStream, kernel: Any, config: Any, args: tuple) -> None:
+        if not callable(kernel) or config is not None:
+            raise TypeError("a host device launches a Python callable with its arguments (no launch config)")
+        self._check()
+        raw_stream.submit(kernel, *args)
+
+    def alloc(self, n: int, dtype: Any, raw_stream: _HostStream) -> np.ndarray:
+        return np.empty(n, dtype=dtype)
+
+    def alloc_pinned(self, n: int, dtype: Any) -> np.ndarray:
+        return np.empty(n, dtype=dtype)
+
+    def spin(self, raw_stream: _HostStream, duration_ns: int) -> None:
+        self.launch(raw_stream, lambda: _sleep_until(time.perf_counter_ns() + duration_ns), None, ())
+
+    def inc_loop(self, raw_stream: _HostStream, array: np.ndarray, n: int, iterations: int) -> None:
+        self.launch(raw_stream, _inc_loop, None, (array[:n], iterations))
+
+    def memset(self, raw_stream: _HostStream, array: np.ndarray, nbytes: int, byte: int) -> None:
+        self.launch(raw_stream, array.view(np.uint8)[:nbytes].fill, None, (byte,))
+
+    def copy_to_host(self, raw_stream: _HostStream, array: np.ndarray, host: np.ndarray, nbytes: int) -> None:
+        dst, src = host.view(np.uint8)[:nbytes], array.view(np.uint8)[:nbytes]
+        self.launch(raw_stream, np.copyto, None, (dst, src))
+
+    def to_numpy(self, array: np.ndarray, n: int, dtype: Any) -> np.ndarray:
+        return np.array(array[:n], dtype=dtype, copy=True)
+
+
+class HostBackend(Backend):
+    name = "host"
+
+    def available(self) -> tuple[bool, str]:
+        return True, "host worker threads"
+
+    def device_count(self) -> int:
+        return MAX_HOST_DEVICES
+
+    def open_device(self, index: int) -> HostDevice:
+        if not 0 <= index < MAX_HOST_DEVICES:
+            raise UnknownDeviceError(f"no device host:{index}: host devices are host:0..host:{MAX_HOST_DEVICES - 1}")
+        return HostDevice(index)
+
+
+backend_class = HostBackend

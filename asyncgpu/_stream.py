@@ -1,0 +1,128 @@
+"""`Stream`: an in-order queue of work on one device, and the built-in workloads launched on it.
+
+Every launch through a `Stream` (the built-in workloads and `launch`) is recorded as an activity of each
+enclosing `gpu_timer` scope that covers the stream's device (two pooled events, no host wait).
+
+CUDA streams speak ``__cuda_stream__`` both ways: hand one to PyTorch (``torch.cuda.ExternalStream``), CuPy
+(``cupy.cuda.ExternalStream``) or cuda.core, or adopt theirs with `Device.adopt_stream`.
+
+Threads: a stream may be used from any thread; launches from several threads onto one stream are ordered as
+they reach the backend.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Any, final
+
+import numpy as np
+
+from ._errors import DeviceMismatchError
+from ._event import Event
+from ._memory import DeviceArray
+from ._timer import run_timed
+
+if TYPE_CHECKING:
+    from ._device import Device
+
+__all__ = ["Stream"]
+
+
+@final
+class Stream:
+    """One stream of a device. Get them from `Device.streams`, `Device.create_stream` or `Device.adopt_stream`."""
+
+    __slots__ = ("device", "label", "handle", "owned", "_bd", "_raw", "_seqs", "_tag")
+
+    def __init__(self) -> None:
+        raise TypeError("streams come from device.streams, device.create_stream() or device.adopt_stream()")
+
+    @classmethod
+    def _create(cls, device: Device, raw: Any, label: str, owned: bool) -> Stream:
+        self = object.__new__(cls)
+        self.device = device
+        self.label = label  #: ``s0``, ``s1``… for the worker's streams, ``x0``… for adopted ones
+        self.owned = owned  #: False for an adopted stream (asyncgpu never closes it)
+        self._bd = device._bd
+        self._raw = raw
+        self.handle = self._bd.stream_handle(raw)  #: the ``cudaStream_t`` address on CUDA
+        self._seqs = itertools.count()
+        self._tag: Any = None
+        return self
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        """The CUDA stream protocol: ``(0, cudaStream_t address)``. Host streams are not CUDA streams."""
+        if self._bd.backend != "cuda":
+            raise TypeError(f"{self.device.name}'s streams are host threads, not CUDA streams")
+        return (0, self.handle)
+
+    # -- ordering -----------------------------------------------------------------------------------------
+    def record(self, event: Event | None = None, *, timing: bool = True, tag: Any = None) -> Event:
+        """Record ``event`` here (or a new pooled one) and return it. See `Device.record`."""
+        if event is None:
+            return self.device.record(self, timing=timing, tag=tag)
+        if event.device is not self.device:
+            raise DeviceMismatchError(f"that event belongs to {event.device.name}, this stream to {self.device.name}")
+        return event.record(self, tag=tag)
+
+    def wait(self, event: Event) -> None:
+        """Make this stream wait, on the device, for ``event`` (also an event of another GPU). No host wait."""
+        if not isinstance(event, Event):
+            raise TypeError(f"stream.wait() takes an asyncgpu Event, not {type(event).__name__}")
+        if event.device._bd.backend != self._bd.backend:
+            raise DeviceMismatchError(
+                f"a {self._bd.backend} stream cannot wait on a {event.device._bd.backend} event: wait on the host "
+                "with `await event.wait()` instead"
+            )
+        self._bd.wait_event(self._raw, event._checked())
+
+    def sync(self) -> None:
+        """Block the calling thread (GIL released) until everything enqueued here has run."""
+        self._bd.sync_stream(self._raw)
+
+    # -- work ---------------------------------------------------------------------------------------------
+    def launch(self, kernel: Any, config: Any, *args: Any, name: str | None = None) -> None:
+        """Enqueue a kernel: a cuda.core ``Kernel`` with a ``LaunchConfig`` on CUDA; a callable with
+        ``config=None`` on the host backend. Recorded as a ``kernel`` activity called ``name``."""
+        label = name or getattr(kernel, "__name__", None) or "kernel"
+        run_timed(self, label, "kernel", self._bd.launch, self._raw, kernel, config, args)
+
+    def spin_us(self, duration_us: float) -> None:
+        """Busy-wait ``duration_us`` microseconds on the device (one thread on CUDA, on ``%globaltimer``)."""
+        if duration_us < 0:
+            raise ValueError(f"duration_us must be >= 0, got {duration_us}")
+        run_timed(self, "spin", "kernel", self._bd.spin, self._raw, int(duration_us * 1000))
+
+    def inc_loop(self, array: DeviceArray, iterations: int) -> None:
+        """Warp's ``inc_loop``: add 1.0 to every element of a float32 ``array``, ``iterations`` times."""
+        self._check_array(array)
+        if array.dtype != np.float32:
+            raise TypeError(f"inc_loop works on float32 arrays, not {array.dtype}")
+        run_timed(self, "inc_loop", "kernel", self._bd.inc_loop, self._raw, array._live(), array.size, int(iterations))
+
+    def memset(self, array: DeviceArray, byte: int = 0) -> None:
+        """Set every byte of ``array`` to ``byte`` (0..255)."""
+        self._check_array(array)
+        if not 0 <= byte <= 255:
+            raise ValueError(f"byte must be in 0..255, got {byte}")
+        run_timed(self, "memset", "memset", self._bd.memset, self._raw, array._live(), array.nbytes, byte)
+
+    def copy_to_host(self, array: DeviceArray, out: np.ndarray) -> None:
+        """Copy ``array`` into the numpy array ``out`` (page-locked: `Device.alloc_pinned`) asynchronously.
+        ``out`` holds the data once an event recorded after this call has completed."""
+        self._check_array(array)
+        if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or out.nbytes < array.nbytes:
+            raise ValueError(f"out must be a C-contiguous numpy array of at least {array.nbytes} bytes "
+                             "(make one with device.alloc_pinned(n, dtype))")
+        run_timed(self, "copy_to_host", "memcpy", self._bd.copy_to_host, self._raw, array._live(), out, array.nbytes)
+
+    def _check_array(self, array: DeviceArray) -> None:
+        if not isinstance(array, DeviceArray):
+            raise TypeError(f"expected an asyncgpu DeviceArray (device.alloc), not {type(array).__name__}")
+        if array.device is not self.device:
+            raise DeviceMismatchError(f"that array lives on {array.device.name}, this stream on {self.device.name}: "
+                                      "allocate it on this device or copy it first")
+
+    def __repr__(self) -> str:
+        return f"<asyncgpu.Stream {self.device.name}/{self.label} handle={self.handle:#x}>"
+

@@ -1,0 +1,113 @@
+"""Awaiting a backend event from an event loop: asyncio (and uvloop) or trio, whichever runs the caller.
+
+`await_completion` parks the calling task on the device's `Engine` and resumes it through the loop's own
+thread-safe entry point. When the engine wakes it *early* (shortly before the predicted completion), the task
+polls the event between loop iterations until it completes or a bounded window passes, then parks again.
+
+Cancellation: the wait is withdrawn from the engine before the cancellation propagates; nothing is left
+behind (the engine never touches a withdrawn waiter's loop again, or, on trio, delivers the one wake-up that
+was already under way, as trio's abort protocol requires).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Callable
+
+from ._engine import KIND_ASYNCIO, KIND_TRIO, Engine, Waiter, _fresh_error
+
+__all__ = ["await_completion", "checkpoint"]
+
+_now = time.perf_counter_ns
+
+
+async def await_completion(engine: Engine, query: Callable[[Any], bool], raw: Any, key: int, seq: int, tag: Any,
+                           record_ns: int) -> None:
+    """Resume the calling task once ``query(raw)`` is true. Always a checkpoint. Raises what the engine failed."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return await _await_trio(engine, query, raw, key, seq, tag, record_ns)
+    fut = loop.create_future()
+    w = engine.add(raw, key, seq, tag, record_ns, KIND_ASYNCIO, loop, fut)
+    try:
+        while await fut:  # True: an early wake; poll for a while
+            if await _poll_asyncio(engine, w, query):
+                return
+            fut = loop.create_future()
+            if not engine.rearm(w, fut):
+                _raise_if_failed(w)
+                return
+    except BaseException:
+        engine.cancel(w)
+        raise
+
+
+async def _poll_asyncio(engine: Engine, w: Waiter, query: Callable[[Any], bool]) -> bool:
+    raw, until, sleep = w.raw, w.poll_until_ns, asyncio.sleep
+    while True:
+        if query(raw):
+            engine.finish(w, _now())
+            return True
+        if _now() > until:
+            return False
+        await sleep(0)
+
+
+async def _await_trio(engine: Engine, query: Callable[[Any], bool], raw: Any, key: int, seq: int, tag: Any,
+                      record_ns: int) -> None:
+    try:
+        import trio
+    except ImportError:
+        trio = None
+    if trio is None or not _in_trio(trio):
+        raise RuntimeError("await event.wait() needs a running asyncio (or uvloop) or trio event loop")
+    lowlevel = trio.lowlevel
+    task = lowlevel.current_task()
+    w = engine.add(raw, key, seq, tag, record_ns, KIND_TRIO, lowlevel.current_trio_token(), task)
+
+    def abort(_: Any) -> Any:
+        return lowlevel.Abort.SUCCEEDED if engine.cancel(w) else lowlevel.Abort.FAILED
+
+    try:
+        while await lowlevel.wait_task_rescheduled(abort):
+            until = w.poll_until_ns
+            while True:
+                if query(raw):
+                    engine.finish(w, _now())
+                    return
+                if _now() > until:
+                    break
+                await lowlevel.checkpoint()
+            if not engine.rearm(w, task):
+                _raise_if_failed(w)
+                return
+    except BaseException:
+        engine.cancel(w)
+        raise
+
+
+def _in_trio(trio: Any) -> bool:
+    try:
+        trio.lowlevel.current_task()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _raise_if_failed(w: Waiter) -> None:
+    if w.error is not None:
+        raise _fresh_error(w.error)
+
+
+async def checkpoint() -> None:
+    """Yield to the running loop once (asyncio ``sleep(0)``, trio ``checkpoint``), cancellable."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        import trio
+
+        await trio.lowlevel.checkpoint()
+        return
+    await asyncio.sleep(0)
