@@ -1,8 +1,10 @@
 """The CUDA backend: the only module that imports cuda.core / cuda.bindings.
 
 Threads: every method may be called from any thread. Methods that create resources (streams, events, buffers,
-modules) make the device current in the calling thread first, as cuda.core requires. Hot methods (`record`,
-`query`) call the driver binding directly with pre-extracted handles; the binding releases the GIL.
+modules) make the device current in the calling thread first, as cuda.core requires. The hot methods
+(`record`, `query`) call libcuda's ``cuEventRecord``/``cuEventQuery`` through ctypes function pointers with
+pre-extracted integer handles (GIL released): measured cheaper per call than going through the binding's
+argument conversion (benchmarks/RESULTS.md). ``ASYNCGPU_HOTPATH=bindings`` uses cuda.bindings instead.
 
 Without a driver, `CudaBackend.available` probes ``cuInit`` once and nothing else is ever called.
 """
@@ -10,6 +12,7 @@ Without a driver, `CudaBackend.available` probes ``cuInit`` once and nothing els
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -17,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ._backend import Backend, BackendDevice
-from ._errors import BackendError, NoDeviceError, NotReadyError, UnknownDeviceError
+from ._errors import BackendError, DeviceMismatchError, NoDeviceError, NotReadyError, UnknownDeviceError
 
 __all__ = ["CudaBackend", "CudaDevice", "backend_class"]
 
@@ -39,7 +42,14 @@ def compile_source(source: str, arch: str, include_path: list[str] | None = None
     from cuda.core import Program, ProgramOptions
 
     options = ProgramOptions(arch=f"sm_{arch}", std="c++17", include_path=include_path or [str(kernels_dir())])
-    return Program(source, "c++", options).compile("cubin")
+    try:
+        program = Program(source, "c++", options)
+    except RuntimeError as exc:
+        if "nvrtc" in str(exc).lower():
+            raise BackendError(f"NVRTC is missing ({exc}): install asyncgpu[cu13] (CUDA 13 driver) or "
+                               "asyncgpu[cu12] (CUDA 12 driver)") from exc
+        raise
+    return program.compile("cubin")
 
 
 class _Driver:
@@ -51,6 +61,20 @@ class _Driver:
         self.d = driver
         self.SUCCESS = driver.CUresult.CUDA_SUCCESS
         self.NOT_READY = driver.CUresult.CUDA_ERROR_NOT_READY
+        self.record_c = self.query_c = None  # ctypes entry points, set by `load_ctypes`
+
+    def load_ctypes(self) -> None:
+        """Resolve libcuda's cuEventRecord/cuEventQuery for the hot paths (after cuInit succeeded)."""
+        if os.environ.get("ASYNCGPU_HOTPATH", "ctypes") != "ctypes":
+            return
+        try:
+            lib = ctypes.CDLL("libcuda.so.1" if os.name != "nt" else "nvcuda.dll")
+        except OSError:
+            return
+        record, query = lib.cuEventRecord, lib.cuEventQuery
+        record.argtypes, record.restype = (ctypes.c_void_p, ctypes.c_void_p), ctypes.c_int
+        query.argtypes, query.restype = (ctypes.c_void_p,), ctypes.c_int
+        self.record_c, self.query_c = record, query
 
     def error(self, err: Any, call: str) -> BackendError:
         _, name = self.d.cuGetErrorName(err)
@@ -61,6 +85,26 @@ class _Driver:
             f"{call} failed: {name} ({text}). If this is a sticky error (illegal address, launch failure), the "
             "device's context is unusable: fix the kernel at fault and restart the process."
         )
+
+
+def _ctypes_hot_paths(drv: _Driver) -> tuple:
+    """``record`` and ``query`` as plain closures over libcuda's entry points (integer handles, GIL released)."""
+    record_c, query_c, result = drv.record_c, drv.query_c, drv.d.CUresult
+
+    def record(raw_event: Any, raw_stream: Any) -> None:
+        err = record_c(raw_event[2], raw_stream[2])
+        if err:
+            raise drv.error(result(err), "cuEventRecord")
+
+    def query(raw_event: Any) -> bool:
+        err = query_c(raw_event[2])
+        if not err:
+            return True
+        if err == 600:  # CUDA_ERROR_NOT_READY
+            return False
+        raise drv.error(result(err), "cuEventQuery")
+
+    return record, query
 
 
 class CudaDevice(BackendDevice):
@@ -79,6 +123,8 @@ class CudaDevice(BackendDevice):
         self._kernels: dict[str, Any] = {}
         self._kernel_lock = threading.Lock()
         self._pinned_mr = None
+        if drv.record_c is not None:
+            self.record, self.query = _ctypes_hot_paths(drv)
 
     # -- streams and events ------------------------------------------------------------------------------
     def _current(self) -> None:
@@ -89,7 +135,7 @@ class CudaDevice(BackendDevice):
 
         self._current()
         s = self._dev.create_stream(options=StreamOptions(nonblocking=True))
-        return (s, s.handle)
+        return (s, s.handle, int(s.handle))
 
     def adopt_stream(self, obj: Any) -> Any:
         self._current()
@@ -97,11 +143,12 @@ class CudaDevice(BackendDevice):
             raise TypeError(f"cannot adopt {type(obj).__name__}: a CUDA stream must implement __cuda_stream__")
         s = self._dev.create_stream(obj)
         if s.device.device_id != self.index:
-            raise UnknownDeviceError(f"that stream belongs to cuda:{s.device.device_id}, not {self.name}")
-        return (s, s.handle)
+            raise DeviceMismatchError(f"that stream belongs to cuda:{s.device.device_id}, not {self.name}: adopt it "
+                                      f"with asyncgpu.device({s.device.device_id})")
+        return (s, s.handle, int(s.handle))
 
     def stream_handle(self, raw_stream: Any) -> int:
-        return int(raw_stream[1])
+        return raw_stream[2]
 
     def close_stream(self, raw_stream: Any) -> None:
         raw_stream[0].close()
@@ -111,11 +158,12 @@ class CudaDevice(BackendDevice):
 
         self._current()
         e = self._dev.create_event(EventOptions(timing_enabled=timing, blocking_sync=False))
-        return (e, e.handle)
+        return (e, e.handle, int(e.handle))
 
     def destroy_event(self, raw_event: Any) -> None:
         raw_event[0].close()
 
+    # Hot paths through cuda.bindings; replaced per instance by `_ctypes_hot_paths` when libcuda loads.
     def record(self, raw_event: Any, raw_stream: Any) -> None:
         err = self._drv.d.cuEventRecord(raw_event[1], raw_stream[1])[0]
         if err is not self._drv.SUCCESS:
@@ -201,7 +249,8 @@ class CudaDevice(BackendDevice):
         from cuda.core import LaunchConfig
 
         config = LaunchConfig(grid=max(1, (n + _INC_BLOCK - 1) // _INC_BLOCK), block=_INC_BLOCK)
-        self.launch(raw_stream, self._kernel("asyncgpu_inc_loop"), config, (array, np.uint64(n), np.int32(iterations)))
+        args = (int(array.handle), np.uint64(n), np.int32(iterations))
+        self.launch(raw_stream, self._kernel("asyncgpu_inc_loop"), config, args)
 
     def memset(self, raw_stream: Any, array: Any, nbytes: int, byte: int) -> None:
         err = self._drv.d.cuMemsetD8Async(int(array.handle), byte, nbytes, raw_stream[1])[0]
@@ -256,12 +305,13 @@ class CudaBackend(Backend):
             drv = _Driver()
             err = drv.d.cuInit(0)[0]
         except Exception as exc:  # cuda.pathfinder.DynamicLibNotFoundError and friends: no driver library
-            return False, f"no CUDA driver ({type(exc).__name__}: {exc})"
+            return False, f"no CUDA driver: {type(exc).__name__}"
         if err is not drv.SUCCESS:
             return False, f"cuInit failed: {err}"
         err, count = drv.d.cuDeviceGetCount()
         if err is not drv.SUCCESS or count == 0:
             return False, "the CUDA driver sees no GPU"
+        drv.load_ctypes()
         self._drv, self._count = drv, count
         return True, f"{count} CUDA device(s)"
 

@@ -41,7 +41,7 @@ def timer_report(timer: Timer) -> Group:
 
     devs = Table(title="totals per device", title_justify="left", show_edge=False)
     for col, justify in (("device", "left"), ("model", "left"), ("activities", "right"),
-                         ("sum of durations (ms)", "right"), ("scope on device (ms)", "right")):
+                         ("sum (ms)", "right"), ("scope (ms)", "right")):
         devs.add_column(col, justify=justify)
     counts = timer.totals_by("device")
     for d in timer.devices:
