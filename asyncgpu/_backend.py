@@ -53,6 +53,11 @@ class BackendDevice(ABC):
         """Hot. Enqueue ``raw_event`` on ``raw_stream`` (re-recording an event that is complete)."""
 
     @abstractmethod
+    def mark(self, raw_event: Any) -> int:
+        """Record ``raw_event`` at the present moment of the device's clock (on an internal idle stream).
+        Returns the key (stream handle) it was recorded on. Scopes use marks as their start and end."""
+
+    @abstractmethod
     def query(self, raw_event: Any) -> bool:
         """Hot. True once the stream passed the event. Raises `BackendError` on a device error."""
 
@@ -77,6 +82,9 @@ class BackendDevice(ABC):
 
     @abstractmethod
     def close_stream(self, raw_stream: Any) -> None: ...
+
+    def close(self) -> None:
+        """Release what the backend device holds itself (after the worker closed its streams)."""
 
     @abstractmethod
     def launch(self, raw_stream: Any, kernel: Any, config: Any, args: tuple) -> None:

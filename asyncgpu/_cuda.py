@@ -123,6 +123,7 @@ class CudaDevice(BackendDevice):
         self._kernels: dict[str, Any] = {}
         self._kernel_lock = threading.Lock()
         self._pinned_mr = None
+        self._marker: Any = None  # an idle stream for `mark`
         if drv.record_c is not None:
             self.record, self.query = _ctypes_hot_paths(drv)
 
@@ -153,6 +154,11 @@ class CudaDevice(BackendDevice):
     def close_stream(self, raw_stream: Any) -> None:
         raw_stream[0].close()
 
+    def close(self) -> None:
+        if self._marker is not None:
+            self.close_stream(self._marker)
+            self._marker = None
+
     def create_event(self, timing: bool) -> Any:
         from cuda.core import EventOptions
 
@@ -168,6 +174,16 @@ class CudaDevice(BackendDevice):
         err = self._drv.d.cuEventRecord(raw_event[1], raw_stream[1])[0]
         if err is not self._drv.SUCCESS:
             raise self._drv.error(err, "cuEventRecord")
+
+    def mark(self, raw_event: Any) -> int:
+        marker = self._marker
+        if marker is None:
+            with self._kernel_lock:
+                if self._marker is None:
+                    self._marker = self.create_stream()
+            marker = self._marker
+        self.record(raw_event, marker)
+        return marker[2]
 
     def query(self, raw_event: Any) -> bool:
         err = self._drv.d.cuEventQuery(raw_event[1])[0]

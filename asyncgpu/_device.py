@@ -9,7 +9,9 @@ wait) and, on the host backend, one thread per stream. `close` stops them; pendi
 
 from __future__ import annotations
 
+import itertools
 import threading
+import time
 from collections import deque
 from typing import Any, final
 
@@ -54,7 +56,7 @@ class Device:
         self._adopted: dict[int, Stream] = {}
         self.streams: tuple[Stream, ...] = tuple(self._new_stream() for _ in range(streams))
         self.stream: Stream = self.streams[0]  #: the default stream
-        self._marker = self._new_stream("marker")  # idle: scope marks land at once
+        self._mark_seqs = itertools.count()
         return self
 
     # -- events -------------------------------------------------------------------------------------------
@@ -80,6 +82,20 @@ class Device:
         """A pooled event that is not recorded yet: record it with ``event.record(stream)``."""
         self._check_open()
         return Event._create(self, (self._pool_t if timing else self._pool_nt).take(), timing)
+
+    def _mark(self) -> Event:
+        """A timing event at the present moment of the device's clock (scope starts and ends)."""
+        self._check_open()
+        raw = self._pool_t.take()
+        ev = Event._create(self, raw, True)
+        try:
+            ev._key = self._bd.mark(raw)
+        except BaseException:
+            ev._raw = None
+            self._pool_t.give(raw)
+            raise
+        ev._seq, ev._record_ns, ev._tag = next(self._mark_seqs), time.perf_counter_ns(), "mark"
+        return ev
 
     def pool_stats(self, timing: bool = True) -> PoolStats:
         """Counters of the pool of timing (or non-timing) events."""
@@ -114,10 +130,9 @@ class Device:
             self._recycle(*item)
 
     # -- streams ------------------------------------------------------------------------------------------
-    def _new_stream(self, label: str | None = None) -> Stream:
-        s = Stream._create(self, self._bd.create_stream(), label or f"s{len(self._owned)}", True)
-        if label is None:
-            self._owned.append(s)
+    def _new_stream(self) -> Stream:
+        s = Stream._create(self, self._bd.create_stream(), f"s{len(self._owned)}", True)
+        self._owned.append(s)
         return s
 
     def create_stream(self) -> Stream:
@@ -195,8 +210,9 @@ class Device:
         _forget(self)
         self._engine.close()
         self._drain_graveyard()
-        for s in (*self._owned, self._marker):
+        for s in self._owned:
             self._bd.close_stream(s._raw)
+        self._bd.close()
         self._pool_t.close()
         self._pool_nt.close()
 

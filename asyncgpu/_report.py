@@ -41,7 +41,7 @@ def timer_report(timer: Timer) -> Group:
 
     devs = Table(title="totals per device", title_justify="left", show_edge=False)
     for col, justify in (("device", "left"), ("model", "left"), ("activities", "right"),
-                         ("sum (ms)", "right"), ("scope (ms)", "right")):
+                         ("sum (ms)", "right"), ("last end (ms)", "right")):
         devs.add_column(col, justify=justify)
     counts = timer.totals_by("device")
     for d in timer.devices:
@@ -49,7 +49,8 @@ def timer_report(timer: Timer) -> Group:
         devs.add_row(d.name, d.description, str(n), _ms(total), _ms(timer.device_span_ms.get(d.name)))
 
     incomplete = sum(1 for r in timer.records if r.duration_ms is None)
-    footer = Text(f"scope {timer.label!r}: host {_ms(timer.host_ms)} ms, CPU {_ms(timer.cpu_ms)} ms")
+    footer = Text(f"scope {timer.label!r}: host {_ms(timer.host_ms)} ms issuing + {_ms(timer.wait_ms)} ms waiting "
+                  f"for the devices, CPU {_ms(timer.cpu_ms)} ms")
     if incomplete:
         footer.append(f"; {incomplete} activities unfinished when the scope ended")
     if timer.error:

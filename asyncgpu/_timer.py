@@ -153,14 +153,14 @@ class Timer:
         self._state = _NEW
         self._acts: list[_Activity] = []
         self._start_marks: dict[Device, Any] = {}  # Device -> Event on its marker stream
-        self._end_marks: dict[Device, Any] = {}
         self._token: Any = None
         self._nvtx_id: Any = None
-        self._t0_ns = self._c0_ns = 0
+        self._t0_ns = self._t1_ns = self._c0_ns = 0
         self.records: list[ActivityRecord] = []  #: in issue order
-        self.host_ms: float | None = None  #: host wall time of the scope
+        self.host_ms: float | None = None  #: host wall time of the body (issuing the work)
+        self.wait_ms: float | None = None  #: host wall time the exit then waited for the devices
         self.cpu_ms: float | None = None  #: CPU time of this process during the scope (all threads)
-        self.device_span_ms: dict[str, float | None] = {}  #: device time between the scope's start and end
+        self.device_span_ms: dict[str, float] = {}  #: per device: scope start to the end of its last activity
         self.error: str | None = None  #: what the body raised, if anything
 
     # -- activities ---------------------------------------------------------------------------------------
@@ -201,6 +201,7 @@ class Timer:
                     await _synchronize_all(self.devices)
         finally:
             self._finish(fences)
+            self.wait_ms = (time.perf_counter_ns() - self._t1_ns) / 1e6
 
     # -- blocking form (plain threads, scripts) -----------------------------------------------------------
     def __enter__(self) -> Timer:
@@ -222,6 +223,7 @@ class Timer:
                         d.synchronize()
         finally:
             self._finish(fences)
+            self.wait_ms = (time.perf_counter_ns() - self._t1_ns) / 1e6
 
     # -- the steps ----------------------------------------------------------------------------------------
     def _claim(self) -> None:
@@ -234,15 +236,16 @@ class Timer:
         self._state = _OPEN
 
     def _start(self) -> None:
-        self._start_marks = {d: d.record(d._marker, tag="mark") for d in self.devices}
+        self._start_marks = {d: d._mark() for d in self.devices}
         self._token = _SCOPES.set(_SCOPES.get() + (self,))
         if self._nvtx:
             self._nvtx_id = _nvtx.start(self.label, "scope")
         self._t0_ns, self._c0_ns = time.perf_counter_ns(), time.process_time_ns()
 
     def _stop(self, exc: BaseException | None) -> list:
-        """End the scope on the host; returns the events to wait for (one fence per stream used, end marks)."""
-        self.host_ms = (time.perf_counter_ns() - self._t0_ns) / 1e6
+        """End the scope on the host; returns the events to wait for (one fence per stream used)."""
+        self._t1_ns = time.perf_counter_ns()
+        self.host_ms = (self._t1_ns - self._t0_ns) / 1e6
         self.cpu_ms = (time.process_time_ns() - self._c0_ns) / 1e6
         self._state = _DONE
         try:
@@ -254,16 +257,12 @@ class Timer:
         if exc is not None:
             self.error = f"{type(exc).__name__}: {exc}"
         streams = {id(a.stream): a.stream for a in self._acts}
-        fences = [s.record(tag="fence") for s in streams.values() if not s.device.closed]
-        self._end_marks = {d: d.record(d._marker, tag="mark") for d in self.devices if not d.closed}
-        return fences + list(self._end_marks.values())
+        return [s.record(tag="fence") for s in streams.values() if not s.device.closed]
 
     def _finish(self, fences: list) -> None:
         """Turn events into records (never blocks) and give every event back."""
         starts = self._start_marks
-        for d, start in starts.items():
-            end = self._end_marks.get(d)
-            self.device_span_ms[d.name] = _elapsed(start, end) if end is not None else None
+        spans = {d.name: 0.0 for d in self.devices}
         records = []
         for act in self._acts:
             bd = act.device._bd
@@ -281,12 +280,15 @@ class Timer:
                     pass
             records.append(ActivityRecord(act.device.name, act.stream.label, act.name, act.kind, start_ms,
                                           act.duration_ms))
+            if start_ms is not None:
+                spans[act.device.name] = max(spans[act.device.name], start_ms + act.duration_ms)
             act.refs -= 1
             if act.refs == 0:
                 _release_activity(act)
-        for ev in (*starts.values(), *fences):  # fences include the end marks
+        for ev in (*starts.values(), *fences):
             ev.release()
         self.records = records
+        self.device_span_ms = spans
         self._acts = []
 
     # -- results ------------------------------------------------------------------------------------------
@@ -329,13 +331,6 @@ def gpu_timer(devices: Any = None, *, label: str = "scope", synchronize: bool = 
     from ._select import resolve_devices
 
     return Timer(resolve_devices(devices), label, synchronize, nvtx)
-
-
-def _elapsed(start: Any, end: Any) -> float | None:
-    try:
-        return end.elapsed_ms(start)
-    except NotReadyError:
-        return None
 
 
 def _release_activity(act: _Activity) -> None:

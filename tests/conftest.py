@@ -1,0 +1,65 @@
+"""Shared fixtures: event loops (asyncio, uvloop, trio) and devices (host everywhere, CUDA when present)."""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+
+import pytest
+
+import asyncgpu
+from asyncgpu import _select
+from asyncgpu._backend import load_backend
+
+CUDA_OK, CUDA_WHY = load_backend("cuda").available()
+CUDA_COUNT = load_backend("cuda").device_count() if CUDA_OK else 0
+
+LOOPS = [pytest.param(("asyncio", {}), id="asyncio"), pytest.param(("trio", {}), id="trio")]
+if importlib.util.find_spec("uvloop") is not None:
+    LOOPS.insert(1, pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"))
+
+
+@pytest.fixture(params=LOOPS)
+def anyio_backend(request):
+    return request.param
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason=f"needs a CUDA GPU: {CUDA_WHY}")
+    skip_multi = pytest.mark.skip(reason=f"needs two CUDA GPUs (this machine has {CUDA_COUNT})")
+    for item in items:
+        if "gpu" in item.keywords and not CUDA_OK:
+            item.add_marker(skip_gpu)
+        if "multigpu" in item.keywords and CUDA_COUNT < 2:
+            item.add_marker(skip_multi)
+
+
+BACKENDS = ["host", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture(autouse=True)
+def _close_workers():
+    """Every test starts with no open worker and must leave no thread of ours behind."""
+    yield
+    _select.close_all()
+    leftovers = [t.name for t in threading.enumerate() if t.name.startswith("asyncgpu-") and t.is_alive()]
+    assert not leftovers, f"threads left running: {leftovers}"
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    return request.param
+
+
+@pytest.fixture
+def dev(backend):
+    """One device of the backend under test (a fresh worker)."""
+    return asyncgpu.device(0, backend=backend)
+
+
+@pytest.fixture
+def two_devs(backend):
+    """Two devices: host:0/host:1, or cuda:0/cuda:1 (skipped with fewer than two GPUs)."""
+    if backend == "cuda" and CUDA_COUNT < 2:
+        pytest.skip(f"needs two CUDA GPUs (this machine has {CUDA_COUNT})")
+    return asyncgpu.devices(backend, count=2)

@@ -1,0 +1,309 @@
+"""Pooled events and awaitable completion, on every loop and backend."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+
+import anyio
+import pytest
+
+import asyncgpu
+from asyncgpu import (BackendError, ClosedError, DeviceMismatchError, NotReadyError, NotRecordedError,
+                      PoolExhaustedError, ReleasedError, TimingDisabledError)
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_wait_resumes_after_the_work(dev):
+    start = dev.record()
+    dev.stream.spin_us(20_000)
+    end = dev.record()
+    assert not end.query()
+    t0 = time.perf_counter()
+    await end.wait()
+    waited_ms = (time.perf_counter() - t0) * 1e3
+    assert end.query()
+    assert 19.0 < end - start < 40.0
+    assert waited_ms > 15.0
+    start.release()
+    end.release()
+
+
+async def test_loop_keeps_running_while_waiting(dev):
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await anyio.sleep(0.001)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker)
+        dev.stream.spin_us(50_000)
+        with dev.record() as ev:
+            await ev.wait()
+        tg.cancel_scope.cancel()
+    assert ticks >= 10
+
+
+async def test_wait_on_a_done_event_is_a_checkpoint(dev):
+    with dev.record() as ev:
+        await ev.wait()
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await ev.wait()  # already complete, but a checkpoint: the cancellation is delivered
+        assert scope.cancelled_caught
+
+
+async def test_cancelled_wait_returns_promptly_and_leaks_nothing(dev):
+    dev.stream.spin_us(300_000)
+    ev = dev.record()
+    t0 = time.perf_counter()
+    with anyio.move_on_after(0.02):
+        await ev.wait()
+    assert time.perf_counter() - t0 < 0.15
+    assert dev._engine.pending == 0
+    assert not ev.query()
+    ev.release()  # deferred: the device has not passed it yet
+    assert dev.pool_stats().in_use == 1
+    dev.synchronize()
+    with dev.record() as probe:  # the engine hands the released event back once the device passed it
+        await probe.wait()
+    for _ in range(200):
+        if dev.pool_stats().in_use == 0:
+            break
+        await anyio.sleep(0.005)
+    assert dev.pool_stats().in_use == 0
+
+
+async def test_many_concurrent_waits_all_resume(dev):
+    events = []
+    for i in range(200):
+        stream = dev.streams[i % len(dev.streams)]
+        stream.spin_us(50)
+        events.append(stream.record())
+    done = []
+
+    async def waiter(ev):
+        await ev.wait()
+        done.append(ev)
+
+    async with anyio.create_task_group() as tg:
+        for ev in events:
+            tg.start_soon(waiter, ev)
+    assert len(done) == 200 and all(ev.query() for ev in events)
+    assert dev._engine.pending == 0
+    waiter_threads = [t for t in threading.enumerate() if t.name == f"asyncgpu-{dev.name}-waiter"]
+    assert len(waiter_threads) == 1
+    for ev in events:
+        ev.release()
+
+
+async def test_several_tasks_wait_on_one_event(dev):
+    dev.stream.spin_us(10_000)
+    ev = dev.record()
+    hits = []
+
+    async def waiter():
+        await ev.wait()
+        hits.append(1)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(5):
+            tg.start_soon(waiter)
+    assert len(hits) == 5
+    ev.release()
+
+
+async def test_wait_from_another_thread_and_loop(dev, anyio_backend):
+    dev.stream.spin_us(30_000)
+    ev = dev.record()
+    other = "trio" if anyio_backend[0] == "asyncio" else "asyncio"
+    seen = {}
+
+    def in_thread():
+        async def main():
+            await ev.wait()
+            seen["done"] = ev.query()
+
+        anyio.run(main, backend=other)
+
+    t = threading.Thread(target=in_thread)
+    t.start()
+    await ev.wait()
+    await anyio.to_thread.run_sync(t.join)
+    assert seen == {"done": True}
+    ev.release()
+
+
+async def test_repeated_waits_learn_and_stay_correct(dev):
+    """Early wakes (after the engine learned the duration) must never resume a task before completion."""
+    for _ in range(30):
+        dev.stream.spin_us(2_000)
+        with dev.record() as ev:
+            await ev.wait()
+            assert ev.query()
+    assert dev._engine.estimate_ns(dev.stream.handle, "spin") is not None
+
+
+def test_sync_blocks_until_done(dev):
+    dev.stream.spin_us(20_000)
+    with dev.record() as ev:
+        t0 = time.perf_counter()
+        ev.sync()
+        assert ev.query()
+        assert time.perf_counter() - t0 > 0.01
+
+
+def test_event_errors_name_the_fix(dev, two_devs):
+    fresh = dev.create_event()
+    with pytest.raises(NotRecordedError, match="record"):
+        fresh.query()
+    with pytest.raises(NotRecordedError):
+        fresh.sync()
+    plain = dev.record(timing=False)
+    timed = dev.record()
+    plain.sync()
+    with pytest.raises(TimingDisabledError, match="timing=True"):
+        plain.elapsed_ms(timed)
+    a, b = (d.record() for d in two_devs)
+    a.sync()
+    b.sync()
+    with pytest.raises(DeviceMismatchError, match="own clock"):
+        b - a
+    with pytest.raises(TypeError):
+        timed.elapsed_ms(3.0)
+    timed.release()
+    with pytest.raises(ReleasedError, match="device.record"):
+        timed.query()
+    for ev in (fresh, plain, a, b):
+        ev.release()
+
+
+async def test_unrecorded_wait_raises(dev):
+    ev = dev.create_event()
+    with pytest.raises(NotRecordedError):
+        await ev.wait()
+    ev.record()
+    await ev.wait()
+    ev.release()
+
+
+def test_elapsed_before_completion_raises_not_ready(dev):
+    start = dev.record()
+    dev.stream.spin_us(100_000)
+    end = dev.record()
+    with pytest.raises(NotReadyError, match="wait"):
+        end - start
+    end.sync()
+    assert end - start > 90
+    start.release()
+    end.release()
+
+
+def test_pool_recycles_in_steady_state(dev):
+    for _ in range(50):
+        dev.record().release()
+    created = dev.pool_stats().created
+    for _ in range(2000):
+        ev = dev.record()
+        ev.sync()
+        ev.release()
+    stats = dev.pool_stats()
+    assert stats.created == created
+    assert stats.in_use == 0
+    assert stats.taken >= 2050
+
+
+def test_pool_bound_raises_and_names_the_fix(backend):
+    dev = asyncgpu.device(0, backend=backend, max_events=20)
+    held = [dev.record() for _ in range(20)]
+    with pytest.raises(PoolExhaustedError, match="max_events"):
+        dev.record()
+    for ev in held:
+        ev.release()
+    dev.synchronize()
+    dev.record().release()  # usable again
+
+
+def test_garbage_collected_events_return_to_the_pool(dev):
+    for _ in range(100):
+        dev.record()  # dropped at once
+    gc.collect()
+    dev.synchronize()
+    dev.record().release()  # drains what the collector handed back
+    deadline = time.monotonic() + 2
+    while dev.pool_stats().in_use and time.monotonic() < deadline:  # deferred releases land on the waiter thread
+        time.sleep(0.001)
+    assert dev.pool_stats().in_use == 0
+
+
+async def test_closing_the_worker_fails_waiters_and_refuses_work(backend):
+    dev = asyncgpu.device(0, backend=backend)
+    dev.stream.spin_us(200_000)
+    ev = dev.record()
+    errors = []
+
+    async def waiter():
+        try:
+            await ev.wait()
+        except ClosedError as exc:
+            errors.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter)
+        await anyio.sleep(0.02)
+        dev.close()
+    assert len(errors) == 1 and "closed" in str(errors[0])
+    with pytest.raises(ClosedError, match="asyncgpu.device"):
+        dev.record()
+    with pytest.raises(ClosedError):
+        dev.alloc(10)
+    ev.release()
+    assert asyncgpu.device(0, backend=backend) is not dev  # a fresh worker
+
+
+async def test_failed_host_work_reaches_every_waiter():
+    dev = asyncgpu.device("host:0")
+
+    def boom():
+        raise ValueError("kernel failed")
+
+    dev.stream.spin_us(20_000)
+    dev.stream.launch(boom, None, name="boom")
+    events = [dev.record() for _ in range(3)]
+    errors = []
+
+    async def waiter(ev):
+        try:
+            await ev.wait()
+        except BackendError as exc:
+            errors.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        for ev in events:
+            tg.start_soon(waiter, ev)
+    assert len(errors) == 3
+    assert all("kernel failed" in str(e) for e in errors)
+
+
+async def test_stream_waits_on_another_devices_event(two_devs):
+    a, b = two_devs
+    a.stream.spin_us(30_000)
+    ready = a.record()
+    b.stream.wait(ready)  # no host wait
+    after = b.record()
+    assert not after.query()
+    await after.wait()
+    assert ready.query()
+    ready.release()
+    after.release()
+
+
+def test_stream_wait_rejects_other_backends_and_non_events():
+    h = asyncgpu.device("host:0")
+    with pytest.raises(TypeError, match="asyncgpu Event"):
+        h.stream.wait(object())
