@@ -63,7 +63,8 @@ def device(spec: Any = 0, *, backend: str | None = None, streams: int | None = N
         dev = _open.get((name, index))
         if dev is None:
             bd = load_backend(name).open_device(index)
-            dev = Device._open(bd, streams=streams or DEFAULT_STREAMS, max_events=max_events or DEFAULT_MAX_EVENTS)
+            dev = Device._open(bd, streams=DEFAULT_STREAMS if streams is None else streams,
+                               max_events=DEFAULT_MAX_EVENTS if max_events is None else max_events)
             _open[(name, index)] = dev
             return dev
     for key, want in (("streams", streams), ("max_events", max_events)):
