@@ -1,0 +1,156 @@
+"""CUDA-only behaviour: framework interop, accuracy, sticky errors, several GPUs. Marked `gpu` (skipped without)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+
+import anyio
+import numpy as np
+import pytest
+
+import asyncgpu
+from asyncgpu import gpu_timer
+
+pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
+
+
+def test_spin_duration_matches_events():
+    dev = asyncgpu.device(0)
+    for _ in range(3):  # warm-up: module load
+        dev.stream.spin_us(10)
+    dev.synchronize()
+    with gpu_timer(dev) as t:
+        for _ in range(10):
+            dev.stream.spin_us(200)
+    durs = [r.duration_ms for r in t.records]
+    assert all(0.199 < d < 0.215 for d in durs), durs
+
+
+def test_our_stream_works_in_torch_and_cupy():
+    torch = pytest.importorskip("torch")
+    cupy = pytest.importorskip("cupy")
+    dev = asyncgpu.device(0)
+    s = dev.streams[1]
+    a = dev.alloc(1 << 20)
+    s.memset(a, 0)
+    s.inc_loop(a, 2)
+    with cupy.cuda.ExternalStream(s.handle):
+        view = cupy.asarray(a)  # __cuda_array_interface__, no copy
+        view += 1.0
+    with torch.cuda.stream(torch.cuda.ExternalStream(s.handle)):
+        tv = torch.as_tensor(view, device="cuda")
+        tv.mul_(2.0)
+    with s.record() as ev:
+        ev.sync()
+    assert np.all(a.to_numpy() == 6.0)
+
+
+def test_adopt_framework_streams():
+    torch = pytest.importorskip("torch")
+    cupy = pytest.importorskip("cupy")
+    dev = asyncgpu.device(0)
+    cs = cupy.cuda.Stream(non_blocking=True)
+    adopted = dev.adopt_stream(cs)
+    assert adopted.handle == cs.ptr and not adopted.owned
+    assert dev.adopt_stream(cs) is adopted
+
+    class TorchStream:  # torch streams expose the raw handle as .cuda_stream
+        def __init__(self, s):
+            self.s = s
+
+        def __cuda_stream__(self):
+            return (0, self.s.cuda_stream)
+
+    ts = torch.cuda.Stream()
+    tstream = dev.adopt_stream(TorchStream(ts))
+    with gpu_timer(dev) as t:
+        with t.activity("torch matmul", stream=tstream):
+            with torch.cuda.stream(ts):
+                x = torch.randn(2048, 2048, device="cuda")
+                for _ in range(5):
+                    x = x @ x
+        adopted.spin_us(100)
+    assert [r.stream for r in t.records] == [tstream.label, adopted.label]
+    assert t.records[0].duration_ms > 0.01
+    dev.record(ts).release()  # a foreign stream object is adopted on the fly
+
+
+async def test_wait_is_cancellable_on_gpu():
+    dev = asyncgpu.device(0)
+    dev.stream.spin_us(500_000)
+    ev = dev.record()
+    with anyio.move_on_after(0.02):
+        await ev.wait()
+    assert not ev.query() and dev._engine.pending == 0
+    ev.release()
+    dev.synchronize()
+
+
+def test_sticky_error_reaches_every_waiter():
+    script = textwrap.dedent("""
+        import anyio, asyncgpu
+        from cuda.core import Program, ProgramOptions, LaunchConfig
+        dev = asyncgpu.device(0)
+        src = 'extern "C" __global__ void bad(int* p) { p[threadIdx.x] = 1; }'
+        kernel = Program(src, "c++", ProgramOptions(arch="sm_" + dev._bd.arch)).compile("cubin").get_kernel("bad")
+        async def main():
+            dev.stream.spin_us(20_000)
+            dev.stream.launch(kernel, LaunchConfig(grid=1, block=32), 16, name="bad")
+            events = [dev.record() for _ in range(3)]
+            errors = []
+            async def waiter(ev):
+                try:
+                    await ev.wait()
+                except asyncgpu.BackendError as exc:
+                    errors.append(str(exc))
+            async with anyio.create_task_group() as tg:
+                for ev in events:
+                    tg.start_soon(waiter, ev)
+            print("ERRORS", len(errors), errors[0][:60])
+        anyio.run(main)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert "ERRORS 3" in out.stdout, out.stdout + out.stderr
+    assert "ILLEGAL_ADDRESS" in out.stdout
+
+
+@pytest.mark.multigpu
+async def test_two_gpus_concurrently_with_cross_device_wait():
+    a, b = asyncgpu.devices(count=2)
+    async with gpu_timer([a, b], label="two") as t:
+        a.stream.spin_us(20_000)
+        ready = a.record()
+        b.stream.wait(ready)
+        b.stream.spin_us(1_000)
+        with b.record() as done:
+            await done.wait()
+            assert ready.query()
+        ready.release()
+    recs = {r.device: r for r in t.records}
+    assert 19.9 < recs["cuda:0"].duration_ms < 21 and 0.99 < recs["cuda:1"].duration_ms < 1.2
+    assert recs["cuda:1"].start_ms > 19  # waited on the device for cuda:0
+    names = [th.name for th in threading.enumerate() if th.name.startswith("asyncgpu-")]
+    assert len(names) <= 2  # one waiter thread per device
+
+
+@pytest.mark.multigpu
+async def test_many_waits_across_two_gpus():
+    devs = asyncgpu.devices(count=2)
+    events = []
+    for i in range(2000):
+        d = devs[i % 2]
+        s = d.streams[(i // 2) % 2]
+        s.spin_us(5)
+        events.append(s.record())
+
+    async def waiter(ev):
+        await ev.wait()
+        ev.release()
+
+    async with anyio.create_task_group() as tg:
+        for ev in events:
+            tg.start_soon(waiter, ev)
+    assert all(d.pool_stats().in_use == 0 for d in devs)
