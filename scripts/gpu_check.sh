@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The whole GPU check in one call on the device machine (see README "Developing"): GPU tests, the demo on every
+# GPU, the wait/record benchmarks. Full logs and JSON go to $OUT; a short table is printed last.
+#   carry: [".whl"]   (made by ../shared/device/fetch-wheels.sh: nvtx, pytest-asyncio, trio, outcome, sniffio)
+set -uo pipefail
+OUT=${OUT:-out}; mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1
+nvidia-smi -L
+python3 -c "import cuda.core, cuda.bindings, anyio, numpy; print('cuda.core', cuda.core.__version__, 'bindings', cuda.bindings.__version__, 'anyio', anyio.__version__)"
+python3 -m pytest -q -rs -p no:cacheprovider tests "$@" 2>&1 | tee "$OUT/pytest.log" | tail -25
+echo "pytest exit: ${PIPESTATUS[0]}"
+python3 -m asyncgpu demo 2>&1 | tee "$OUT/demo.txt" | tail -32
+python3 benchmarks/bench_wait.py --out "$OUT/bench_wait.json" 2>&1 | tee "$OUT/bench.log" | sed -n '/^== /,$p'
