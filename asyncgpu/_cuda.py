@@ -3,8 +3,10 @@
 Threads: every method may be called from any thread. Methods that create resources (streams, events, buffers,
 modules) make the device current in the calling thread first, as cuda.core requires. The hot methods
 (`record`, `query`) call libcuda's ``cuEventRecord``/``cuEventQuery`` through ctypes function pointers with
-pre-extracted integer handles (GIL released): measured cheaper per call than going through the binding's
-argument conversion (benchmarks/RESULTS.md). ``ASYNCGPU_HOTPATH=bindings`` uses cuda.bindings instead.
+pre-extracted integer handles. ``cuEventQuery`` never blocks, so it keeps the GIL: releasing and re-taking the
+GIL per query convoys the waiter thread behind a busy event loop (measured: 10,000 waits in flight woke
+~250 ms late). ``cuEventRecord`` may block on a full push buffer, so it releases the GIL.
+``ASYNCGPU_HOTPATH=bindings`` uses cuda.bindings for both instead.
 
 Without a driver, `CudaBackend.available` probes ``cuInit`` once and nothing else is ever called.
 """
@@ -67,11 +69,11 @@ class _Driver:
         """Resolve libcuda's cuEventRecord/cuEventQuery for the hot paths (after cuInit succeeded)."""
         if os.environ.get("ASYNCGPU_HOTPATH", "ctypes") != "ctypes":
             return
+        name = "libcuda.so.1" if os.name != "nt" else "nvcuda.dll"
         try:
-            lib = ctypes.CDLL("libcuda.so.1" if os.name != "nt" else "nvcuda.dll")
-        except OSError:
+            record, query = ctypes.CDLL(name).cuEventRecord, ctypes.PyDLL(name).cuEventQuery
+        except (OSError, AttributeError):
             return
-        record, query = lib.cuEventRecord, lib.cuEventQuery
         record.argtypes, record.restype = (ctypes.c_void_p, ctypes.c_void_p), ctypes.c_int
         query.argtypes, query.restype = (ctypes.c_void_p,), ctypes.c_int
         self.record_c, self.query_c = record, query
@@ -88,7 +90,7 @@ class _Driver:
 
 
 def _ctypes_hot_paths(drv: _Driver) -> tuple:
-    """``record`` and ``query`` as plain closures over libcuda's entry points (integer handles, GIL released)."""
+    """``record`` and ``query`` as plain closures over libcuda's entry points (integer handles)."""
     record_c, query_c, result = drv.record_c, drv.query_c, drv.d.CUresult
 
     def record(raw_event: Any, raw_stream: Any) -> None:

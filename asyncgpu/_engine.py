@@ -9,8 +9,10 @@ No Python ever runs on a CUDA driver callback thread. The waiter thread works li
   ("fast down, slow up", so the estimate tracks the low end).
 * With an estimate, the thread sleeps (timer slack 1 ns) until shortly before the predicted completion. A task
   awaiting from an event loop is then woken *early*: it polls the event itself between loop iterations for a
-  bounded window (``Event.wait``), which removes the thread-to-loop wake from the critical path. Waits that
-  cannot poll (deferred releases, callbacks) are polled tightly by this thread instead.
+  bounded window (``Event.wait``), which removes the thread-to-loop wake from the critical path. How early is
+  learned per loop kind: the measured delay from dispatch to the task's first poll (tracked near its upper
+  end), plus a margin. Waits that cannot poll (deferred releases, callbacks) are polled every 8 µs near their
+  predicted completion. The thread never spins: it would hold the GIL the loop needs.
 * Without an estimate (or after a missed early window) the thread polls with a back-off of 1/8 of the age of
   the wait (8 µs .. 1 ms), so the added latency stays a small fraction of the work's own duration.
 * Every sleep is a timed wait on a condition that new waits and host-stream progress interrupt.
@@ -41,7 +43,8 @@ KIND_ASYNCIO, KIND_TRIO, KIND_RELEASE, KIND_CALL = 0, 1, 2, 3
 
 MIN_POLL_NS = 8_000
 MAX_POLL_NS = 1_000_000
-LEAD_NS = 45_000  #: an early wake comes this long (+ est/32) before the predicted completion
+LEAD_MARGIN_NS = 15_000  #: an early wake comes (learned delivery delay + this + est/32) before completion
+INITIAL_DELIVERY_NS = {0: 30_000, 1: 60_000}  #: first guesses of the dispatch-to-poll delay (asyncio, trio)
 MIN_WINDOW_NS = 60_000  #: a woken task polls until predicted + max(this, est/4), then parks again
 MIN_SPIN_WINDOW_NS = 50_000
 SPIN_MARGIN_NS = 20_000
@@ -55,7 +58,7 @@ class Waiter:
     """One pending wait. Created by `Engine.add`; the engine thread and the owner's loop read its fields."""
 
     __slots__ = ("raw", "key", "seq", "tag", "record_ns", "kind", "loop", "target", "state", "error",
-                 "early_ok", "poll_until_ns")
+                 "early_ok", "poll_until_ns", "dispatch_ns", "woke_ns")
 
     def __init__(self, raw: Any, key: int, seq: int, tag: Any, record_ns: int, kind: int, loop: Any,
                  target: Any) -> None:
@@ -64,7 +67,7 @@ class Waiter:
         self.state = PENDING
         self.error: BaseException | None = None
         self.early_ok = kind <= KIND_TRIO
-        self.poll_until_ns = 0
+        self.poll_until_ns = self.dispatch_ns = self.woke_ns = 0  # woke_ns: set by the owner's first poll
 
 
 def _set_timer_slack_1ns() -> None:
@@ -94,6 +97,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._estimate_ns: dict[tuple, int] = {}
         self._last_done_ns: dict[int, int] = {}
+        self._delivery_ns = dict(INITIAL_DELIVERY_NS)
         device.on_progress = self.kick
 
     # -- called from loops / other threads ----------------------------------------------------------------
@@ -133,6 +137,7 @@ class Engine:
                 w.state = FIRED
                 self._live -= 1
                 self._learn(w, now_ns)
+                self._learn_delivery(w)
                 if self._live and self._sleeping:
                     self._cv.notify()
 
@@ -145,6 +150,7 @@ class Engine:
         with self._lock:
             if w.state != EARLY:
                 return False
+            self._learn_delivery(w)
             w.state = PENDING
             w.early_ok = False
             w.target = target
@@ -263,6 +269,18 @@ class Engine:
         est = self._estimate_ns.get(k)
         self._estimate_ns[k] = sample if est is None or sample < est else est + (sample - est) // 8
 
+    def _learn_delivery(self, w: Waiter) -> None:
+        """Track the dispatch-to-first-poll delay near its upper end (fast up, slow down)."""
+        if w.woke_ns <= w.dispatch_ns:
+            return
+        sample = w.woke_ns - w.dispatch_ns
+        est = self._delivery_ns[w.kind]
+        self._delivery_ns[w.kind] = est + ((sample - est) >> 2 if sample > est else -((est - sample) >> 5))
+
+    def delivery_ns(self, kind: int = KIND_ASYNCIO) -> int:
+        """The learned delay from an early dispatch to the task's first poll, in ns."""
+        return self._delivery_ns[kind]
+
     def _pause(self) -> list[Waiter]:
         """Sleep until the next head is worth looking at; returns heads to wake early instead."""
         now = _now()
@@ -278,23 +296,26 @@ class Engine:
                 age = now - ready
                 backoff = now + min(max(age >> 3, MIN_POLL_NS), MAX_POLL_NS)
                 est = self._estimate_ns.get((w.key, w.tag))
-                if w.state == EARLY or est is None:
+                if w.state == EARLY:
+                    t = max(w.poll_until_ns, backoff)  # its owner polls until then
+                elif est is None:
                     t = backoff
                 else:
                     predicted = ready + est
                     if w.early_ok and allow_early:
-                        wake = predicted - LEAD_NS - (est >> 5)
+                        wake = predicted - self._delivery_ns[w.kind] - LEAD_MARGIN_NS - (est >> 5)
                         if now >= wake:
                             w.state = EARLY
+                            w.dispatch_ns = now
                             w.poll_until_ns = max(predicted, now) + max(MIN_WINDOW_NS, est >> 2)
                             early.append(w)
-                            t = backoff
+                            t = max(w.poll_until_ns, backoff)
                         else:
                             t = wake
                     elif now < predicted - SPIN_MARGIN_NS - (est >> 4):
                         t = predicted - SPIN_MARGIN_NS - (est >> 4)
                     elif now < predicted + max(MIN_SPIN_WINDOW_NS, est >> 2):
-                        t = now  # spin: the completion is due now
+                        t = now + MIN_POLL_NS  # the completion is due: look often, without spinning
                     else:
                         t = backoff
                 if t < wake_at:

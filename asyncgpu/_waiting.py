@@ -46,6 +46,7 @@ async def await_completion(engine: Engine, query: Callable[[Any], bool], raw: An
 
 async def _poll_asyncio(engine: Engine, w: Waiter, query: Callable[[Any], bool]) -> bool:
     raw, until, sleep = w.raw, w.poll_until_ns, asyncio.sleep
+    w.woke_ns = _now()
     while True:
         if query(raw):
             engine.finish(w, _now())
@@ -73,6 +74,7 @@ async def _await_trio(engine: Engine, query: Callable[[Any], bool], raw: Any, ke
     try:
         while await lowlevel.wait_task_rescheduled(abort):
             until = w.poll_until_ns
+            w.woke_ns = _now()
             while True:
                 if query(raw):
                     engine.finish(w, _now())

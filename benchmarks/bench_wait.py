@@ -238,17 +238,19 @@ def single_wait(dev, iters, warmup, loops) -> list[dict]:
 
 
 def lead_sweep(dev, iters, warmup, loops) -> list[dict]:
-    """The trade-off curve: how early the engine wakes the task (LEAD) against latency and CPU."""
+    """The trade-off curve: the margin the engine adds to the learned wake delay, against latency and CPU."""
     rows = []
-    saved = _engine.LEAD_NS
+    saved = _engine.LEAD_MARGIN_NS
     try:
         for loop_name in loops:
-            for lead_us in (10, 25, 45, 80, 150):
-                _engine.LEAD_NS = lead_us * 1000
+            for margin_us in (0, 8, 15, 30, 60):
+                _engine.LEAD_MARGIN_NS = margin_us * 1000
                 excess, cpu_ns = _run_on(loop_name, route_ours, dev, iters, warmup)
-                rows.append({"lead_us": lead_us, "loop": loop_name, **_stats(excess), "cpu_us_per_wait": cpu_ns / 1e3})
+                rows.append({"lead_us": margin_us, "loop": loop_name, **_stats(excess),
+                             "cpu_us_per_wait": cpu_ns / 1e3,
+                             "learned_delivery_us": dev._engine.delivery_ns() / 1e3})
     finally:
-        _engine.LEAD_NS = saved
+        _engine.LEAD_MARGIN_NS = saved
     return rows
 
 
@@ -263,7 +265,7 @@ async def _in_flight(devs, n_events, head_ms):
     for i in range(n_events):
         d = devs[i % len(devs)]
         s = d.streams[(i // len(devs)) % len(d.streams)]
-        s.spin_us(20)
+        s.spin_us(KERNEL_US)
         events.append((d, s.record()))
     woke = [0] * n_events
 
@@ -409,10 +411,10 @@ def print_table(r: dict) -> None:
     for row in r["single_wait"]:
         print(f"{row['route']:44s} {row['loop']:8s} {row['p50_us']:7.1f} {row['p90_us']:7.1f} {row['p99_us']:7.1f} "
               f"{row['cpu_us_per_wait']:9.1f}")
-    print("lead sweep (asyncgpu):")
+    print("margin sweep (asyncgpu; early wake = learned delivery delay + margin before the predicted end):")
     for row in r["lead_sweep"]:
-        print(f"  lead {row['lead_us']:4d} us {row['loop']:8s} p50 {row['p50_us']:6.1f} p99 {row['p99_us']:6.1f} "
-              f"cpu {row['cpu_us_per_wait']:6.1f}")
+        print(f"  margin {row['lead_us']:3d} us {row['loop']:8s} p50 {row['p50_us']:6.1f} p99 {row['p99_us']:6.1f} "
+              f"cpu {row['cpu_us_per_wait']:6.1f}  (learned delivery {row['learned_delivery_us']:.1f} us)")
     print("host cost per call:")
     for k, v in r["host_cost"].items():
         print(f"  {k:48s} {v['ns'] / 1e3:6.2f} us  ({v['x_raw_binding_record']:.2f}x raw record)")

@@ -12,7 +12,7 @@ else
 fi
 export PYTHONUNBUFFERED=1
 nvidia-smi -L
-python3 -c "import cuda.core, cuda.bindings, anyio, numpy; print('cuda.core', cuda.core.__version__, 'bindings', cuda.bindings.__version__, 'anyio', anyio.__version__)"
+python3 -c "from importlib.metadata import version as v; print({p: v(p) for p in ('cuda-core', 'cuda-bindings', 'anyio', 'numpy', 'trio', 'nvtx')})"
 python3 -m pytest -q -rs -p no:cacheprovider tests "$@" 2>&1 | tee "$OUT/pytest.log" | tail -25
 echo "pytest exit: ${PIPESTATUS[0]}"
 python3 -m asyncgpu demo 2>&1 | tee "$OUT/demo.txt" | tail -32
