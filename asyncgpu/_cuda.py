@@ -74,8 +74,7 @@ class _Driver:
             record, query = ctypes.CDLL(name).cuEventRecord, ctypes.PyDLL(name).cuEventQuery
         except (OSError, AttributeError):
             return
-        record.argtypes, record.restype = (ctypes.c_void_p, ctypes.c_void_p), ctypes.c_int
-        query.argtypes, query.restype = (ctypes.c_void_p,), ctypes.c_int
+        record.restype = query.restype = ctypes.c_int  # arguments: ctypes.c_void_p made once per handle
         self.record_c, self.query_c = record, query
 
     def error(self, err: Any, call: str) -> BackendError:
@@ -94,12 +93,12 @@ def _ctypes_hot_paths(drv: _Driver) -> tuple:
     record_c, query_c, result = drv.record_c, drv.query_c, drv.d.CUresult
 
     def record(raw_event: Any, raw_stream: Any) -> None:
-        err = record_c(raw_event[2], raw_stream[2])
+        err = record_c(raw_event[3], raw_stream[3])
         if err:
             raise drv.error(result(err), "cuEventRecord")
 
     def query(raw_event: Any) -> bool:
-        err = query_c(raw_event[2])
+        err = query_c(raw_event[3])
         if not err:
             return True
         if err == 600:  # CUDA_ERROR_NOT_READY
@@ -138,7 +137,7 @@ class CudaDevice(BackendDevice):
 
         self._current()
         s = self._dev.create_stream(options=StreamOptions(nonblocking=True))
-        return (s, s.handle, int(s.handle))
+        return (s, s.handle, int(s.handle), ctypes.c_void_p(int(s.handle)))
 
     def adopt_stream(self, obj: Any) -> Any:
         self._current()
@@ -148,7 +147,7 @@ class CudaDevice(BackendDevice):
         if s.device.device_id != self.index:
             raise DeviceMismatchError(f"that stream belongs to cuda:{s.device.device_id}, not {self.name}: adopt it "
                                       f"with asyncgpu.device({s.device.device_id})")
-        return (s, s.handle, int(s.handle))
+        return (s, s.handle, int(s.handle), ctypes.c_void_p(int(s.handle)))
 
     def stream_handle(self, raw_stream: Any) -> int:
         return raw_stream[2]
@@ -166,7 +165,7 @@ class CudaDevice(BackendDevice):
 
         self._current()
         e = self._dev.create_event(EventOptions(timing_enabled=timing, blocking_sync=False))
-        return (e, e.handle, int(e.handle))
+        return (e, e.handle, int(e.handle), ctypes.c_void_p(int(e.handle)))
 
     def destroy_event(self, raw_event: Any) -> None:
         raw_event[0].close()

@@ -23,10 +23,9 @@ class PoolStats:
     """Counters of one pool. ``created`` only grows: in a steady state it stays flat while ``taken`` grows."""
 
     timing: bool
-    created: int  #: events created so far (never destroyed before close)
+    created: int  #: events created so far: the high-water mark (the pool grows only when none is free)
     free: int  #: events ready to be taken
     in_use: int  #: events held by callers or waiting for the device to pass them
-    peak_in_use: int
     taken: int  #: total takes (counted without a lock: a close estimate under concurrent takes)
     grows: int  #: times the pool had to create events
     max_events: int
@@ -43,7 +42,6 @@ class EventPool:
         self._created = 0
         self._taken = 0
         self._grows = 0
-        self._peak = 0
         self._closed = False
 
     def take(self) -> Any:
@@ -53,9 +51,6 @@ class EventPool:
         except IndexError:
             raw = self._grow()
         self._taken += 1
-        in_use = self._created - len(self._free)
-        if in_use > self._peak:
-            self._peak = in_use
         return raw
 
     def give(self, raw: Any) -> None:
@@ -85,8 +80,7 @@ class EventPool:
 
     def stats(self) -> PoolStats:
         free = len(self._free)
-        return PoolStats(self._timing, self._created, free, self._created - free, self._peak, self._taken,
-                         self._grows, self._max)
+        return PoolStats(self._timing, self._created, free, self._created - free, self._taken, self._grows, self._max)
 
     def close(self) -> None:
         """Destroy the free events; events still in use are destroyed as they are given back."""

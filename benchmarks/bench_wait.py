@@ -254,19 +254,27 @@ def lead_sweep(dev, iters, warmup, loops) -> list[dict]:
     return rows
 
 
-async def _in_flight(devs, n_events, head_ms):
-    """n_events short kernels queued behind a long one on every stream; one task awaits each event."""
+async def _in_flight(devs, n_events, head_ms, kernel_us, streams_per_device):
+    """n_events kernels queued behind a long one on every stream; one task awaits each event.
+
+    The events are spread over `streams_per_device` streams per device so that no stream holds more launches
+    than the driver queues without blocking the enqueueing thread (about 1,000).
+    """
+    streams = {d: list(d.streams) + [d.create_stream() for _ in range(streams_per_device - len(d.streams))]
+               for d in devs}
     marks, events = [], []
     for d in devs:
-        for s in d.streams:
+        for s in streams[d]:
             s.spin_us(head_ms * 1000)
         ref = d._mark()
         marks.append((d, ref, _now()))
     for i in range(n_events):
         d = devs[i % len(devs)]
-        s = d.streams[(i // len(devs)) % len(d.streams)]
-        s.spin_us(KERNEL_US)
+        ss = streams[d]
+        s = ss[(i // len(devs)) % len(ss)]
+        s.spin_us(kernel_us)
         events.append((d, s.record()))
+    registered_ns = []
     woke = [0] * n_events
 
     async def waiter(i, ev):
@@ -275,27 +283,33 @@ async def _in_flight(devs, n_events, head_ms):
 
     threads_during = []
 
-    async def count_threads():
+    async def watch():
+        await asyncio.sleep(0)
+        registered_ns.append(_now())
         await asyncio.sleep(head_ms / 2000)
         threads_during.append(threading.active_count())
 
-    await asyncio.gather(count_threads(), *(waiter(i, ev) for i, (_, ev) in enumerate(events)))
+    await asyncio.gather(*(waiter(i, ev) for i, (_, ev) in enumerate(events)), watch())
     ref_of = {d: (ref, t) for d, ref, t in marks}
-    excess = []
+    excess, early_done = [], 0
     for i, (d, ev) in enumerate(events):
         ref, t_ref = ref_of[d]
         done_ns = t_ref + (ev - ref) * 1e6
-        excess.append(woke[i] - done_ns)
+        if done_ns < registered_ns[0]:
+            early_done += 1  # completed before the waits were registered: not a wake-up measurement
+        else:
+            excess.append(woke[i] - done_ns)
         ev.release()
     for _, ref, _ in marks:
         ref.release()
-    return excess, threads_during[0]
+    return excess, threads_during[0], early_done
 
 
-def in_flight(devs, n_events, loop_name) -> dict:
-    excess, threads = _run_on(loop_name, _in_flight, devs, n_events, 300)
-    return {"loop": loop_name, "events": n_events, "devices": len(devs), **_stats(excess),
-            "threads": threads, "thread_limit": len(devs) + 2}
+def in_flight(devs, n_events, loop_name, kernel_us=1000, streams_per_device=8) -> dict:
+    excess, threads, early = _run_on(loop_name, _in_flight, devs, n_events, 400, kernel_us, streams_per_device)
+    return {"loop": loop_name, "events": n_events, "devices": len(devs), "kernel_us": kernel_us,
+            "streams_per_device": streams_per_device, **_stats(excess), "threads": threads,
+            "thread_limit": len(devs) + 2, "completed_before_waiting": early}
 
 
 async def _many_waits(dev, total, batch):
@@ -419,8 +433,10 @@ def print_table(r: dict) -> None:
     for k, v in r["host_cost"].items():
         print(f"  {k:48s} {v['ns'] / 1e3:6.2f} us  ({v['x_raw_binding_record']:.2f}x raw record)")
     for row in r["in_flight"]:
-        print(f"in flight: {row['events']} events on {row['devices']} GPUs, {row['loop']}: p50 {row['p50_us']:.1f} "
-              f"p99 {row['p99_us']:.1f} us, threads {row['threads']} (limit {row['thread_limit']})")
+        print(f"in flight: {row['events']} events ({row['kernel_us']} us kernels, {row['streams_per_device']} streams "
+              f"per GPU) on {row['devices']} GPUs, {row['loop']}: p50 {row['p50_us']:.1f} p90 {row['p90_us']:.1f} "
+              f"p99 {row['p99_us']:.1f} us, threads {row['threads']} (limit {row['thread_limit']}), "
+              f"{row['completed_before_waiting']} done before waiting")
     m = r["memory"]
     print(f"memory: {m['waits']} waits in {m['seconds']:.1f} s, max RSS KiB at each tenth: "
           f"{[x[1] for x in m['max_rss_kib']]}, events created {m['created_events']}")

@@ -15,5 +15,6 @@ nvidia-smi -L
 python3 -c "from importlib.metadata import version as v; print({p: v(p) for p in ('cuda-core', 'cuda-bindings', 'anyio', 'numpy', 'trio', 'nvtx')})"
 python3 -m pytest -q -rs -p no:cacheprovider tests "$@" 2>&1 | tee "$OUT/pytest.log" | tail -25
 echo "pytest exit: ${PIPESTATUS[0]}"
+CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/pytest-1gpu.log" | tail -3
 python3 -m asyncgpu demo 2>&1 | tee "$OUT/demo.txt" | tail -32
 python3 benchmarks/bench_wait.py --out "$OUT/bench_wait.json" 2>&1 | tee "$OUT/bench.log" | sed -n '/^== /,$p'

@@ -38,7 +38,7 @@ def test_our_stream_works_in_torch_and_cupy():
     a = dev.alloc(1 << 20)
     s.memset(a, 0)
     s.inc_loop(a, 2)
-    with cupy.cuda.ExternalStream(s.handle):
+    with cupy.cuda.Stream.from_external(s):  # the __cuda_stream__ protocol
         view = cupy.asarray(a)  # __cuda_array_interface__, no copy
         view += 1.0
     with torch.cuda.stream(torch.cuda.ExternalStream(s.handle)):
