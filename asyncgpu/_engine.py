@@ -15,7 +15,9 @@ No Python ever runs on a CUDA driver callback thread. The waiter thread works li
   predicted completion. The thread never spins: it would hold the GIL the loop needs.
 * Without an estimate (or after a missed early window) the thread polls with a back-off of 1/8 of the age of
   the wait (8 µs .. 1 ms), so the added latency stays a small fraction of the work's own duration.
-* Every sleep is a timed wait on a condition that new waits and host-stream progress interrupt.
+* Every sleep is a timed wait on a condition. A new wait interrupts it only when it is due before the planned
+  wake-up (a wait queued behind another on its stream never does), and a task that finishes polling only when
+  other waits are pending: each needless wake-up costs the event loop a GIL hand-over.
 * Woken tasks are resumed through their loop's own thread-safe entry point, batched per loop: asyncio (and
   uvloop) ``loop.call_soon_threadsafe``; trio ``TrioToken.run_sync_soon`` + ``reschedule``.
 * A backend error (a sticky CUDA error) reaches every pending waiter as `BackendError`; nothing hangs.
@@ -43,7 +45,7 @@ KIND_ASYNCIO, KIND_TRIO, KIND_RELEASE, KIND_CALL = 0, 1, 2, 3
 
 MIN_POLL_NS = 8_000
 MAX_POLL_NS = 1_000_000
-LEAD_MARGIN_NS = 30_000  #: an early wake comes (learned delivery delay + this + est/32) before completion
+LEAD_MARGIN_NS = 20_000  #: an early wake comes (learned delivery delay + this + est/32) before completion
 INITIAL_DELIVERY_NS = {0: 30_000, 1: 60_000}  #: first guesses of the dispatch-to-poll delay (asyncio, trio)
 MIN_WINDOW_NS = 60_000  #: a woken task polls until predicted + max(this, est/4), then parks again
 MIN_SPIN_WINDOW_NS = 50_000
@@ -98,6 +100,7 @@ class Engine:
         self._estimate_ns: dict[tuple, int] = {}
         self._last_done_ns: dict[int, int] = {}
         self._delivery_ns = dict(INITIAL_DELIVERY_NS)
+        self._wake_at_ns = 0  # when the sleeping thread plans to look again
         device.on_progress = self.kick
 
     # -- called from loops / other threads ----------------------------------------------------------------
@@ -117,9 +120,19 @@ class Engine:
                 self._thread = threading.Thread(target=self._run, name=f"asyncgpu-{self._dev.name}-waiter",
                                                 daemon=True)
                 self._thread.start()
-            elif self._sleeping:
+            elif self._sleeping and heap[0][2] is w and self._due_ns(w) < self._wake_at_ns:
                 self._cv.notify()
         return w
+
+    def _due_ns(self, w: Waiter) -> int:
+        """When the thread should first look at a new head ``w`` (0: at once). Under the lock."""
+        est = self._estimate_ns.get((w.key, w.tag))
+        if est is None:
+            return 0
+        predicted = max(w.record_ns, self._last_done_ns.get(w.key, 0)) + est
+        if w.early_ok:
+            return predicted - self._delivery_ns[w.kind] - LEAD_MARGIN_NS - (est >> 5)
+        return predicted - SPIN_MARGIN_NS - (est >> 4)
 
     def cancel(self, w: Waiter) -> bool:
         """Withdraw a wait. True if it was parked and no dispatch will ever reach its owner."""
@@ -201,6 +214,7 @@ class Engine:
                 if self._closed:
                     return False
                 self._sleeping = True
+                self._wake_at_ns = 1 << 62
                 self._cv.wait()
                 self._sleeping = False
             if self._closed:
@@ -284,7 +298,7 @@ class Engine:
     def _pause(self) -> list[Waiter]:
         """Sleep until the next head is worth looking at; returns heads to wake early instead."""
         now = _now()
-        wake_at = now + MAX_POLL_NS
+        wake_at = now + int(MAX_SLEEP_S * 1e9)
         early: list[Waiter] = []
         with self._lock:
             heads = [h[0][2] for h in self._heaps.values() if h]
@@ -297,7 +311,7 @@ class Engine:
                 backoff = now + min(max(age >> 3, MIN_POLL_NS), MAX_POLL_NS)
                 est = self._estimate_ns.get((w.key, w.tag))
                 if w.state == EARLY:
-                    t = max(w.poll_until_ns, backoff)  # its owner polls until then
+                    t = now + int(MAX_SLEEP_S * 1e9)  # its owner polls, then calls finish() or rearm()
                 elif est is None:
                     t = backoff
                 else:
@@ -309,7 +323,7 @@ class Engine:
                             w.dispatch_ns = now
                             w.poll_until_ns = max(predicted, now) + max(MIN_WINDOW_NS, est >> 2)
                             early.append(w)
-                            t = max(w.poll_until_ns, backoff)
+                            t = now + int(MAX_SLEEP_S * 1e9)
                         else:
                             t = wake
                     elif now < predicted - SPIN_MARGIN_NS - (est >> 4):
@@ -324,6 +338,7 @@ class Engine:
             if early or timeout <= 0 or self._closed:
                 return early
             self._sleeping = True
+            self._wake_at_ns = wake_at
             self._cv.wait(min(timeout, MAX_SLEEP_S))
             self._sleeping = False
         return early
