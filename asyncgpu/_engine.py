@@ -114,6 +114,8 @@ class Engine:
             heap = self._heaps.get(key)
             if heap is None:
                 heap = self._heaps[key] = []
+            while heap and heap[0][2].state >= FIRED:  # finished or withdrawn: drop, so the head is live
+                heapq.heappop(heap)
             heapq.heappush(heap, (seq, next(self._tiebreak), w))
             self._live += 1
             if self._thread is None:

@@ -307,3 +307,17 @@ def test_stream_wait_rejects_other_backends_and_non_events():
     h = asyncgpu.device("host:0")
     with pytest.raises(TypeError, match="asyncgpu Event"):
         h.stream.wait(object())
+
+
+async def test_engine_keeps_its_own_schedule_without_progress_kicks():
+    """The waiter thread must not rely on host-stream kicks: on CUDA nobody kicks it. Repeated waits on a
+    learned duration go through early wakes, finish, and the next wait must wake the sleeping thread."""
+    dev = asyncgpu.device("host:0")
+    dev._bd.on_progress = None
+    for _ in range(40):
+        dev.stream.spin_us(2_000)
+        with dev.record() as ev:
+            t0 = time.perf_counter()
+            await ev.wait()
+            assert time.perf_counter() - t0 < 0.1  # the safety-net sleep is 0.5 s
+    assert dev._engine.estimate_ns(dev.stream.handle, "spin") is not None
