@@ -18,4 +18,4 @@ echo "pytest exit: ${PIPESTATUS[0]}"
 CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/pytest-1gpu.log" | tail -3
 python3 -m asyncgpu demo 2>&1 | tee "$OUT/demo.txt" | tail -32
 python3 examples/two_gpus.py > "$OUT/examples.txt" 2>&1 && python3 examples/framework_streams.py >> "$OUT/examples.txt" 2>&1; echo "examples exit: $?"
-python3 benchmarks/bench_wait.py --out "$OUT/bench_wait.json" 2>&1 | tee "$OUT/bench.log" | sed -n '/^== /,$p'
+timeout 300 python3 benchmarks/bench_wait.py --out "$OUT/bench_wait.json" 2>&1 | tee "$OUT/bench.log" | sed -n '/^== /,$p'
