@@ -45,7 +45,7 @@ KIND_ASYNCIO, KIND_TRIO, KIND_RELEASE, KIND_CALL = 0, 1, 2, 3
 
 MIN_POLL_NS = 8_000
 MAX_POLL_NS = 1_000_000
-LEAD_MARGIN_NS = 20_000  #: an early wake comes (learned delivery delay + this + est/32) before completion
+LEAD_MARGIN_NS = 10_000  #: an early wake comes (learned delivery delay + this + est/32) before completion
 INITIAL_DELIVERY_NS = {0: 30_000, 1: 60_000}  #: first guesses of the dispatch-to-poll delay (asyncio, trio)
 MIN_WINDOW_NS = 60_000  #: a woken task polls until predicted + max(this, est/4), then parks again
 MIN_SPIN_WINDOW_NS = 50_000
