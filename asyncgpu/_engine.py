@@ -50,7 +50,7 @@ INITIAL_DELIVERY_NS = {0: 30_000, 1: 60_000}  #: first guesses of the dispatch-t
 MIN_WINDOW_NS = 60_000  #: a woken task polls until predicted + max(this, est/4), then parks again
 MIN_SPIN_WINDOW_NS = 50_000
 SPIN_MARGIN_NS = 20_000
-EARLY_MAX_LIVE = 8  #: beyond this many pending waits the loop is busy anyway: batch, no early wakes
+EARLY_MAX = 4  #: at most this many tasks poll at once; other waits are resumed when the thread sees them done
 MAX_SLEEP_S = 0.5  # a safety net: even if nothing interrupts a sleep, every wait is looked at this often
 
 _now = time.perf_counter_ns
@@ -93,6 +93,7 @@ class Engine:
         self._cv = threading.Condition(self._lock)
         self._heaps: dict[int, list] = {}
         self._live = 0
+        self._early = 0  # waiters in state EARLY
         self._tiebreak = itertools.count()
         self._sleeping = False
         self._closed = False
@@ -143,6 +144,7 @@ class Engine:
             if state == PENDING or state == EARLY:
                 w.state = CANCELLED
                 self._live -= 1
+                self._early -= state == EARLY
             return state == PENDING
 
     def finish(self, w: Waiter, now_ns: int) -> None:
@@ -151,6 +153,7 @@ class Engine:
             if w.state == EARLY:
                 w.state = FIRED
                 self._live -= 1
+                self._early -= 1
                 self._learn(w, now_ns)
                 self._learn_delivery(w)
                 if self._live and self._sleeping:
@@ -167,6 +170,7 @@ class Engine:
                 return False
             self._learn_delivery(w)
             w.state = PENDING
+            self._early -= 1
             w.early_ok = False
             w.target = target
             if self._sleeping:
@@ -269,7 +273,9 @@ class Engine:
         early = w.state == EARLY  # its owner is polling and sees the completion itself
         w.state = FIRED
         self._live -= 1
-        if not early:
+        if early:
+            self._early -= 1
+        else:
             fired.append(w)
 
     def _learn(self, w: Waiter, now: int) -> None:
@@ -304,7 +310,6 @@ class Engine:
         early: list[Waiter] = []
         with self._lock:
             heads = [h[0][2] for h in self._heaps.values() if h]
-            allow_early = self._live <= EARLY_MAX_LIVE
             for w in heads:
                 if w.state >= FIRED:
                     return early  # a finished head: look again at once
@@ -318,10 +323,11 @@ class Engine:
                     t = backoff
                 else:
                     predicted = ready + est
-                    if w.early_ok and allow_early:
+                    if w.early_ok and self._early < EARLY_MAX:
                         wake = predicted - self._delivery_ns[w.kind] - LEAD_MARGIN_NS - (est >> 5)
                         if now >= wake:
                             w.state = EARLY
+                            self._early += 1
                             w.dispatch_ns = now
                             w.poll_until_ns = max(predicted, now) + max(MIN_WINDOW_NS, est >> 2)
                             early.append(w)
@@ -361,7 +367,7 @@ class Engine:
                     if parked:
                         fired.append(w)
             heap.clear()
-        self._live = 0
+        self._live = self._early = 0
         if fired:
             self._dispatch(fired, False)  # takes no engine lock: safe here
 

@@ -49,8 +49,8 @@ class Event:
     def record(self, stream: Stream | Any | None = None, *, tag: Any = None) -> Event:
         """Record (or re-record) on ``stream`` (default: the device's default stream). Returns ``self``.
 
-        ``tag`` names the work before this point (default: the last workload launched on that stream); the
-        completion engine learns how long each tag takes to wake waiters just in time.
+        ``tag`` names the work before this point (default: the workload launched on that stream since its last
+        record, if any); the completion engine learns how long each tag takes to wake waiters just in time.
         """
         raw = self._live()
         s = self.device._stream_of(stream)
@@ -59,6 +59,7 @@ class Event:
         self._seq = next(s._seqs)
         self._record_ns = _now()
         self._tag = s._tag if tag is None else tag
+        s._tag = None  # a second record right behind this one has no work of its own before it
         return self
 
     @property

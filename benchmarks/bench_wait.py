@@ -265,9 +265,10 @@ async def _in_flight(devs, n_events, head_ms, kernel_us, streams_per_device, per
     streams = {d: list(d.streams) + [d.create_stream() for _ in range(streams_per_device - len(d.streams))]
                for d in devs}
     marks, events = [], []
-    for d in devs:
-        for s in streams[d]:
-            s.spin_us(head_ms * 1000)
+    n_streams = len(devs) * streams_per_device
+    for di, d in enumerate(devs):
+        for k, s in enumerate(streams[d]):  # staggered: the streams complete their groups at spread-out times
+            s.spin_us(head_ms * 1000 + (di + k * len(devs)) * kernel_us / n_streams)
         ref = d._mark()
         marks.append((d, ref, _now()))
     for i in range(n_events):  # one kernel per `per_kernel` events keeps each queue within the driver's depth

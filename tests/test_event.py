@@ -321,3 +321,13 @@ async def test_engine_keeps_its_own_schedule_without_progress_kicks():
             await ev.wait()
             assert time.perf_counter() - t0 < 0.1  # the safety-net sleep is 0.5 s
     assert dev._engine.estimate_ns(dev.stream.handle, "spin") is not None
+    assert dev._engine._early == 0 and dev._engine.pending == 0
+
+
+def test_a_record_consumes_the_streams_work_tag(dev):
+    """Back-to-back records must not teach the engine that the work before them takes no time."""
+    dev.stream.spin_us(100)
+    a, b = dev.record(), dev.record()
+    assert (a._tag, b._tag) == ("spin", None)
+    a.release()
+    b.release()
