@@ -46,11 +46,28 @@ async def run(devs, n, kernel_us, per_kernel, streams_per_device, head_ms=300):
     return np.array(heads) / 1e3, np.array(mates) / 1e3
 
 
+def single_repeats(dev):
+    """Run-to-run spread of the single-wait figures (asyncgpu against the blocking waiter), same process."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import bench_wait as b
+
+    for loop in ("asyncio", "uvloop") * 3:
+        for name, fn in (("asyncgpu", b.route_ours), ("blocking waiter", b.route_blocking_waiter)):
+            ex, cpu = b._run_on(loop, fn, dev, 1000, 50)
+            st = b._stats(ex)
+            print(f"  {loop:8s} {name:16s} p50 {st['p50_us']:6.1f} p90 {st['p90_us']:6.1f} p99 {st['p99_us']:6.1f} "
+                  f"cpu {cpu / 1e3:6.1f} us", flush=True)
+
+
 def main():
     devs = asyncgpu.devices(streams=8)
     devs[0].stream.spin_us(1)
     for d in devs:
         d.synchronize()
+    single_repeats(devs[0])
     variants = [("10k, 4/kernel, early cap 4", 10_000, 2000, 4, 8, 4),
                 ("10k, 4/kernel, no early", 10_000, 2000, 4, 8, 0),
                 ("2k, 1/kernel, early cap 4", 2_000, 2000, 1, 8, 4),
