@@ -264,13 +264,16 @@ async def _in_flight(devs, n_events, head_ms, kernel_us, streams_per_device, per
     """
     streams = {d: list(d.streams) + [d.create_stream() for _ in range(streams_per_device - len(d.streams))]
                for d in devs}
-    marks, events = [], []
+    refs, events = {}, []
     n_streams = len(devs) * streams_per_device
     for di, d in enumerate(devs):
-        for k, s in enumerate(streams[d]):  # staggered: the streams complete their groups at spread-out times
+        for k, s in enumerate(streams[d]):
+            # The time reference: an event on the still idle stream itself, taken before its head kernel (a mark
+            # on another stream can queue behind busy work when streams outnumber the GPU's hardware queues).
+            ref = s.record()
+            refs[s.handle] = (ref, _now())
+            # Staggered heads: the streams complete their groups at spread-out times.
             s.spin_us(head_ms * 1000 + (di + k * len(devs)) * kernel_us / n_streams)
-        ref = d._mark()
-        marks.append((d, ref, _now()))
     for i in range(n_events):  # one kernel per `per_kernel` events keeps each queue within the driver's depth
         d = devs[i % len(devs)]
         ss = streams[d]
@@ -278,7 +281,7 @@ async def _in_flight(devs, n_events, head_ms, kernel_us, streams_per_device, per
         s = ss[(j // per_kernel) % len(ss)]
         if j % per_kernel == 0:
             s.spin_us(kernel_us)
-        events.append((d, s.record()))
+        events.append((s.handle, s.record()))
     registered_ns = []
     woke = [0] * n_events
 
@@ -295,17 +298,16 @@ async def _in_flight(devs, n_events, head_ms, kernel_us, streams_per_device, per
         threads_during.append(threading.active_count())
 
     await asyncio.gather(*(waiter(i, ev) for i, (_, ev) in enumerate(events)), watch())
-    ref_of = {d: (ref, t) for d, ref, t in marks}
     excess, early_done = [], 0
-    for i, (d, ev) in enumerate(events):
-        ref, t_ref = ref_of[d]
+    for i, (key, ev) in enumerate(events):
+        ref, t_ref = refs[key]
         done_ns = t_ref + (ev - ref) * 1e6
         if done_ns < registered_ns[0]:
             early_done += 1  # completed before the waits were registered: not a wake-up measurement
         else:
             excess.append(woke[i] - done_ns)
         ev.release()
-    for _, ref, _ in marks:
+    for ref, _ in refs.values():
         ref.release()
     return excess, threads_during[0], early_done
 
