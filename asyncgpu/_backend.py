@@ -83,7 +83,7 @@ class BackendDevice(ABC):
     @abstractmethod
     def close_stream(self, raw_stream: Any) -> None: ...
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook: most backends hold nothing of their own
         """Release what the backend device holds itself (after the worker closed its streams)."""
 
     @abstractmethod

@@ -11,7 +11,7 @@ No Python ever runs on a CUDA driver callback thread. The waiter thread works li
   awaiting from an event loop is then woken *early*: it polls the event itself between loop iterations for a
   bounded window (``Event.wait``), which removes the thread-to-loop wake from the critical path. How early is
   learned per loop kind: the measured delay from dispatch to the task's first poll (tracked near its upper
-  end), plus a margin. Waits that cannot poll (deferred releases, callbacks) are polled every 8 µs near their
+  end), plus a margin. Waits that cannot poll (deferred releases) are polled every 8 µs near their
   predicted completion. The thread never spins: it would hold the GIL the loop needs.
 * Without an estimate (or after a missed early window) the thread polls with a back-off of 1/8 of the age of
   the wait (8 µs .. 1 ms), so the added latency stays a small fraction of the work's own duration.
@@ -33,7 +33,7 @@ import itertools
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
 
 from ._backend import BackendDevice
 from ._errors import BackendError, ClosedError
@@ -41,7 +41,7 @@ from ._errors import BackendError, ClosedError
 __all__ = ["Engine", "Waiter"]
 
 PENDING, EARLY, FIRED, CANCELLED = 0, 1, 2, 3
-KIND_ASYNCIO, KIND_TRIO, KIND_RELEASE, KIND_CALL = 0, 1, 2, 3
+KIND_ASYNCIO, KIND_TRIO, KIND_RELEASE = 0, 1, 2
 
 MIN_POLL_NS = 8_000
 MAX_POLL_NS = 1_000_000
@@ -191,10 +191,6 @@ class Engine:
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
-
-    @property
-    def thread(self) -> threading.Thread | None:
-        return self._thread
 
     @property
     def pending(self) -> int:
@@ -378,9 +374,6 @@ class Engine:
                 if w.error is None:
                     w.target(w.raw)
                 continue
-            if w.kind == KIND_CALL:
-                _safe_call(w.target, w)
-                continue
             entry = by_loop.get(id(w.loop))
             if entry is None:
                 entry = by_loop[id(w.loop)] = (w.loop, w.kind, [])
@@ -393,15 +386,6 @@ class Engine:
                     loop.run_sync_soon(_resolve_trio, items)
             except RuntimeError:
                 pass  # that loop has closed: nobody is left to wake (trio's RunFinishedError is a RuntimeError)
-
-
-def _safe_call(fn: Callable[[Waiter], None], w: Waiter) -> None:
-    try:
-        fn(w)
-    except Exception:  # noqa: BLE001 - a callback must not kill the engine
-        import traceback
-
-        traceback.print_exc()
 
 
 def _fresh_error(err: BaseException) -> BaseException:

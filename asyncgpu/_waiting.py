@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from ._engine import KIND_ASYNCIO, KIND_TRIO, Engine, Waiter, _fresh_error
 
-__all__ = ["await_completion", "checkpoint"]
+__all__ = ["await_completion"]
 
 _now = time.perf_counter_ns
 
@@ -29,6 +29,9 @@ async def await_completion(engine: Engine, query: Callable[[Any], bool], raw: An
         loop = asyncio.get_running_loop()
     except RuntimeError:
         return await _await_trio(engine, query, raw, key, seq, tag, record_ns)
+    if query(raw):  # already complete: still a checkpoint, without a round trip through the waiter thread
+        await asyncio.sleep(0)
+        return
     fut = loop.create_future()
     w = engine.add(raw, key, seq, tag, record_ns, KIND_ASYNCIO, loop, fut)
     try:
@@ -65,6 +68,9 @@ async def _await_trio(engine: Engine, query: Callable[[Any], bool], raw: Any, ke
     if trio is None or not _in_trio(trio):
         raise RuntimeError("await event.wait() needs a running asyncio (or uvloop) or trio event loop")
     lowlevel = trio.lowlevel
+    if query(raw):
+        await lowlevel.checkpoint()
+        return
     task = lowlevel.current_task()
     w = engine.add(raw, key, seq, tag, record_ns, KIND_TRIO, lowlevel.current_trio_token(), task)
 
@@ -101,15 +107,3 @@ def _in_trio(trio: Any) -> bool:
 def _raise_if_failed(w: Waiter) -> None:
     if w.error is not None:
         raise _fresh_error(w.error)
-
-
-async def checkpoint() -> None:
-    """Yield to the running loop once (asyncio ``sleep(0)``, trio ``checkpoint``), cancellable."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        import trio
-
-        await trio.lowlevel.checkpoint()
-        return
-    await asyncio.sleep(0)
