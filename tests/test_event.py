@@ -80,6 +80,8 @@ async def test_cancelled_wait_returns_promptly_and_leaks_nothing(dev):
 
 
 async def test_many_concurrent_waits_all_resume(dev):
+    for stream in dev.streams:  # keeps the waits below pending when the tasks register them
+        stream.spin_us(20_000)
     events = []
     for i in range(200):
         stream = dev.streams[i % len(dev.streams)]
