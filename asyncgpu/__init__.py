@@ -10,9 +10,12 @@
     await ev.wait()               # resumes when the GPU has passed it; the loop keeps running
 """
 
+from ._clock import ClockCalibration as ClockCalibration
+from ._clock import check_alignment as check_alignment
 from ._device import Device as Device
 from ._errors import AsyncGPUError as AsyncGPUError
 from ._errors import BackendError as BackendError
+from ._errors import ClockError as ClockError
 from ._errors import ClosedError as ClosedError
 from ._errors import DeviceMismatchError as DeviceMismatchError
 from ._errors import NoDeviceError as NoDeviceError
@@ -24,28 +27,50 @@ from ._errors import ScopeError as ScopeError
 from ._errors import TimingDisabledError as TimingDisabledError
 from ._errors import UnknownDeviceError as UnknownDeviceError
 from ._event import Event as Event
+from ._export import read_trace as read_trace
+from ._export import to_csv as to_csv
+from ._export import to_json as to_json
+from ._export import write_trace as write_trace
 from ._memory import DeviceArray as DeviceArray
+from ._nvtx import capture as capture
 from ._pool import PoolStats as PoolStats
 from ._select import close_all as close_all
 from ._select import default_backend as default_backend
 from ._select import device as device
 from ._select import devices as devices
 from ._stream import Stream as Stream
-from ._timer import ActivityRecord as ActivityRecord
+from ._records import KINDS as KINDS
+from ._records import ActivityRecord as ActivityRecord
+from ._records import Timeline as Timeline
+from ._summary import ActivitySummary as ActivitySummary
+from ._summary import BalanceReport as BalanceReport
+from ._summary import DeviceSummary as DeviceSummary
+from ._summary import activity_summary as activity_summary
+from ._summary import balance as balance
+from ._summary import device_summary as device_summary
 from ._timer import Timer as Timer
 from ._timer import gpu_timer as gpu_timer
+from ._timer import timing_begin as timing_begin
+from ._timer import timing_end as timing_end
+from ._timer import timing_print as timing_print
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ActivityRecord",
+    "ActivitySummary",
     "AsyncGPUError",
     "BackendError",
+    "BalanceReport",
+    "ClockCalibration",
+    "ClockError",
     "ClosedError",
     "Device",
     "DeviceArray",
     "DeviceMismatchError",
+    "DeviceSummary",
     "Event",
+    "KINDS",
     "NoDeviceError",
     "NotReadyError",
     "NotRecordedError",
@@ -54,12 +79,25 @@ __all__ = [
     "ReleasedError",
     "ScopeError",
     "Stream",
+    "Timeline",
     "Timer",
     "TimingDisabledError",
     "UnknownDeviceError",
+    "activity_summary",
+    "balance",
+    "capture",
+    "check_alignment",
     "close_all",
     "default_backend",
     "device",
+    "device_summary",
     "devices",
     "gpu_timer",
+    "read_trace",
+    "timing_begin",
+    "timing_end",
+    "timing_print",
+    "to_csv",
+    "to_json",
+    "write_trace",
 ]

@@ -114,6 +114,31 @@ class BackendDevice(ABC):
     def to_numpy(self, array: Any, n: int, dtype: Any) -> Any:
         """Synchronous copy of a device array to a new numpy array (tests and examples)."""
 
+    # Clocks (`asyncgpu._clock`). Host times are ``time.perf_counter_ns()``.
+    @abstractmethod
+    def calibrate_events(self, raw_events: list, timeout_ns: int) -> Any:
+        """Record each timing event at a host-bracketed instant; returns an int64 array ``(n, 2)`` of host
+        times ``[h0, h1]`` between which each event's timestamp lies. Blocks (at most ``timeout_ns``, then
+        raises `ClockError`)."""
+
+    def calibrate_globaltimer(self, n: int, timeout_ns: int, raw_event: Any = None) -> Any:
+        """``n`` host-bracketed readings of the device's ``%globaltimer``: ``(samples, exit)`` where samples is
+        an int64 array ``(n, 3)`` of ``[stamp, h0, h1]``, and exit is ``(stamp, h2)``: the kernel's last stamp
+        and, if ``raw_event`` was given (recorded right after the kernel), the host time at which the host saw
+        the device pass that event (None otherwise). Returns None when the device has no such clock (host)."""
+        return None
+
+    def bracket_overhead_ns(self) -> float:
+        """What a pair of timing events adds to one kernel's time on the device (launch and completion
+        latency), in ns; 0 where it cannot be told apart (the host backend)."""
+        return 0.0
+
+    def profiler_start(self) -> None:  # noqa: B027 - optional: no profiler to drive on most backends
+        """Start a profiler capture range (``cuProfilerStart``)."""
+
+    def profiler_stop(self) -> None:  # noqa: B027
+        """End a profiler capture range (``cuProfilerStop``)."""
+
 
 class Backend(ABC):
     name: str

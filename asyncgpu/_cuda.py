@@ -16,18 +16,27 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ._backend import Backend, BackendDevice
-from ._errors import BackendError, DeviceMismatchError, NoDeviceError, NotReadyError, UnknownDeviceError
+from ._errors import BackendError, ClockError, DeviceMismatchError, NoDeviceError, NotReadyError, UnknownDeviceError
 
 __all__ = ["CudaBackend", "CudaDevice", "backend_class"]
 
 _KERNEL_SOURCE = "workloads.cu"
+_KERNEL_SOURCES = {"asyncgpu_spin": "workloads.cu", "asyncgpu_inc_loop": "workloads.cu",
+                   "asyncgpu_clock_pingpong": "clock.cu", "asyncgpu_clock_bracket": "clock.cu"}
 _INC_BLOCK = 256
+_MASK32 = 0xFFFFFFFF
+# Calibration page (mapped pinned host memory), uint32 word indices and the byte offset of the stamps.
+_W_FLAG_E, _W_ACK_E, _W_FLAG_K, _W_STARTED_K, _W_ACK_K, _W_ACK_A = 0, 1, 2, 3, 4, 5
+_STAMPS_OFFSET, _MAX_STAMPS = 64, 63
+_PAGE = 4096
+_START_TIMEOUT_NS = 20_000_000  # a calibration kernel that has not started by then: the device is busy
 
 
 def kernels_dir() -> Path:
@@ -125,6 +134,7 @@ class CudaDevice(BackendDevice):
         self._kernel_lock = threading.Lock()
         self._pinned_mr = None
         self._marker: Any = None  # an idle stream for `mark`
+        self._cal: _Calibration | None = None  # the clock calibration's page and stream, made on first use
         if drv.record_c is not None:
             self.record, self.query = _ctypes_hot_paths(drv)
 
@@ -159,6 +169,9 @@ class CudaDevice(BackendDevice):
         if self._marker is not None:
             self.close_stream(self._marker)
             self._marker = None
+        cal, self._cal = self._cal, None
+        if cal is not None:
+            cal.close(self)
 
     def create_event(self, timing: bool) -> Any:
         from cuda.core import EventOptions
@@ -223,6 +236,147 @@ class CudaDevice(BackendDevice):
         if err is not self._drv.SUCCESS:
             raise self._drv.error(err, "cuCtxSynchronize")
 
+    # -- clocks ---------------------------------------------------------------------------------------------
+    def _calibration(self) -> _Calibration:
+        if self._cal is None:
+            with self._kernel_lock:
+                if self._cal is None:
+                    self._cal = _Calibration(self)
+        return self._cal
+
+    def alloc_mapped(self, nbytes: int) -> MappedPage:
+        """Pinned host memory mapped into every device (portable): flags that GPUs and host share."""
+        self._current()
+        return MappedPage(self._drv, nbytes)
+
+    def device_pointer(self, page: MappedPage, offset: int = 0) -> int:
+        """The address of ``page[offset]`` as this device sees it."""
+        self._current()
+        err, dptr = self._drv.d.cuMemHostGetDevicePointer(page.ptr, 0)
+        if err is not self._drv.SUCCESS:
+            raise self._drv.error(err, "cuMemHostGetDevicePointer")
+        return int(dptr) + offset
+
+    def wait_value_record(self, raw_stream: Any, flag_dptr: int, value: int, raw_event: Any,
+                          ack_dptr: int | None = None) -> None:
+        """Enqueue: wait (on the device) until the uint32 at ``flag_dptr`` reaches ``value`` (cyclic compare),
+        record ``raw_event``, then write ``value`` to ``ack_dptr``. No SM is involved."""
+        d = self._drv.d
+        err = d.cuStreamWaitValue32(raw_stream[1], flag_dptr, value & _MASK32,
+                                    d.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)[0]
+        if err is not self._drv.SUCCESS:
+            raise ClockError(f"{self.name} cannot wait on host memory (cuStreamWaitValue32: {err.name}): stream "
+                             "memory operations are unsupported by this driver or device")
+        self.record(raw_event, raw_stream)
+        if ack_dptr is not None:
+            err = d.cuStreamWriteValue32(raw_stream[1], ack_dptr, value & _MASK32,
+                                         d.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT)[0]
+            if err is not self._drv.SUCCESS:
+                raise self._drv.error(err, "cuStreamWriteValue32")
+
+    def launch_pingpong(self, raw_stream: Any, flag_dptr: int, started_dptr: int, ack_dptr: int,
+                        stamps_dptr: int, first: int, n: int) -> None:
+        """Launch kernels/clock.cu's ``asyncgpu_clock_pingpong`` (one thread)."""
+        from cuda.core import LaunchConfig
+
+        args = (np.uint64(flag_dptr), np.uint64(started_dptr), np.uint64(ack_dptr), np.uint64(stamps_dptr),
+                np.uint32(first & _MASK32), np.uint32(n))
+        self.launch(raw_stream, self._kernel("asyncgpu_clock_pingpong"), LaunchConfig(grid=1, block=1), args)
+
+    def calibrate_events(self, raw_events: list, timeout_ns: int) -> np.ndarray:
+        cal = self._calibration()
+        n = len(raw_events)
+        first = cal.next_e
+        cal.next_e = (first + n) & _MASK32
+        try:
+            for k, raw in enumerate(raw_events):
+                self.wait_value_record(cal.stream, cal.dptr + 4 * _W_FLAG_E, first + k, raw,
+                                       cal.dptr + 4 * _W_ACK_E)
+        except BaseException:
+            cal.words[_W_FLAG_E] = (first + n - 1) & _MASK32  # release what was enqueued
+            raise
+        return host_pingpong(cal.words, _W_FLAG_E, _W_ACK_E, first, n, timeout_ns, self.name)
+
+    def calibrate_globaltimer(self, n: int, timeout_ns: int, raw_event: Any = None) -> tuple:
+        if not 1 <= n <= _MAX_STAMPS:
+            raise ValueError(f"between 1 and {_MAX_STAMPS} globaltimer samples, not {n}")
+        cal = self._calibration()
+        if not self.query(cal.kernel_done):
+            raise ClockError(f"{self.name}'s previous calibration kernel has not run yet: the device is busy "
+                             "(every SM taken by long kernels); calibrate again when it is idle")
+        first = cal.next_k
+        cal.next_k = (first + n) & _MASK32
+        d, words = cal.dptr, cal.words
+        self.launch_pingpong(cal.stream, d + 4 * _W_FLAG_K, d + 4 * _W_STARTED_K, d + 4 * _W_ACK_K,
+                             d + _STAMPS_OFFSET, first, n)
+        if raw_event is not None:
+            self.record(raw_event, cal.stream)
+            err = self._drv.d.cuStreamWriteValue32(cal.stream[1], d + 4 * _W_ACK_A, first,
+                                                   self._drv.d.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT)[0]
+            if err is not self._drv.SUCCESS:
+                raise self._drv.error(err, "cuStreamWriteValue32")
+        self.record(cal.kernel_done, cal.stream)
+        deadline = time.perf_counter_ns() + _START_TIMEOUT_NS
+        while words[_W_STARTED_K] != first:
+            if time.perf_counter_ns() > deadline:
+                words[_W_FLAG_K] = (first + n - 1) & _MASK32  # the kernel runs through at once when it starts
+                raise ClockError(f"{self.name}'s calibration kernel did not start within "
+                                 f"{_START_TIMEOUT_NS // 1_000_000} ms: the device is busy")
+        hosts = host_pingpong(words, _W_FLAG_K, _W_ACK_K, first, n, timeout_ns, self.name)
+        after = None
+        if raw_event is not None:
+            deadline = time.perf_counter_ns() + timeout_ns
+            while words[_W_ACK_A] != first:
+                if time.perf_counter_ns() > deadline:
+                    raise ClockError(f"{self.name} did not reach the event after its calibration kernel")
+            after = time.perf_counter_ns()
+        stamps = np.frombuffer(cal.page.view, dtype=np.uint64, count=n + 1, offset=_STAMPS_OFFSET).astype(np.int64)
+        return np.column_stack([stamps[:n], hosts]), (int(stamps[n]), after)
+
+    def bracket_overhead_ns(self, repeats: int = 21) -> float:
+        """What a pair of events adds to a kernel's time on the GPU: the median over ``repeats`` of
+        elapsed(start, end) minus the kernel's own first-to-last ``%globaltimer`` span, for a 20 µs kernel
+        queued behind a 1 ms one (so the GPU never waits for the host). Blocks about 2 ms."""
+        from cuda.core import LaunchConfig
+
+        cal = self._calibration()
+        s = cal.stream
+        one = LaunchConfig(grid=1, block=1)
+        kernel = self._kernel("asyncgpu_clock_bracket")
+        out = self.alloc(2 * repeats, np.uint64, s)  # device memory: stores to host memory would slow the exit
+        self.spin(s, 1_000_000)
+        pairs = [(self.create_event(True), self.create_event(True)) for _ in range(repeats)]
+        try:
+            for k, (a, b) in enumerate(pairs):
+                self.record(a, s)
+                self.launch(s, kernel, one, (np.uint64(20_000), np.uint64(int(out.handle) + 16 * k)))
+                self.record(b, s)
+            deadline = time.perf_counter_ns() + 100_000_000
+            while not self.query(pairs[-1][1]):
+                if time.perf_counter_ns() > deadline:
+                    raise ClockError(f"{self.name} did not run the overhead kernels within 100 ms: it is busy")
+            stamps = self.to_numpy(out, 2 * repeats, np.uint64).astype(np.int64)
+            out.close()
+            spans = stamps[1::2] - stamps[0::2]
+            elapsed = np.array([self.elapsed_ms(a, b) * 1e6 for a, b in pairs])
+        finally:
+            for a, b in pairs:
+                self.destroy_event(a)
+                self.destroy_event(b)
+        return float(np.median(elapsed - spans))
+
+    def profiler_start(self) -> None:
+        self._current()
+        err = self._drv.d.cuProfilerStart()[0]
+        if err is not self._drv.SUCCESS:
+            raise self._drv.error(err, "cuProfilerStart")
+
+    def profiler_stop(self) -> None:
+        self._current()
+        err = self._drv.d.cuProfilerStop()[0]
+        if err is not self._drv.SUCCESS:
+            raise self._drv.error(err, "cuProfilerStop")
+
     # -- memory and workloads ---------------------------------------------------------------------------
     def alloc(self, n: int, dtype: Any, raw_stream: Any) -> Any:
         self._current()
@@ -244,10 +398,12 @@ class CudaDevice(BackendDevice):
         with self._kernel_lock:
             kernel = self._kernels.get(name)
             if kernel is None:
-                code = _compiled(self.arch)
+                source = _KERNEL_SOURCES[name]
+                code = _compiled(self.arch, source)
                 self._current()
-                for k in ("asyncgpu_spin", "asyncgpu_inc_loop"):
-                    self._kernels[k] = code.get_kernel(k)
+                for k, src in _KERNEL_SOURCES.items():
+                    if src == source:
+                        self._kernels[k] = code.get_kernel(k)
                 kernel = self._kernels[name]
             return kernel
 
@@ -288,17 +444,80 @@ class CudaDevice(BackendDevice):
         return out
 
 
+class MappedPage:
+    """Pinned, portable, device-mapped host memory (``cuMemHostAlloc``), freed by `free`."""
+
+    def __init__(self, drv: _Driver, nbytes: int) -> None:
+        d = drv.d
+        flags = d.CU_MEMHOSTALLOC_PORTABLE | d.CU_MEMHOSTALLOC_DEVICEMAP
+        err, ptr = d.cuMemHostAlloc(nbytes, flags)
+        if err is not drv.SUCCESS:
+            raise drv.error(err, "cuMemHostAlloc")
+        self._drv, self.ptr, self.nbytes = drv, int(ptr), nbytes
+        self.view = (ctypes.c_char * nbytes).from_address(self.ptr)
+        self.view[:] = bytes(nbytes)
+        self.words = (ctypes.c_uint32 * (nbytes // 4)).from_address(self.ptr)  #: uint32 words, read and written
+
+    def free(self) -> None:
+        if self.ptr:
+            self._drv.d.cuMemFreeHost(self.ptr)
+            self.ptr = 0
+
+
+class _Calibration:
+    """One device's calibration page, stream and 'kernel done' event."""
+
+    def __init__(self, dev: CudaDevice) -> None:
+        self.page = dev.alloc_mapped(_PAGE)
+        self.words = self.page.words
+        self.dptr = dev.device_pointer(self.page)
+        self.stream = dev.create_stream()
+        self.kernel_done = dev.create_event(False)
+        self.next_e = self.next_k = 1
+
+    def close(self, dev: CudaDevice) -> None:
+        # Release anything still waiting on the page, let the stream drain, then free.
+        self.words[_W_FLAG_E] = (self.next_e - 1) & _MASK32
+        self.words[_W_FLAG_K] = (self.next_k - 1) & _MASK32
+        try:
+            dev.sync_stream(self.stream)
+        finally:
+            dev.close_stream(self.stream)
+            dev.destroy_event(self.kernel_done)
+            self.page.free()
+
+
+def host_pingpong(words: Any, flag: int, ack: int, first: int, n: int, timeout_ns: int, name: str) -> np.ndarray:
+    """The host half of a ping-pong: for each value, read the clock (h0), write it to ``words[flag]``, spin until
+    ``words[ack]`` reaches it, read the clock (h1). Returns int64 ``(n, 2)``; raises `ClockError` on timeout
+    (after releasing the device side)."""
+    clock = time.perf_counter_ns
+    out = np.empty((n, 2), np.int64)
+    deadline = clock() + timeout_ns
+    for k in range(n):
+        v = (first + k) & _MASK32
+        h0 = clock()
+        words[flag] = v
+        while (words[ack] - v) & _MASK32 >= 0x80000000:  # cyclic: ack has not reached v yet
+            if clock() > deadline:
+                words[flag] = (first + n - 1) & _MASK32
+                raise ClockError(f"{name} did not answer a clock ping within {timeout_ns / 1e6:.1f} ms: its "
+                                 "calibration stream is queued behind other work (too many busy streams)")
+        out[k, 0], out[k, 1] = h0, clock()
+    return out
+
+
 _compile_lock = threading.Lock()
-_compiled_by_arch: dict[str, Any] = {}
+_compiled_by_arch: dict[tuple[str, str], Any] = {}
 
 
-def _compiled(arch: str) -> Any:
-    """The workloads module compiled for ``sm_<arch>``, compiled once per process and architecture."""
+def _compiled(arch: str, source: str) -> Any:
+    """A kernel source compiled for ``sm_<arch>``, compiled once per process, source and architecture."""
     with _compile_lock:
-        code = _compiled_by_arch.get(arch)
+        code = _compiled_by_arch.get((arch, source))
         if code is None:
-            source = (kernels_dir() / _KERNEL_SOURCE).read_text()
-            code = _compiled_by_arch[arch] = compile_source(source, arch)
+            text = (kernels_dir() / source).read_text()
+            code = _compiled_by_arch[(arch, source)] = compile_source(text, arch)
         return code
 
 

@@ -18,6 +18,7 @@ from typing import Any, final
 import numpy as np
 
 from ._backend import BackendDevice
+from ._clock import DEFAULT_SAMPLES, ClockCalibration, calibrate
 from ._engine import KIND_RELEASE, Engine
 from ._errors import BackendError, ClosedError, DeviceMismatchError
 from ._event import Event
@@ -57,7 +58,33 @@ class Device:
         self.streams: tuple[Stream, ...] = tuple(self._new_stream() for _ in range(streams))
         self.stream: Stream = self.streams[0]  #: the default stream
         self._mark_seqs = itertools.count()
+        self._clock_lock = threading.Lock()
+        self._clock: ClockCalibration | None = None
+        self._clock_ref: ClockCalibration | None = None  # the oldest with a %globaltimer point: drift baseline
+        self._clock_retired: Any = None  # the previous anchor event, reused one refresh later
+        self._clock_events: list = []  # raw timing events of the calibrations (not from the pools)
         return self
+
+    # -- clock --------------------------------------------------------------------------------------------
+    def clock(self, *, refresh: bool = False, max_age_s: float = 1.0, samples: int = DEFAULT_SAMPLES
+              ) -> ClockCalibration:
+        """This device's clock calibration against the host clock (``time.perf_counter_ns()``): the anchor
+        that places its events on the host time base, its error bound, the ``%globaltimer`` offset and drift.
+        Re-measured when older than ``max_age_s`` (or when ``refresh``): that blocks the calling thread about
+        0.1 ms. Raises `ClockError` when the device does not answer (see `asyncgpu._clock`)."""
+        self._check_open()
+        with self._clock_lock:
+            cal = self._clock
+            if cal is None or refresh or time.perf_counter_ns() - cal.taken_ns > max_age_s * 1e9:
+                cal = calibrate(self, samples, previous=self._clock_ref)
+                if self._clock_ref is None and cal._gt_point is not None:
+                    self._clock_ref = cal
+                if self._clock is not None:
+                    if self._clock_retired is not None:
+                        self._clock_events.append(self._clock_retired)
+                    self._clock_retired = self._clock._anchor
+                self._clock = cal
+            return cal
 
     # -- events -------------------------------------------------------------------------------------------
     def record(self, stream: Stream | Any | None = None, *, timing: bool = True, tag: Any = None) -> Event:
@@ -210,6 +237,12 @@ class Device:
         _forget(self)
         self._engine.close()
         self._drain_graveyard()
+        with self._clock_lock:
+            for raw in (self._clock._anchor if self._clock else None, self._clock_retired, *self._clock_events):
+                if raw is not None:
+                    self._bd.destroy_event(raw)
+            self._clock = self._clock_ref = self._clock_retired = None
+            self._clock_events = []
         for s in self._owned:
             self._bd.close_stream(s._raw)
         self._bd.close()

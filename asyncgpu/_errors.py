@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "AsyncGPUError",
     "BackendError",
+    "ClockError",
     "ClosedError",
     "DeviceMismatchError",
     "NoDeviceError",
@@ -68,3 +69,8 @@ class ScopeError(AsyncGPUError):
 
 class BackendError(AsyncGPUError, RuntimeError):
     """The backend failed: a CUDA driver error (possibly sticky, poisoning the context) or a host stream failure."""
+
+
+class ClockError(AsyncGPUError):
+    """A device clock could not be aligned to the host clock (the device stayed busy, or lacks stream memory
+    operations). Scopes then keep that device's times relative to its own scope start, and say so."""

@@ -1,4 +1,5 @@
-"""NVTX ranges for scopes and activities, in the ``asyncgpu`` domain, for Nsight Systems.
+"""NVTX ranges for scopes and activities, in the ``asyncgpu`` domain, for Nsight Systems, and `capture`, the
+capture range for ``nsys profile --capture-range=cudaProfilerApi``.
 
 Ranges are started and ended with ``start_range``/``end_range`` (not push/pop): push/pop nest per OS thread
 and mis-nest across ``await``. Without a profiler attached the nvtx package hands out a no-op domain, so a
@@ -7,14 +8,20 @@ range costs about 0.1 µs. `sink` lets tests observe ranges without a profiler.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, final
 
 import nvtx
 
-__all__ = ["start", "end", "KIND_COLORS"]
+from ._errors import ScopeError
 
+if TYPE_CHECKING:
+    from ._device import Device
+
+__all__ = ["start", "end", "capture", "KIND_COLORS"]
+
+#: Range colour per kind: activity kinds, ``scope`` and ``capture`` (names the nvtx package knows).
 KIND_COLORS = {"scope": "green", "user": "blue", "kernel": "orange", "memcpy": "purple", "memset": "yellow",
-               "graph": "red"}
+               "graph": "red", "capture": "cyan"}
 
 _domain = nvtx.get_domain("asyncgpu")
 _attributes: dict[tuple[str, str], Any] = {}
@@ -32,7 +39,7 @@ def start(message: str, kind: str) -> Any:
     key = (message, kind)
     attrs = _attributes.get(key)
     if attrs is None:
-        attrs = _attributes[key] = _domain.get_event_attributes(message=message, color=KIND_COLORS.get(kind, "gray"))
+        attrs = _attributes[key] = _domain.get_event_attributes(message=message, color=KIND_COLORS[kind])
     return _domain.start_range(attrs)
 
 
@@ -42,3 +49,65 @@ def end(rid: Any) -> None:
         sink("end", rid)
         return
     _domain.end_range(rid)
+
+
+@final
+class _Capture:
+    """``with capture(...)`` / ``async with capture(...)``: see `capture`."""
+
+    __slots__ = ("_devices", "_active", "_started", "_rid")
+
+    def __init__(self, devices: Any, active: bool) -> None:
+        self._devices, self._active = devices, bool(active)
+        self._started: list[Device] | None = None
+        self._rid: Any = None
+
+    def __enter__(self) -> _Capture:
+        if self._started is not None:
+            raise ScopeError("this capture() block is already open: make a new capture(...) for each block")
+        if not self._active:
+            return self
+        from ._select import resolve_devices
+
+        self._started = []
+        try:
+            for d in resolve_devices(self._devices):
+                d._bd.profiler_start()
+                self._started.append(d)
+        except BaseException:
+            self.__exit__()
+            raise
+        self._rid = start("capture", "capture")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        started, self._started = self._started, None
+        if started is None:
+            return
+        if self._rid is not None:
+            end(self._rid)
+            self._rid = None
+        errors = []
+        for d in reversed(started):
+            try:
+                d._bd.profiler_stop()
+            except Exception as e:  # stop every device, then report the first failure
+                errors.append(e)
+        if errors:
+            raise errors[0]
+
+    async def __aenter__(self) -> _Capture:
+        return self.__enter__()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.__exit__()
+
+
+def capture(devices: Any = None, *, active: bool = True) -> _Capture:
+    """A profiler capture range around a block, for ``nsys profile --capture-range=cudaProfilerApi``: starts the
+    profiler (``cuProfilerStart``) on ``devices`` (default: every device of the default backend) on entry,
+    stops it on exit, even when the block raises, and marks the block with an NVTX range ``"capture"``.
+    A no-op on the host backend, and wholly (no device is even opened) when ``active`` is false, so that
+    ``with capture(active=(step == 10)):`` captures one iteration of a loop. Sync and async forms; neither is a
+    checkpoint. Any thread."""
+    return _Capture(devices, active)

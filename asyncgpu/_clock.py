@@ -1,0 +1,210 @@
+"""Device clocks on the host time base: calibration, and a ground-truth check of the alignment.
+
+Host time is ``time.perf_counter_ns()``. CUDA event timestamps can only be subtracted from each other, and each
+GPU's ``%globaltimer`` is offset from the host clock and from the other GPUs (tens of µs), so every device is
+calibrated by a host ping-pong:
+
+- **Events.** The device's calibration stream waits (``cuStreamWaitValue32``, no SM involved) for a value the
+  host writes into mapped pinned memory, records a timing event, and writes an acknowledgement. The host reads
+  its clock before the write (h0) and after it sees the acknowledgement (h1): the event's timestamp lies in
+  [h0, h1]. Of ``samples`` pings the one with the smallest round trip becomes the *anchor*; any event of the
+  device is then placed at ``anchor_host_ns + elapsed(anchor, event)``, within ± half that round trip.
+- **%globaltimer.** One thread of ``kernels/clock.cu`` answers the same pings with ``%globaltimer`` stamps: the
+  offset (stamp − bracket midpoint) of the best sample, with its bound (a PCIe round trip is shorter for an SM
+  than for the stream front end, so this one is tighter). In-kernel records use it. An event recorded right after
+  that kernel lies between the kernel's last stamp and the host seeing the device pass it: when that bracket is
+  tighter than the events' own, that event becomes the anchor.
+- **Drift.** Between two calibrations at least a second apart, the globaltimer's rate against the host clock.
+
+Threads: `calibrate` blocks the calling thread for the ping-pong (about 0.1 ms per device; at most the timeout).
+It runs on its own stream and page, so it never waits for the user's work — unless the device's hardware queues
+are all busy, in which case it gives up with `ClockError` and scopes fall back to device-relative time.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable
+
+import numpy as np
+
+from ._errors import AsyncGPUError, ClockError
+
+if TYPE_CHECKING:
+    from ._device import Device
+
+__all__ = ["ClockCalibration", "calibrate", "check_alignment"]
+
+DEFAULT_SAMPLES = 16
+TIMEOUT_NS = 5_000_000
+_MIN_DRIFT_SPAN_NS = 1_000_000_000
+
+
+@dataclass(frozen=True, eq=False)
+class ClockCalibration:
+    """How one device's clocks map to host time (``time.perf_counter_ns()``), measured at ``taken_ns``."""
+
+    device: str
+    host_ns: int  #: host time of the anchor event (the best sample's bracket midpoint)
+    bound_ns: float  #: ± error bound of ``host_ns`` (half the best round trip; 0 on the host backend)
+    samples: int  #: pings used
+    rtt_ns: float  #: the best round trip (ns)
+    taken_ns: int  #: host time of the calibration
+    globaltimer_offset_ns: float | None = None  #: ``%globaltimer`` − host time (CUDA), best sample
+    globaltimer_bound_ns: float | None = None  #: its ± bound
+    naive_offset_ns: float | None = None  #: the offset a single (first) sample gives, for comparison
+    drift_ppm: float | None = None  #: globaltimer rate − host rate, in ppm, when measurable (≥ 1 s of history)
+    anchor_source: str = "pings"  #: ``pings`` (the stream's own pings) or ``kernel`` (the event after the kernel)
+    kernel_anchor_bound_ns: float | None = None  #: the bound the event after the kernel would have had
+    bracket_overhead_ns: float = 0.0  #: what a pair of events adds to one kernel's time (ns), measured once
+    _anchor: Any = field(default=None, repr=False)  # the anchor's raw event (owned by the device)
+    _gt_point: tuple[int, float] | None = field(default=None, repr=False)  # (stamp, host midpoint) of the best
+
+    @property
+    def rate(self) -> float:
+        """Host ns per device ns (1 when no drift was measured)."""
+        return 1.0 if self.drift_ppm is None else 1.0 / (1.0 + self.drift_ppm * 1e-6)
+
+    def globaltimer_to_host_ns(self, stamps_ns: Any) -> np.ndarray:
+        """Convert ``%globaltimer`` stamps (ns, int or array) to host time (float64 ns)."""
+        if self._gt_point is None:
+            raise ClockError(f"{self.device} has no %globaltimer calibration (the host backend has no such clock, "
+                             "or the calibration kernel could not run)")
+        g0, h0 = self._gt_point
+        return h0 + (np.asarray(stamps_ns, dtype=np.int64) - g0).astype(np.float64) * self.rate
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "host_ns": self.host_ns, "bound_ns": self.bound_ns, "samples": self.samples,
+                "rtt_ns": self.rtt_ns, "taken_ns": self.taken_ns, "globaltimer_offset_ns": self.globaltimer_offset_ns,
+                "globaltimer_bound_ns": self.globaltimer_bound_ns, "naive_offset_ns": self.naive_offset_ns,
+                "drift_ppm": self.drift_ppm, "anchor_source": self.anchor_source,
+                "kernel_anchor_bound_ns": self.kernel_anchor_bound_ns,
+                "bracket_overhead_ns": self.bracket_overhead_ns}
+
+
+def calibrate(device: Device, samples: int = DEFAULT_SAMPLES, *, previous: ClockCalibration | None = None,
+              timeout_ns: int = TIMEOUT_NS) -> ClockCalibration:
+    """Measure ``device``'s clocks against the host (see the module docstring). ``previous`` (an older
+    calibration of the same device) gives the drift. Raises `ClockError` if the device does not answer."""
+    if samples < 1:
+        raise ValueError(f"a calibration needs at least one sample, not {samples}")
+    bd, spare = device._bd, device._clock_events
+    raws = [spare.pop() if spare else bd.create_event(True) for _ in range(samples)]
+    try:
+        brackets = bd.calibrate_events(raws, timeout_ns)
+    except BaseException:
+        spare.extend(raws)  # re-recording an event that is still queued is allowed: reuse them next time
+        raise
+    rtt = brackets[:, 1] - brackets[:, 0]
+    best = int(np.argmin(rtt))
+    anchor = raws[best]
+    spare.extend(raw for raw in raws if raw is not anchor)
+    host_ns = int((brackets[best, 0] + brackets[best, 1]) // 2)
+    bound_ns = float(rtt[best]) / 2
+    gt_offset = gt_bound = naive = drift = k_bound = None
+    gt_point, source = None, "pings"
+    after_kernel = spare.pop() if spare else bd.create_event(True)
+    try:
+        gt = bd.calibrate_globaltimer(samples, timeout_ns, after_kernel)
+    except ClockError:
+        gt = None  # events are aligned by the pings above; in-kernel stamps are not (reported as None)
+    if gt is not None:
+        pings, (exit_stamp, exit_seen_ns) = gt
+        mid = (pings[:, 1] + pings[:, 2]) / 2
+        g_rtt = pings[:, 2] - pings[:, 1]
+        b = int(np.argmin(g_rtt))
+        gt_offset, gt_bound = float(pings[b, 0] - mid[b]), float(g_rtt[b]) / 2
+        naive = float(pings[0, 0] - mid[0])
+        gt_point = (int(pings[b, 0]), float(mid[b]))
+        if previous is not None and previous._gt_point is not None:
+            pg, ph = previous._gt_point
+            span = gt_point[1] - ph
+            drift = ((gt_point[0] - pg) / span - 1.0) * 1e6 if span >= _MIN_DRIFT_SPAN_NS else previous.drift_ppm
+        # The event right after the kernel lies between the kernel's last stamp and the host seeing the write
+        # that follows it: usually a tighter placement than the front end's own pings.
+        rate = 1.0 if drift is None else 1.0 / (1.0 + drift * 1e-6)
+        lo = gt_point[1] + (exit_stamp - gt_point[0]) * rate
+        if exit_seen_ns is not None and exit_seen_ns >= lo - gt_bound:
+            k_bound = (exit_seen_ns - lo) / 2 + gt_bound
+            if k_bound < bound_ns:
+                spare.append(anchor)
+                anchor, after_kernel = after_kernel, anchor
+                host_ns, bound_ns, source = int((lo + exit_seen_ns) / 2), k_bound, "kernel"
+    if after_kernel is not anchor:
+        spare.append(after_kernel)
+    overhead = 0.0
+    if previous is not None and previous.bracket_overhead_ns:
+        overhead = previous.bracket_overhead_ns
+    elif gt is not None:  # the calibration kernel ran, so SMs are free for this one too
+        try:
+            overhead = bd.bracket_overhead_ns()
+        except ClockError:
+            pass
+    return ClockCalibration(device.name, host_ns, bound_ns, samples, float(rtt[best]), time.perf_counter_ns(),
+                            gt_offset, gt_bound, naive, drift, source, k_bound, overhead, anchor, gt_point)
+
+
+def check_alignment(devices: Iterable[Device], trials: int = 30, samples: int = DEFAULT_SAMPLES) -> dict[str, Any]:
+    """Ground truth for the alignment of several GPUs: each trial makes every device stamp ONE physical instant
+    (all spin on the same pinned host flag; the host flips it once) with ``%globaltimer`` in a kernel, and with a
+    timing event recorded right after that kernel; then compares the devices' stamps on the host time base.
+
+    Returns per-trial disagreements (ns) between the first device and each other one: ``raw`` (globaltimer
+    stamps as read), ``aligned`` (after each device's calibration), ``naive`` (after a single-sample
+    calibration), and ``events_aligned`` (the events placed with the device's anchor), plus a summary
+    (median and max absolute values). Needs CUDA devices; blocks (GIL released only in driver calls)."""
+    devs = list(devices)
+    if len(devs) < 2 or any(d.backend != "cuda" for d in devs):
+        raise AsyncGPUError("check_alignment needs two or more CUDA devices (the host backend has one clock)")
+    bds = [d._bd for d in devs]
+    page = bds[0].alloc_mapped(4096)
+    words = page.words
+    streams = [bd.create_stream() for bd in bds]
+    flag_off = 0  # the one word every device's kernel spins on
+    per = 64  # bytes per device: started, ack, ev_ack words and one stamp
+    rows: dict[str, list] = {k: [] for k in ("raw", "aligned", "naive", "events_aligned")}
+    events = [d._pool_t.take() for d in devs]
+    try:
+        for trial in range(1, trials + 1):
+            cals = [calibrate(d, samples) for d in devs]
+            for i, bd in enumerate(bds):
+                base = bd.device_pointer(page)
+                off = 256 + i * per
+                bd.launch_pingpong(streams[i], base + flag_off, base + off, base + off + 4, base + off + 16,
+                                   trial, 1)
+                bd.record(events[i], streams[i])  # lands when the kernel ends, just after it saw the flag
+            deadline = time.perf_counter_ns() + 1_000_000_000
+            while any(words[(256 + i * per) // 4] != trial for i in range(len(devs))):
+                if time.perf_counter_ns() > deadline:
+                    raise ClockError("a device did not start the ground-truth kernel within 1 s")
+            words[flag_off // 4] = trial  # one store: the physical instant every device stamps
+            for i, bd in enumerate(bds):
+                bd.sync_stream(streams[i])
+            stamps = np.array([np.frombuffer(page.view, np.uint64, 1, 256 + i * per + 16)[0]
+                               for i in range(len(devs))], dtype=np.int64)
+            aligned = [cals[i].globaltimer_to_host_ns(stamps[i]) for i in range(len(devs))]
+            naive = [stamps[i] - cals[i].naive_offset_ns for i in range(len(devs))]
+            ev_host = [c.host_ns + bds[i].elapsed_ms(c._anchor, events[i]) * 1e6 * c.rate
+                       for i, c in enumerate(cals)]
+            for i in range(1, len(devs)):
+                rows["raw"].append(float(stamps[0] - stamps[i]))
+                rows["aligned"].append(float(aligned[0] - aligned[i]))
+                rows["naive"].append(float(naive[0] - naive[i]))
+                rows["events_aligned"].append(float(ev_host[0] - ev_host[i]))
+            for d, c in zip(devs, cals):
+                d._clock_events.append(c._anchor)
+    finally:
+        words[flag_off // 4] = trials + 1
+        for bd, s in zip(bds, streams):
+            bd.sync_stream(s)
+            bd.close_stream(s)
+        for d, raw in zip(devs, events):
+            d._pool_t.give(raw)
+        page.free()
+    out: dict[str, Any] = {k: np.asarray(v) for k, v in rows.items()}
+    out["summary"] = {k: {"median_abs_ns": float(np.median(np.abs(v))), "max_abs_ns": float(np.max(np.abs(v))),
+                          "mean_ns": float(np.mean(v))} for k, v in out.items() if len(v)}
+    out["devices"] = [d.name for d in devs]
+    out["trials"] = trials
+    return out

@@ -1,0 +1,71 @@
+"""Clock alignment across GPUs: ground truth (every GPU stamps one physical instant) and calibration cost.
+
+    python3 benchmarks/bench_clock.py [--trials 30] [--out results/clock.json]
+
+Needs two or more CUDA GPUs for the ground truth; with one it reports the calibration figures only.
+Each trial: a fresh calibration of every device (16 pings), then every GPU spins on one pinned host flag in a
+kernel (%globaltimer) and waits on it in a stream (a timing event); the host flips the flag once. Figures are
+the disagreement between GPU 0 and GPU 1 at that instant: raw (clocks as read), naive (a single-ping offset),
+aligned (asyncgpu's calibration), and events (asyncgpu's event placement, what timelines use).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+import asyncgpu
+
+
+def _pct(values: np.ndarray) -> str:
+    a = np.abs(values) / 1e3
+    return f"{np.median(a):8.3f} {np.percentile(a, 90):8.3f} {a.max():8.3f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--trials", type=int, default=30)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    devs = asyncgpu.devices("cuda")
+    out: dict = {"devices": [d.description for d in devs]}
+    print(f"== calibration: {len(devs)} x {devs[0].description}")
+    print(f"{'device':8} {'bound µs':>9} {'anchor':>7} {'k-bound µs':>10} {'gt bound µs':>12} {'naive-best ns':>14} "
+          f"{'cost ms':>8}")
+    cals = []
+    for d in devs:
+        d.clock()  # compile and warm up
+        costs = []
+        for _ in range(20):
+            t0 = time.perf_counter_ns()
+            cal = d.clock(refresh=True)
+            costs.append((time.perf_counter_ns() - t0) / 1e6)
+        cals.append(cal.as_dict() | {"cost_ms_median": float(np.median(costs))})
+        kb = cal.kernel_anchor_bound_ns
+        print(f"{d.name:8} {cal.bound_ns / 1e3:9.3f} {cal.anchor_source:>7} {(kb or float('nan')) / 1e3:10.3f} "
+              f"{cal.globaltimer_bound_ns / 1e3:12.3f} {cal.naive_offset_ns - cal.globaltimer_offset_ns:14.1f} "
+              f"{np.median(costs):8.3f}")
+    out["calibrations"] = cals
+    if len(devs) >= 2:
+        r = asyncgpu.check_alignment(devs[:2], trials=args.trials)
+        out["ground_truth"] = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in r.items()}
+        print(f"\n== ground truth, {args.trials} trials, {devs[0].name} vs {devs[1].name}: |disagreement| µs")
+        print(f"{'route':22} {'p50':>8} {'p90':>8} {'max':>8}")
+        for key, label in (("raw", "raw %globaltimer"), ("naive", "naive single ping"),
+                           ("aligned", "aligned %globaltimer"), ("events_aligned", "aligned events")):
+            print(f"{label:22} {_pct(r[key])}")
+    time.sleep(2.0)  # drift: the globaltimer's rate against the host clock over 2 s
+    drifts = {d.name: d.clock(refresh=True).drift_ppm for d in devs}
+    out["drift_ppm"] = drifts
+    print("\n== drift over 2 s (ppm): " + ", ".join(f"{k} {v:+.3f}" for k, v in drifts.items() if v is not None))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+    asyncgpu.close_all()
+
+
+if __name__ == "__main__":
+    main()

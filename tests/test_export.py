@@ -1,0 +1,255 @@
+"""Exports: the Perfetto trace (structure, nesting, round trip through read_trace), CSV, JSON, errors."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+
+import anyio
+import numpy as np
+import pytest
+
+from asyncgpu import ScopeError, gpu_timer
+from asyncgpu._export import read_trace, to_csv, to_json, trace_dict, write_trace
+from asyncgpu._records import DeviceClock, HostRange, Timeline
+
+pytestmark = pytest.mark.anyio
+
+
+def check_trace(doc: dict) -> dict:
+    """Assert that ``doc`` is valid Trace Event Format as Perfetto reads it; returns {pid: process name}."""
+    assert doc["displayTimeUnit"] == "ns" and isinstance(doc["traceEvents"], list)
+    procs, threads, tracks, last = {}, {}, {}, {}
+    for ev in doc["traceEvents"]:
+        assert {"ph", "pid", "tid", "ts"} <= ev.keys(), ev
+        if ev["ph"] == "M":
+            if ev["name"] == "process_name":
+                procs[ev["pid"]] = ev["args"]["name"]
+            elif ev["name"] == "thread_name":
+                assert ev["tid"] not in threads, "tids are unique in the trace"
+                threads[ev["tid"]] = (ev["pid"], ev["args"]["name"])
+        else:
+            assert ev["ph"] == "X" and ev["dur"] >= 0 and ev["ts"] >= 0 and ev["name"] and ev["cat"], ev
+            track = (ev["pid"], ev["tid"])
+            tracks.setdefault(track, []).append((ev["ts"], ev["ts"] + ev["dur"]))
+            key = (ev["ts"], -ev["dur"])  # in time order, parents before children that start with them
+            assert key >= last.get(track, key), f"{ev} comes out of order on its track"
+            last[track] = key
+    assert "host" in procs.values()
+    for pid, tid in tracks:
+        assert pid in procs and threads[tid][0] == pid, f"track {(pid, tid)} is not named"
+    for spans in tracks.values():  # complete events must nest on a track
+        open_ends: list[float] = []
+        for s, e in sorted(spans, key=lambda se: (se[0], -se[1])):
+            while open_ends and open_ends[-1] <= s:
+                open_ends.pop()
+            assert not open_ends or e <= open_ends[-1], f"[{s}, {e}] overlaps its parent without nesting"
+            open_ends.append(e)
+    return procs
+
+
+def assert_same(a: Timeline, b: Timeline) -> None:
+    """Same rows (decoded values), same times within 1 ns, same tables, clocks and host ranges."""
+    assert len(a) == len(b) and a.label == b.label and a.devices == b.devices and a.streams == b.streams
+    for col in ("device", "stream", "kind"):
+        np.testing.assert_array_equal(getattr(a, col), getattr(b, col))
+    assert [a.names[i] for i in a.name] == [b.names[i] for i in b.name]
+    for col in ("start_ns", "end_ns", "duration_ns"):
+        np.testing.assert_allclose(getattr(a, col), getattr(b, col), rtol=0, atol=1.0, err_msg=col)
+    assert (a.scope_start_ns, a.scope_end_ns, a.error, a.cancelled) == (b.scope_start_ns, b.scope_end_ns, b.error,
+                                                                        b.cancelled)
+    assert a.descriptions == b.descriptions and a.host_ranges == b.host_ranges
+    assert [(c.aligned, c.reason, c.offset_ns, c.drift_ppm) for c in a.clocks] == [
+        (c.aligned, c.reason, c.offset_ns, c.drift_ppm) for c in b.clocks]
+
+
+def synthetic() -> Timeline:
+    """Two devices, the second not aligned; two streams on the first; a name that needs escaping; an unfinished
+    row (5). On cuda:0 s0, block 0 holds block 2, which starts with its kernel 1 but was issued after it; block 6
+    overlaps block 0 without nesting (so does the second host block with the first)."""
+    t0 = 5_000_000_000_000
+    return Timeline.from_arrays(
+        label="synthetic", devices=["cuda:0", "cuda:1"], streams=[(0, "s0"), (0, "s1"), (1, "s0")],
+        device=[0, 0, 0, 0, 1, 0, 0], stream=[0, 0, 0, 1, 2, 1, 0],
+        names=["k", 'quote " comma, µs', "block"], name=[2, 0, 2, 1, 0, 0, 2],
+        kind=["user", "kernel", "user", "memcpy", "kernel", "kernel", "user"],
+        start_ns=[t0 + 100.25, t0 + 200, t0 + 200, t0 - 40, t0 + 1000.25, np.nan, t0 + 800],
+        end_ns=[t0 + 900.25, t0 + 700, t0 + 800, t0 + 60, t0 + 3000.25, np.nan, t0 + 1500],
+        duration_ns=[800, 499.75, 600, 100, 2000, np.nan, 700], scope_start_ns=t0, scope_end_ns=t0 + 2000,
+        clocks=[DeviceClock("cuda:0", True, 350.0, 12.5, 0.02),
+                DeviceClock("cuda:1", False, float("nan"), reason="clock calibration failed (busy)")],
+        host_ranges=(HostRange("synthetic", "scope", t0, t0 + 2000, "MainThread"),
+                     HostRange("block", "user", t0 + 10, t0 + 500, "MainThread"),
+                     HostRange("block", "user", t0 + 300, t0 + 800, "MainThread")),
+        descriptions=("NVIDIA H200 (sm_90)", "NVIDIA H200 (sm_90)"), error="RuntimeError: boom")
+
+
+def test_trace_structure_labels_and_round_trip(tmp_path):
+    tl = synthetic()
+    doc = trace_dict(tl)
+    procs = check_trace(doc)
+    assert procs == {1: "host", 2: "cuda:0 NVIDIA H200 (sm_90)",
+                     3: "cuda:1 NVIDIA H200 (sm_90) (NOT aligned: relative time)"}
+    meta = doc["otherData"]
+    assert meta["asyncgpu_trace_version"] == 1 and meta["label"] == "synthetic"
+    assert meta["origin_ns"] == 5_000_000_000_000 - 40  # the earliest start: every ts is >= 0
+    assert meta["unfinished_rows"] == 1 and meta["rows"] == 7
+    assert meta["devices"][0] == {"name": "cuda:0", "description": "NVIDIA H200 (sm_90)", "aligned": True,
+                                       "bound_ns": 350.0, "offset_ns": 12.5, "drift_ppm": 0.02, "reason": "",
+                                       "pid": 2}
+    assert meta["devices"][1]["aligned"] is False and meta["devices"][1]["bound_ns"] is None
+    xs = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["pid"] != 1]
+    assert len(xs) == 6 and sorted(e["args"]["row"] for e in xs) == [0, 1, 2, 3, 4, 6]
+    kernel = next(e for e in xs if e["args"]["row"] == 1)
+    assert kernel["ts"] == pytest.approx(0.240) and kernel["dur"] == pytest.approx(0.5)
+    block, outer, late = (next(e for e in xs if e["args"]["row"] == i) for i in (2, 0, 6))
+    assert block["tid"] == kernel["tid"] == outer["tid"] != late["tid"]
+    assert kernel["cat"] == kernel["args"]["kind"] == "kernel" and kernel["args"]["duration_ms"] == 0.0005
+    thread_names = {e["tid"]: e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"}
+    assert sorted(thread_names.values()) == ["MainThread", "MainThread (2)", "s0", "s0", "s0 (2)", "s1"]
+    path = tmp_path / "trace.json"
+    write_trace(tl, path)
+    assert json.loads(path.read_text()) == doc
+    assert_same(read_trace(path), tl)
+
+
+async def test_trace_of_host_scopes(two_devs, tmp_path):
+    async def task(t, d, i):
+        async with t.activity(f"step {i}", device=d):
+            d.stream.spin_us(300)
+            await anyio.sleep(0.001)
+
+    async with gpu_timer(two_devs, label="host scope") as t:
+        async with anyio.create_task_group() as tg:
+            for i, d in enumerate(two_devs * 2):  # concurrent blocks on one thread: host ranges overlap
+                tg.start_soon(task, t, d, i)
+    with gpu_timer(two_devs[0], label="second") as t2:
+        two_devs[0].streams[1].spin_us(100)
+    path = tmp_path / "t.json"
+    write_trace(t, path)
+    doc = json.loads(path.read_text())
+    procs = check_trace(doc)
+    assert sorted(procs.values()) == sorted(["host"] + [f"{d.name} {d.description}" for d in two_devs])
+    names = sorted(e["name"] for e in doc["traceEvents"] if e["ph"] == "X")
+    assert names == sorted([f"step {i}" for i in range(4)] * 2 + ["spin"] * 4 + ["host scope"])
+    assert_same(read_trace(path), t.timeline)
+    write_trace([t, t2], path)  # several scopes in one trace
+    doc = json.loads(path.read_text())
+    check_trace(doc)
+    assert [s["label"] for s in doc["otherData"]["scopes"]] == ["host scope", "second"]
+    back = read_trace(path)
+    assert back.label == "host scope + second" and len(back) == len(t.timeline) + 1
+    assert back.devices == tuple(d.name for d in two_devs) and back.streams[-1] == (0, "s1")
+    assert [s["rows"] for s in back.extra["scopes"]] == [len(t.timeline), 1]
+    assert [r.name for r in back.host_ranges if r.kind == "scope"] == ["host scope", "second"]
+
+
+def test_merged_devices_keep_their_worst_clock():
+    def one(label, names, clocks):
+        return Timeline.from_arrays(label=label, devices=names, device=range(len(names)),
+                                    start_ns=[1e6] * len(names), end_ns=[2e6] * len(names), clocks=clocks)
+
+    a = one("a", ["cuda:0"], [DeviceClock("cuda:0", True, 100.0)])
+    b = one("b", ["cuda:1", "cuda:0"], [DeviceClock("cuda:1", False, float("nan"), reason="busy"),
+                                        DeviceClock("cuda:0", True, 300.0)])
+    c = one("a", ["cuda:1"], [DeviceClock("cuda:1", True, 5.0)])
+    meta = trace_dict([a, b, c])["otherData"]
+    assert meta["label"] == "a + b"
+    assert [(d["name"], d["aligned"], d["bound_ns"], d["reason"]) for d in meta["devices"]] == [
+        ("cuda:0", True, 300.0, ""), ("cuda:1", False, None, "busy")]
+    assert meta["streams"] == [[0, "s0"], [1, "s0"]] and meta["rows"] == 4
+
+
+def test_a_timeline_without_clocks_is_not_called_aligned():
+    tl = Timeline("bare", ("cuda:0",), ((0, "s0"),), ("k",), np.zeros(1, np.int16), np.zeros(1, np.int32),
+                  np.zeros(1, np.int32), np.zeros(1, np.int8), np.array([1e6]), np.array([2e6]), np.array([1e6]),
+                  0, 3_000_000)
+    doc = trace_dict(tl)
+    assert check_trace(doc)[2] == "cuda:0 (NOT aligned: relative time)"
+    assert doc["otherData"]["devices"][0]["reason"] == "the timeline has no clock information"
+
+
+def test_csv_and_json_records():
+    tl = synthetic()
+    rows = list(csv.DictReader(io.StringIO(to_csv(tl))))
+    assert len(rows) == 7 and rows[3]["name"] == 'quote " comma, µs' and rows[3]["stream"] == "s1"
+    assert rows[1] == {"device": "cuda:0", "stream": "s0", "name": "k", "kind": "kernel",
+                            "start_ns": "5000000000200", "end_ns": "5000000000700", "duration_ns": "500",
+                            "start_ms": "0.000200"}
+    assert rows[5]["start_ns"] == rows[5]["duration_ns"] == rows[5]["start_ms"] == ""
+    doc = json.loads(to_json(tl))
+    assert doc["label"] == "synthetic" and doc["error"] == "RuntimeError: boom" and len(doc["host_ranges"]) == 3
+    assert doc["devices"][1]["aligned"] is False
+    recs = doc["records"]
+    assert [r["name"] for r in recs] == [tl.names[i] for i in tl.name]
+    assert recs[4] == {"device": "cuda:1", "stream": "s0", "name": "k", "kind": "kernel", "start_ns": 5000000001000,
+                       "end_ns": 5000000003000, "duration_ns": 2000, "start_ms": 0.001}
+    assert recs[5]["start_ns"] is None and recs[5]["duration_ns"] is None
+
+
+def test_files_and_text_agree(tmp_path):
+    tl = synthetic()
+    assert to_csv(tl, tmp_path / "r.csv") is None and to_json(tl, tmp_path / "r.json") is None
+    assert (tmp_path / "r.csv").read_text(encoding="utf-8") == to_csv(tl)
+    assert (tmp_path / "r.json").read_text(encoding="utf-8") == to_json(tl)
+
+
+def test_empty_timeline(tmp_path):
+    tl = Timeline.from_arrays(label="empty", devices=["host:0"], device=[], start_ns=[], end_ns=[],
+                              scope_start_ns=10, scope_end_ns=20, descriptions=("host worker threads",))
+    doc = trace_dict(tl)
+    assert check_trace(doc) == {1: "host", 2: "host:0 host worker threads"}
+    assert [e for e in doc["traceEvents"] if e["ph"] == "X"] == []
+    write_trace(tl, tmp_path / "e.json")
+    assert_same(read_trace(tmp_path / "e.json"), tl)
+    assert to_csv(tl) == "device,stream,name,kind,start_ns,end_ns,duration_ns,start_ms\n"
+    assert json.loads(to_json(tl))["records"] == []
+
+
+async def test_sources(dev):
+    t = gpu_timer(dev)
+    with pytest.raises(ScopeError, match="after the scope"):
+        trace_dict(t)
+    async with t:
+        dev.stream.spin_us(10)
+    assert trace_dict(t) == trace_dict(t.timeline) == trace_dict([t])
+    for bad in ([], "t", None):
+        with pytest.raises(TypeError, match="Timeline, a Timer"):
+            to_csv(bad)
+
+
+def test_unwritable_paths_name_the_fix(tmp_path):
+    tl = synthetic()
+    with pytest.raises(FileNotFoundError, match=r"cannot write the trace to .*missing.*create it first"):
+        write_trace(tl, tmp_path / "missing" / "t.json")
+    with pytest.raises(IsADirectoryError, match="give a file name"):
+        to_csv(tl, tmp_path)
+    if os.geteuid() != 0:  # root writes anywhere
+        (tmp_path / "ro").mkdir(mode=0o500)
+        with pytest.raises(PermissionError, match="choose a writable path"):
+            to_json(tl, tmp_path / "ro" / "r.json")
+
+
+@pytest.mark.parametrize("text, why", [
+    ('{"traceEvents": [], "displayTimeUnit": "ns"}', "was not written by asyncgpu"),
+    ('[{"ph": "X", "pid": 1, "tid": 1, "ts": 0, "dur": 1}]', "was not written by asyncgpu"),
+    ('{"traceEvents": [', "not valid JSON"),
+    ('{"otherData": {"asyncgpu_trace_version": 99}, "traceEvents": []}', "version 99"),
+    ('{"otherData": {"asyncgpu_trace_version": 1}, "traceEvents": []}', "corrupt"),
+])
+def test_read_trace_rejects_other_files(tmp_path, text, why):
+    path = tmp_path / "other.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=f"not an asyncgpu trace.*{why}"):
+        read_trace(path)
+
+
+def test_read_trace_rejects_a_trace_missing_rows(tmp_path):
+    doc = trace_dict(synthetic())
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("args", {}).get("row") != 2]
+    path = tmp_path / "cut.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=r"corrupt.*rows \[2\]"):
+        read_trace(path)

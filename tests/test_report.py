@@ -1,0 +1,277 @@
+"""Reports rendered as text: golden outputs of fixed timelines, and a real host-backend scope."""
+
+from __future__ import annotations
+
+import time
+import types
+
+import numpy as np
+import pytest
+
+from asyncgpu import gpu_timer
+from asyncgpu._records import DeviceClock, Timeline
+from asyncgpu._report import balance_renderable, records_report, render, render_text, timeline_table, timer_report
+from asyncgpu._summary import balance
+
+MS = 1_000_000
+T0 = 7_000_000_000
+
+
+def plain(text: str) -> str:
+    """Rendered text without the trailing spaces that table cells pad with."""
+    return "\n".join(line.rstrip() for line in text.splitlines())
+
+
+def fake_timer(tl: Timeline, host_ms=1.25, wait_ms=7.75, cpu_ms=3.5) -> types.SimpleNamespace:
+    """What `timer_report` reads from a finished Timer."""
+    return types.SimpleNamespace(label=tl.label, timeline=tl, host_ms=host_ms, wait_ms=wait_ms, cpu_ms=cpu_ms)
+
+
+def step_timeline() -> Timeline:
+    """Two GPUs, two streams each, a copy, two GEMMs and an all-reduce overlapping them (ms from T0).
+    cuda:0: busy [0.1, 6.6] = 6.5, sum 9.5; cuda:1: busy [0.2, 4.7] + [5.0, 8.0] = 7.5, sum 7.5. Window 9."""
+    rows = [  # device, stream, name, kind, start, end
+        (0, 0, 0, "memcpy", 0.1, 0.6), (1, 2, 0, "memcpy", 0.2, 0.7), (0, 0, 1, "kernel", 0.6, 3.6),
+        (1, 2, 1, "kernel", 0.7, 2.7), (0, 1, 2, "kernel", 2.0, 5.0), (0, 0, 1, "kernel", 3.6, 6.6),
+        (1, 2, 1, "kernel", 2.7, 4.7), (1, 3, 2, "kernel", 5.0, 8.0),
+    ]
+    d, s, n, k, lo, hi = zip(*rows)
+    return Timeline.from_arrays(label="step", devices=["cuda:0", "cuda:1"], device=d,
+                                streams=[(0, "s0"), (0, "s1"), (1, "s0"), (1, "s1")], stream=s,
+                                names=["h2d batch", "gemm", "allreduce"], name=n, kind=k,
+                                start_ns=T0 + np.array(lo) * MS, end_ns=T0 + np.array(hi) * MS,
+                                scope_start_ns=T0, scope_end_ns=T0 + 9 * MS,
+                                descriptions=("NVIDIA H200 (sm_90)",) * 2)
+
+
+def step_timer():
+    return fake_timer(step_timeline())
+
+
+def hard_timer():
+    """An error, an unaligned clock, an unfinished activity and an idle device in one scope."""
+    clocks = [DeviceClock("host:0", True, 0.0), DeviceClock("host:1", False, float("nan"), reason="no calibration"),
+              DeviceClock("host:2", True, 0.0)]
+    tl = Timeline.from_arrays(label="bad", devices=["host:0", "host:1", "host:2"], device=[0, 0, 0, 1, 1],
+                              names=["gemm", "copy"], name=[0, 0, 1, 0, 1],
+                              kind=["kernel", "kernel", "memcpy", "kernel", "memcpy"],
+                              streams=[(0, "s0"), (0, "s1"), (1, "s0")], stream=[0, 1, 0, 2, 2],
+                              start_ns=T0 + np.array([1, 2, 6, 0, np.nan]) * MS,
+                              end_ns=T0 + np.array([4, 3, 7, 2, np.nan]) * MS, scope_start_ns=T0,
+                              scope_end_ns=T0 + 5 * MS, clocks=clocks, error="RuntimeError: boom")
+    return fake_timer(tl)
+
+
+def empty_timer():
+    tl = Timeline.from_arrays(label="idle", devices=["cuda:0"], device=[], start_ns=[], end_ns=[],
+                              scope_start_ns=T0, scope_end_ns=T0 + MS // 2)
+    return fake_timer(tl, 0.5, 0.0, 0.25)
+
+
+STEP_REPORT = """\
+gpu_timer 'step': activities in issue order
+ start (ms) ┃ duration (ms) ┃ device ┃ stream ┃ kind   ┃ activity
+━━━━━━━━━━━━╇━━━━━━━━━━━━━━━╇━━━━━━━━╇━━━━━━━━╇━━━━━━━━╇━━━━━━━━━━━
+      0.100 │         0.500 │ cuda:0 │ s0     │ memcpy │ h2d batch
+      0.200 │         0.500 │ cuda:1 │ s0     │ memcpy │ h2d batch
+      0.600 │         3.000 │ cuda:0 │ s0     │ kernel │ gemm
+      0.700 │         2.000 │ cuda:1 │ s0     │ kernel │ gemm
+      2.000 │         3.000 │ cuda:0 │ s1     │ kernel │ allreduce
+      3.600 │         3.000 │ cuda:0 │ s0     │ kernel │ gemm
+      2.700 │         2.000 │ cuda:1 │ s0     │ kernel │ gemm
+      5.000 │         3.000 │ cuda:1 │ s1     │ kernel │ allreduce
+
+totals per kind and activity
+ activity  ┃ kind   ┃ count ┃ total (ms) ┃ mean (ms) ┃ min (ms) ┃ max (ms)
+━━━━━━━━━━━╇━━━━━━━━╇━━━━━━━╇━━━━━━━━━━━━╇━━━━━━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━
+ gemm      │ kernel │     4 │     10.000 │     2.500 │    2.000 │    3.000
+ allreduce │ kernel │     2 │      6.000 │     3.000 │    3.000 │    3.000
+ h2d batch │ memcpy │     2 │      1.000 │     0.500 │    0.500 │    0.500
+───────────┼────────┼───────┼────────────┼───────────┼──────────┼──────────
+ all       │        │     8 │     17.000 │           │          │
+
+totals per device, in ms, over a window of 9.000 ms from the scope's start
+ device ┃ count ┃  busy ┃   sum ┃  idle ┃ max gap ┃ util. ┃ first start ┃ last end
+━━━━━━━━╇━━━━━━━╇━━━━━━━╇━━━━━━━╇━━━━━━━╇━━━━━━━━━╇━━━━━━━╇━━━━━━━━━━━━━╇━━━━━━━━━━
+ cuda:0 │     4 │ 6.500 │ 9.500 │ 2.500 │   2.400 │ 72.2% │       0.100 │    6.600
+ cuda:1 │     4 │ 7.500 │ 7.500 │ 1.500 │   1.000 │ 83.3% │       0.200 │    8.000
+busy: time with an activity running (overlaps once); sum: durations added up; max
+gap: before the first, between, or after the last activity
+
+balance: busy time per device
+ device ┃ busy (ms) ┃                      ┃ wait (ms) ┃ share ┃
+━━━━━━━━╇━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━╇━━━━━━━╇━━━━━━━━━━━
+ cuda:0 │     6.500 │ █████████████████▍   │     1.400 │ 53.6% │
+ cuda:1 │     7.500 │ ████████████████████ │     0.000 │ 46.4% │ straggler
+imbalance 1.071 = max busy 7.500 ms / mean busy 7.000 ms; straggler cuda:1
+makespan (busy): 7.500 ms now, 6.964 ms predicted with the suggested shares (one unit of work per
+device assumed)
+
+scope 'step': host 1.250 ms issuing + 7.750 ms waiting for the devices, CPU 3.500 ms
+"""
+
+STEP_BALANCE_WITH_UNITS = """\
+balance: busy time per device
+ device ┃ busy (ms) ┃                      ┃ wait (ms) ┃ units ┃ suggested ┃
+━━━━━━━━╇━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━╇━━━━━━━╇━━━━━━━━━━━╇━━━━━━━━━━━
+ cuda:0 │     6.500 │ █████████████████▍   │     1.400 │    64 │        69 │
+ cuda:1 │     7.500 │ ████████████████████ │     0.000 │    64 │        59 │ straggler
+imbalance 1.071 = max busy 7.500 ms / mean busy 7.000 ms; straggler cuda:1
+makespan (busy): 7.500 ms now, 7.008 ms predicted with the suggested split
+"""
+
+HARD_REPORT = """\
+gpu_timer 'bad': activities in issue order
+ start (ms) ┃ duration (ms) ┃ device   ┃ stream ┃ kind   ┃ activity
+━━━━━━━━━━━━╇━━━━━━━━━━━━━━━╇━━━━━━━━━━╇━━━━━━━━╇━━━━━━━━╇━━━━━━━━━━
+      1.000 │         3.000 │ host:0   │ s0     │ kernel │ gemm
+      2.000 │         1.000 │ host:0   │ s1     │ kernel │ gemm
+      6.000 │         1.000 │ host:0   │ s0     │ memcpy │ copy
+      0.000 │         2.000 │ host:1 * │ s0     │ kernel │ gemm
+          — │             — │ host:1 * │ s0     │ memcpy │ copy
+* clock not aligned: times from the device's own start mark
+
+totals per kind and activity
+ activity ┃ kind   ┃ count ┃ total (ms) ┃ mean (ms) ┃ min (ms) ┃ max (ms) ┃ unfinished
+━━━━━━━━━━╇━━━━━━━━╇━━━━━━━╇━━━━━━━━━━━━╇━━━━━━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━
+ gemm     │ kernel │     3 │      6.000 │     2.000 │    1.000 │    3.000 │          0
+ copy     │ memcpy │     1 │      1.000 │     1.000 │    1.000 │    1.000 │          1
+──────────┼────────┼───────┼────────────┼───────────┼──────────┼──────────┼────────────
+ all      │        │     4 │      7.000 │           │          │          │          1
+
+totals per device, in ms, over a window of 7.000 ms from the scope's start
+ device   ┃ count ┃  busy ┃   sum ┃  idle ┃ max gap ┃ util. ┃ first start ┃ last end
+━━━━━━━━━━╇━━━━━━━╇━━━━━━━╇━━━━━━━╇━━━━━━━╇━━━━━━━━━╇━━━━━━━╇━━━━━━━━━━━━━╇━━━━━━━━━━
+ host:0   │     3 │ 4.000 │ 5.000 │ 3.000 │   2.000 │ 57.1% │       1.000 │    7.000
+ host:1 * │     1 │ 2.000 │ 2.000 │ 5.000 │   5.000 │ 28.6% │       0.000 │    2.000
+ host:2   │     0 │ 0.000 │ 0.000 │ 7.000 │   7.000 │  0.0% │           — │        —
+busy: time with an activity running (overlaps once); sum: durations added up; max
+gap: before the first, between, or after the last activity
+* host:1: clock not aligned (no calibration): times from its own start mark
+
+balance: busy time per device
+ device ┃ busy (ms) ┃                      ┃ wait (ms) ┃ share ┃
+━━━━━━━━╇━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━╇━━━━━━━╇━━━━━━━━━━━━━━━━━━━
+ host:0 │     4.000 │ ████████████████████ │     0.000 │ 22.2% │ straggler
+ host:1 │     2.000 │ ██████████           │         — │ 44.4% │ clock not aligned
+ host:2 │     0.000 │                      │         — │ 33.3% │ no activity
+imbalance 2.000 = max busy 4.000 ms / mean busy 2.000 ms; straggler host:0
+makespan (busy): 4.000 ms now, 2.667 ms predicted with the suggested shares (one unit of work per
+device assumed)
+note: not aligned to the host clock: host:1 (no calibration); wait times across devices are not
+comparable (busy times are)
+note: no finished activity on host:2: throughput unknown, the split leaves their units as they are
+note: 1 unfinished activity is not counted
+note: the scope raised RuntimeError: boom (the figures cover the work enqueued before it)
+
+scope 'bad': host 1.250 ms issuing + 7.750 ms waiting for the devices, CPU 3.500 ms; 1 activity
+unfinished when the scope ended; the scope raised RuntimeError: boom; not aligned to the host clock:
+host:1 (no calibration)
+"""
+
+TIME_ORDER_LIMITED = """\
+gpu_timer 'step': activities in time order
+ start (ms) ┃ duration (ms) ┃ device ┃ stream ┃ kind   ┃ activity
+━━━━━━━━━━━━╇━━━━━━━━━━━━━━━╇━━━━━━━━╇━━━━━━━━╇━━━━━━━━╇━━━━━━━━━━━
+      0.100 │         0.500 │ cuda:0 │ s0     │ memcpy │ h2d batch
+      0.200 │         0.500 │ cuda:1 │ s0     │ memcpy │ h2d batch
+      0.600 │         3.000 │ cuda:0 │ s0     │ kernel │ gemm
+… 5 more activities
+"""
+
+RECORDS_INDENTED = """\
+    activities
+     start (ms) ┃ duration (ms) ┃ device ┃ stream ┃ kind   ┃ activity
+    ━━━━━━━━━━━━╇━━━━━━━━━━━━━━━╇━━━━━━━━╇━━━━━━━━╇━━━━━━━━╇━━━━━━━━━━━
+          0.100 │         0.500 │ cuda:0 │ s0     │ memcpy │ h2d batch
+          0.200 │         0.500 │ cuda:1 │ s0     │ memcpy │ h2d batch
+          0.600 │         3.000 │ cuda:0 │ s0     │ kernel │ gemm
+    3 activities, 4.000 ms in all
+"""
+
+EMPTY_REPORT = """\
+gpu_timer 'idle': activities in issue order
+ start (ms) ┃ duration (ms) ┃ device ┃ stream ┃ kind ┃ activity
+━━━━━━━━━━━━╇━━━━━━━━━━━━━━━╇━━━━━━━━╇━━━━━━━━╇━━━━━━╇━━━━━━━━━━
+no activities
+
+totals per kind and activity
+ activity ┃ kind ┃ count ┃ total (ms) ┃ mean (ms) ┃ min (ms) ┃ max (ms)
+━━━━━━━━━━╇━━━━━━╇━━━━━━━╇━━━━━━━━━━━━╇━━━━━━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━
+ all      │      │     0 │      0.000 │           │          │
+
+totals per device, in ms, over a window of 0.500 ms from the scope's start
+ device ┃ count ┃  busy ┃   sum ┃  idle ┃ max gap ┃ util. ┃ first start ┃ last end
+━━━━━━━━╇━━━━━━━╇━━━━━━━╇━━━━━━━╇━━━━━━━╇━━━━━━━━━╇━━━━━━━╇━━━━━━━━━━━━━╇━━━━━━━━━━
+ cuda:0 │     0 │ 0.000 │ 0.000 │ 0.500 │   0.500 │  0.0% │           — │        —
+busy: time with an activity running (overlaps once); sum: durations added up; max
+gap: before the first, between, or after the last activity
+
+balance: busy time per device
+ device ┃ busy (ms) ┃                      ┃ wait (ms) ┃  share ┃
+━━━━━━━━╇━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━╇━━━━━━━━╇━━━━━━━━━━━━━
+ cuda:0 │     0.000 │                      │         — │ 100.0% │ no activity
+imbalance —: no device has busy time
+note: no device has both busy time and work units: no split to suggest
+
+scope 'idle': host 0.500 ms issuing + 0.000 ms waiting for the devices, CPU 0.250 ms
+"""
+
+
+@pytest.mark.parametrize("make, expected", [
+    (lambda: render_text(step_timer()), STEP_REPORT),
+    (lambda: render(balance_renderable(balance(step_timeline(), {"cuda:0": 64, "cuda:1": 64}))),
+     STEP_BALANCE_WITH_UNITS),
+    (lambda: render_text(hard_timer()), HARD_REPORT),
+    (lambda: render(timeline_table(step_timeline(), order="time", limit=3)), TIME_ORDER_LIMITED),
+    (lambda: render(records_report(step_timeline().records()[:3], "    ")), RECORDS_INDENTED),
+    (lambda: render_text(empty_timer()), EMPTY_REPORT),
+], ids=["step", "balance-units", "hard", "time-limited", "records", "empty"])
+def test_golden(make, expected):
+    assert plain(make()) == expected.rstrip("\n")
+
+
+def test_render_is_plain_text_of_the_given_width():
+    text = render(timer_report(step_timer()), width=60)
+    assert "\x1b[" not in text
+    assert max(len(line) for line in text.splitlines()) <= 60
+
+
+def test_timeline_table_limits_a_large_timeline_cheaply():
+    n = 1_000_000
+    tl = Timeline.from_arrays(devices=["a", "b"], device=np.arange(n) % 2, start_ns=np.arange(n) * 1e3,
+                              end_ns=np.arange(n) * 1e3 + 500)
+    t = time.perf_counter()
+    text = render(timeline_table(tl, order="time", limit=5))
+    assert time.perf_counter() - t < 2
+    assert "… 999,995 more activities" in text and text.count(" work") == 5
+
+
+def test_timeline_table_order_is_checked():
+    with pytest.raises(ValueError, match="'issue' or 'time'"):
+        timeline_table(step_timeline(), order="start")
+
+
+def test_report_before_the_scope_ends(dev):
+    t = gpu_timer(dev, label="early")
+    assert "no results yet" in str(t)
+
+
+@pytest.mark.anyio
+async def test_host_scope_renders_every_section(two_devs):
+    a, b = two_devs
+    async with gpu_timer(two_devs, label="real") as t:
+        for d, us in ((a, 2_000), (b, 4_000)):
+            d.stream.spin_us(us)
+            with t.activity("block", device=d):
+                d.stream.spin_us(1_000)
+    text = str(t)
+    for needle in ("gpu_timer 'real': activities in issue order", "totals per kind and activity",
+                   "totals per device", "balance: busy time per device", "scope 'real': host", "waiting for the",
+                   "spin", "block", a.name, b.name, f"straggler {b.name}"):
+        assert needle in text, needle
+    rep = t.balance({a: 10, b: 10})
+    assert rep.straggler == b.name and sum(r.suggested_units for r in rep.rows) == 20
+    assert rep.rows[0].suggested_units > rep.rows[1].suggested_units
+    assert t.device_summary().rows[1].busy_ms >= 4.9
+    assert [r.name for r in t.activity_summary().rows][:1] == ["spin"]
