@@ -32,7 +32,7 @@ __all__ = ["Stream"]
 class Stream:
     """One stream of a device. Get them from `Device.streams`, `Device.create_stream` or `Device.adopt_stream`."""
 
-    __slots__ = ("device", "label", "handle", "owned", "_bd", "_raw", "_seqs", "_tag")
+    __slots__ = ("device", "label", "handle", "owned", "_bd", "_raw", "_seqs", "_tag", "_capture")
 
     def __init__(self) -> None:
         raise TypeError("streams come from device.streams, device.create_stream() or device.adopt_stream()")
@@ -42,6 +42,7 @@ class Stream:
         self = object.__new__(cls)
         self.device = device
         self.label = label  #: ``s0``, ``s1``… for the worker's streams, ``x0``… for adopted ones
+        self._capture = None  # the graph capture in progress on this stream (asyncgpu._graph), if any
         self.owned = owned  #: False for an adopted stream (asyncgpu never closes it)
         self._bd = device._bd
         self._raw = raw

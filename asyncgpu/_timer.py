@@ -72,9 +72,30 @@ def _end(act: _Activity) -> None:
         _nvtx.end(act.nvtx_id)
 
 
+def adopt_activity(stream: Stream, name: str, kind: str, start_raw: Any, end_raw: Any) -> bool:
+    """Hand a pair of pooled timing events, already enqueued on ``stream`` by someone else (a graph's event
+    nodes), to every open scope of this context that covers the stream's device and the kind. Returns False
+    (and takes nothing) when no scope wants it: the caller then keeps the events."""
+    scopes = _SCOPES.get()
+    owners = _owners(scopes, stream.device, kind) if scopes else None
+    if not owners:
+        return False
+    act = _Activity()
+    act.device, act.stream, act.name, act.kind = stream.device, stream, name, kind
+    act.start_raw, act.end_raw, act.refs, act.duration_ms = start_raw, end_raw, len(owners), None
+    act.nvtx_id = act.placed = None
+    for scope in owners:
+        scope._acts.append(act)
+    return True
+
+
 def run_timed(stream: Stream, name: str, kind: str, fn: Callable[..., Any], *args: Any) -> None:
     """Call ``fn(*args)`` (which enqueues work on ``stream``), bracketed by events for every open scope that
-    covers the stream's device. The hot path of every built-in workload and launch."""
+    covers the stream's device. The hot path of every built-in workload and launch. While the stream is being
+    captured into a graph, the capture takes the call instead (it times the part on every replay)."""
+    if stream._capture is not None:
+        stream._capture.timed(name, kind, fn, args)
+        return
     scopes = _SCOPES.get()
     owners = _owners(scopes, stream.device, kind) if scopes else None
     if not owners:
