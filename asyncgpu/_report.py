@@ -146,8 +146,9 @@ def balance_renderable(source: Timeline | DeviceSummary | BalanceReport, bar_wid
     return Group(table, Text("\n".join(lines)))
 
 
-def timer_report(timer: Timer, limit: int | None = 50) -> Group:
-    """The report of a finished scope, as one renderable: its activities in issue order (the first ``limit``),
+def timer_report(timer: Timer, limit: int | None = 50, order: str = "issue") -> Group:
+    """The report of a finished scope, as one renderable: its activities in ``order`` (``issue`` or ``time``;
+    the first ``limit``),
     totals per activity, totals per device, the balance, and a footer (host time issuing and waiting, CPU
     time, unfinished activities, the error, unaligned clocks). Reads ``timer.label``, ``timeline``, ``host_ms``,
     ``wait_ms`` and ``cpu_ms``."""
@@ -156,7 +157,7 @@ def timer_report(timer: Timer, limit: int | None = 50) -> Group:
     except ScopeError:
         return Group(Text(f"gpu_timer {timer.label!r}: no results yet (the scope has not ended)"))
     ds = device_summary(tl)
-    parts: list[RenderableType] = [timeline_table(tl, limit=limit), activity_table(tl), device_table(ds),
+    parts: list[RenderableType] = [timeline_table(tl, order=order, limit=limit), activity_table(tl), device_table(ds),
                                    balance_renderable(balance(ds)), _footer(timer, tl)]
     return Group(*[r for part in parts[:-1] for r in (part, Text(""))], parts[-1])
 

@@ -440,10 +440,16 @@ class Timer:
 
         return balance(self.timeline, work_units)
 
-    def __rich_console__(self, console: Any, options: Any) -> Any:
+    def report(self, *, order: str = "issue", limit: int | None = 50) -> Any:
+        """The report as a rich renderable: the timeline in ``order`` (``"issue"`` or ``"time"``, the first
+        ``limit`` activities; None for all), the summaries, the balance and a footer. ``rich.print(t)`` prints
+        ``t.report()``."""
         from ._report import timer_report
 
-        yield timer_report(self)
+        return timer_report(self, limit=limit, order=order)
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        yield self.report()
 
     def __str__(self) -> str:
         from ._report import render_text

@@ -201,3 +201,38 @@ def test_unknown_devices_in_timer():
         gpu_timer(["host:0", "gpu:3"])
     with pytest.raises(TypeError):
         gpu_timer(3.5)
+
+
+async def test_report_in_time_order(two_devs):
+    a, b = two_devs
+    async with gpu_timer(two_devs) as t:
+        b.stream.spin_us(3_000)
+        a.streams[1].spin_us(1_000)
+        a.stream.spin_us(1_000)
+    issue = [r.name for r in t.records]
+    assert issue == ["spin"] * 3
+    text = asyncgpu._report.render(t.report(order="time"))
+    rows = [ln for ln in text.splitlines() if "│ spin" in ln]
+    starts = [float(ln.split("│")[0].replace(",", "")) for ln in rows]
+    assert starts == sorted(starts) and len(starts) == 3
+
+
+def test_functional_form_and_report_func(dev, capsys):
+    seen = []
+    with gpu_timer(dev, report_func=lambda recs, indent: seen.append((len(recs), indent))):
+        dev.stream.spin_us(10)
+        with gpu_timer(dev, report_func=lambda recs, indent: seen.append((len(recs), indent))):
+            dev.stream.spin_us(10)
+    assert seen == [(1, "  "), (2, "")]  # the inner scope ends first, indented once
+    t = asyncgpu.timing_begin(dev, kinds=["memset"])
+    a = dev.alloc(100)
+    dev.stream.memset(a, 0)
+    dev.stream.spin_us(10)  # not a memset: filtered out
+    records = asyncgpu.timing_end()
+    assert [r.kind for r in records] == ["memset"] and t.records == records
+    asyncgpu.timing_print(records)
+    assert "memset" in capsys.readouterr().out
+    with pytest.raises(ScopeError, match="timing_begin"):
+        asyncgpu.timing_end()
+    with pytest.raises(ValueError, match="unknown activity kind"):
+        gpu_timer(dev, kinds=["kernels"])
