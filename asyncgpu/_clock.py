@@ -51,9 +51,9 @@ class ClockCalibration:
     samples: int  #: pings used
     rtt_ns: float  #: the best round trip (ns)
     taken_ns: int  #: host time of the calibration
-    globaltimer_offset_ns: float | None = None  #: ``%globaltimer`` − host time (CUDA), best sample
+    globaltimer_offset_ns: int | None = None  #: ``%globaltimer`` − host time (CUDA), best sample
     globaltimer_bound_ns: float | None = None  #: its ± bound
-    naive_offset_ns: float | None = None  #: the offset a single (first) sample gives, for comparison
+    naive_offset_ns: int | None = None  #: the offset a single (first) sample gives, for comparison
     drift_ppm: float | None = None  #: globaltimer rate − host rate, in ppm, when measurable (≥ 1 s of history)
     anchor_source: str = "pings"  #: ``pings`` (the stream's own pings) or ``kernel`` (the event after the kernel)
     kernel_anchor_bound_ns: float | None = None  #: the bound the event after the kernel would have had
@@ -111,11 +111,11 @@ def calibrate(device: Device, samples: int = DEFAULT_SAMPLES, *, previous: Clock
         gt = None  # events are aligned by the pings above; in-kernel stamps are not (reported as None)
     if gt is not None:
         pings, (exit_stamp, exit_seen_ns) = gt
-        mid = (pings[:, 1] + pings[:, 2]) / 2
+        mid = (pings[:, 1] + pings[:, 2]) // 2  # int64: %globaltimer counts ns since 1970 (1.8e18), keep it exact
         g_rtt = pings[:, 2] - pings[:, 1]
         b = int(np.argmin(g_rtt))
-        gt_offset, gt_bound = float(pings[b, 0] - mid[b]), float(g_rtt[b]) / 2
-        naive = float(pings[0, 0] - mid[0])
+        gt_offset, gt_bound = int(pings[b, 0] - mid[b]), float(g_rtt[b]) / 2
+        naive = int(pings[0, 0] - mid[0])
         gt_point = (int(pings[b, 0]), float(mid[b]))
         if previous is not None and previous._gt_point is not None:
             pg, ph = previous._gt_point

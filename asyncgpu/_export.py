@@ -246,7 +246,7 @@ def _from_trace(events: list, meta: dict) -> Timeline:
         device=device, stream=stream, name=name, kind=kind, start_ns=start, end_ns=end, duration_ns=dur,
         scope_start_ns=int(meta["scope_start_ns"]), scope_end_ns=int(meta["scope_end_ns"]),
         clocks=tuple(DeviceClock(d["name"], bool(d["aligned"]), _nan(d["bound_ns"]), d["offset_ns"], d["drift_ppm"],
-                                 d["reason"]) for d in devices),
+                                 d["reason"], float(d.get("overhead_ns", 0.0))) for d in devices),
         host_ranges=host_ranges, descriptions=tuple(d["description"] for d in devices), error=meta["error"],
         cancelled=bool(meta["cancelled"]), extra={"scopes": scopes} if len(scopes) > 1 else {})
 
@@ -315,8 +315,9 @@ def _scope_info(tl: Timeline) -> dict:
     for d, name in enumerate(tl.devices):
         c = _clock(tl, d)
         devices.append({"name": name, "description": _description(tl, d), "aligned": c.aligned,
-                        "bound_ns": _finite(c.bound_ns), "offset_ns": _finite(c.offset_ns),
-                        "drift_ppm": _finite(c.drift_ppm), "reason": c.reason})
+                        "bound_ns": _finite(c.bound_ns),
+                        "offset_ns": None if c.offset_ns is None else int(c.offset_ns),
+                        "drift_ppm": _finite(c.drift_ppm), "reason": c.reason, "overhead_ns": c.overhead_ns})
     scopes = tl.extra.get("scopes") or [{"label": tl.label, "start_ns": tl.scope_start_ns,
                                          "end_ns": tl.scope_end_ns, "rows": len(tl), "error": tl.error,
                                          "cancelled": tl.cancelled}]

@@ -47,7 +47,7 @@ class DeviceClock:
     device: str
     aligned: bool  #: True: times are host time; False: relative to this device's scope start (see ``reason``)
     bound_ns: float  #: error bound of the placement (± ns); 0 on the host backend
-    offset_ns: float | None = None  #: the device's ``%globaltimer`` minus host time (CUDA), if measured
+    offset_ns: int | None = None  #: the device's ``%globaltimer`` minus host time (CUDA), if measured
     drift_ppm: float | None = None  #: device clock rate minus host clock rate, if measurable
     reason: str = ""  #: why the device is not aligned
     overhead_ns: float = 0.0  #: subtracted from each kernel and graph activity (what the event pair adds)

@@ -78,7 +78,7 @@ def synthetic() -> Timeline:
         start_ns=[t0 + 100.25, t0 + 200, t0 + 200, t0 - 40, t0 + 1000.25, np.nan, t0 + 800],
         end_ns=[t0 + 900.25, t0 + 700, t0 + 800, t0 + 60, t0 + 3000.25, np.nan, t0 + 1500],
         duration_ns=[800, 499.75, 600, 100, 2000, np.nan, 700], scope_start_ns=t0, scope_end_ns=t0 + 2000,
-        clocks=[DeviceClock("cuda:0", True, 350.0, 12.5, 0.02),
+        clocks=[DeviceClock("cuda:0", True, 350.0, 12, 0.02),
                 DeviceClock("cuda:1", False, float("nan"), reason="clock calibration failed (busy)")],
         host_ranges=(HostRange("synthetic", "scope", t0, t0 + 2000, "MainThread"),
                      HostRange("block", "user", t0 + 10, t0 + 500, "MainThread"),
@@ -97,8 +97,8 @@ def test_trace_structure_labels_and_round_trip(tmp_path):
     assert meta["origin_ns"] == 5_000_000_000_000 - 40  # the earliest start: every ts is >= 0
     assert meta["unfinished_rows"] == 1 and meta["rows"] == 7
     assert meta["devices"][0] == {"name": "cuda:0", "description": "NVIDIA H200 (sm_90)", "aligned": True,
-                                       "bound_ns": 350.0, "offset_ns": 12.5, "drift_ppm": 0.02, "reason": "",
-                                       "pid": 2}
+                                       "bound_ns": 350.0, "offset_ns": 12, "drift_ppm": 0.02, "reason": "",
+                                       "overhead_ns": 0.0, "pid": 2}
     assert meta["devices"][1]["aligned"] is False and meta["devices"][1]["bound_ns"] is None
     xs = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["pid"] != 1]
     assert len(xs) == 6 and sorted(e["args"]["row"] for e in xs) == [0, 1, 2, 3, 4, 6]
