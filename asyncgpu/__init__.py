@@ -31,6 +31,7 @@ from ._export import read_trace as read_trace
 from ._export import to_csv as to_csv
 from ._export import to_json as to_json
 from ._export import write_trace as write_trace
+from ._graph import Graph as Graph
 from ._memory import DeviceArray as DeviceArray
 from ._nvtx import capture as capture
 from ._pool import PoolStats as PoolStats
@@ -70,6 +71,7 @@ __all__ = [
     "DeviceMismatchError",
     "DeviceSummary",
     "Event",
+    "Graph",
     "KINDS",
     "NoDeviceError",
     "NotReadyError",

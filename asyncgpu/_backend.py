@@ -139,6 +139,44 @@ class BackendDevice(ABC):
     def profiler_stop(self) -> None:  # noqa: B027
         """End a profiler capture range (``cuProfilerStop``)."""
 
+    # -- graphs (asyncgpu._graph) -------------------------------------------------------------------------
+    # A capture turns what is enqueued on one stream into a graph: `begin_capture`, the work (and a
+    # `record_in_capture` per event-record node), then `end_capture` (or `abort_capture`). A raw graph is
+    # launched as often as wanted until `destroy_graph`. Begin and end a capture in one thread.
+    @abstractmethod
+    def begin_capture(self, raw_stream: Any) -> None:
+        """From now on, work enqueued on ``raw_stream`` (from any thread) is stored in a graph, not run."""
+
+    @abstractmethod
+    def record_in_capture(self, raw_event: Any, raw_stream: Any) -> None:
+        """Add a node to the capture of ``raw_stream`` that records ``raw_event`` on every replay."""
+
+    @abstractmethod
+    def end_capture(self, raw_stream: Any) -> Any:
+        """End the capture; returns the graph, ready to launch. `BackendError` if the capture was invalidated."""
+
+    @abstractmethod
+    def abort_capture(self, raw_stream: Any) -> None:
+        """End the capture and discard what it holds. Never raises."""
+
+    @abstractmethod
+    def graph_event_nodes(self, raw_graph: Any, raw_events: list) -> list:
+        """The event-record node that records each of ``raw_events`` (as given to `record_in_capture`), in the
+        order of ``raw_events``."""
+
+    @abstractmethod
+    def set_graph_events(self, raw_graph: Any, nodes: list, raw_events: list) -> None:
+        """Make each node record the matching event from the next launch on (launches already enqueued keep
+        the events they had)."""
+
+    @abstractmethod
+    def launch_graph(self, raw_graph: Any, raw_stream: Any) -> None:
+        """Enqueue one replay of the graph on ``raw_stream``."""
+
+    @abstractmethod
+    def destroy_graph(self, raw_graph: Any) -> None:
+        """Free the graph (a replay in flight still completes)."""
+
 
 class Backend(ABC):
     name: str

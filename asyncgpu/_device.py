@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+import weakref
 from collections import deque
 from typing import Any, final
 
@@ -55,6 +56,7 @@ class Device:
         self._graveyard: deque = deque()
         self._owned: list[Stream] = []
         self._adopted: dict[int, Stream] = {}
+        self._graphs: weakref.WeakSet = weakref.WeakSet()  # graphs captured here (asyncgpu._graph), closed with it
         self.streams: tuple[Stream, ...] = tuple(self._new_stream() for _ in range(streams))
         self.stream: Stream = self.streams[0]  #: the default stream
         self._mark_seqs = itertools.count()
@@ -235,6 +237,8 @@ class Device:
         from ._select import _forget
 
         _forget(self)
+        for graph in list(self._graphs):
+            graph.close()
         self._engine.close()
         self._drain_graveyard()
         with self._clock_lock:

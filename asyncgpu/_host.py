@@ -25,6 +25,7 @@ __all__ = ["HostBackend", "HostDevice", "backend_class"]
 
 MAX_HOST_DEVICES = 64
 _STOP = object()
+_EVENT_NODE = object()  # marks an event-record node in a captured host graph
 
 
 class _HostEvent:
@@ -45,11 +46,16 @@ class _HostStream:
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, name=f"asyncgpu-{device.name}-stream{number}", daemon=True)
         self.closed = False
+        self.capture: list | None = None  # while captured: what is submitted, kept for the graph (see graphs)
         self.thread.start()
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> None:
         if self.closed:
             raise BackendError(f"stream of {self.device.name} is closed")
+        capture = self.capture
+        if capture is not None:
+            capture.append((fn, args))
+            return
         self.queue.put((fn, args))
 
     def _run(self) -> None:
@@ -162,6 +168,9 @@ class HostDevice(BackendDevice):
         raw_stream.submit(_wait_other, raw_event)
 
     def sync_stream(self, raw_stream: _HostStream) -> None:
+        if raw_stream.capture is not None:
+            raise BackendError(f"cannot synchronize a stream of {self.name} while it is being captured (nothing on "
+                               "it runs until the graph is launched): synchronize after the capture block")
         marker = _HostEvent(False)
         self.record(marker, raw_stream)
         self.sync_event(marker)
@@ -207,6 +216,47 @@ class HostDevice(BackendDevice):
 
     def to_numpy(self, array: np.ndarray, n: int, dtype: Any) -> np.ndarray:
         return np.array(array[:n], dtype=dtype, copy=True)
+
+    # -- graphs (asyncgpu._graph) ---------------------------------------------------------------------------
+    # A host graph is the list of ``(fn, args)`` submitted during the capture; an event-record node is an item
+    # ``(_EVENT_NODE, raw_event)`` and its node handle is its index in that list.
+    def begin_capture(self, raw_stream: _HostStream) -> None:
+        if raw_stream.capture is not None:
+            raise BackendError(f"that stream of {self.name} is already being captured")
+        raw_stream.capture = []
+
+    def record_in_capture(self, raw_event: _HostEvent, raw_stream: _HostStream) -> None:
+        if raw_stream.capture is None:
+            raise BackendError(f"that stream of {self.name} is not being captured")
+        raw_stream.capture.append((_EVENT_NODE, raw_event))
+
+    def end_capture(self, raw_stream: _HostStream) -> list:
+        items, raw_stream.capture = raw_stream.capture, None
+        if items is None:
+            raise BackendError(f"that stream of {self.name} is not being captured")
+        return items
+
+    def abort_capture(self, raw_stream: _HostStream) -> None:
+        raw_stream.capture = None
+
+    def graph_event_nodes(self, raw_graph: list, raw_events: list) -> list:
+        index = {id(arg): k for k, (fn, arg) in enumerate(raw_graph) if fn is _EVENT_NODE}
+        return [index[id(raw)] for raw in raw_events]
+
+    def set_graph_events(self, raw_graph: list, nodes: list, raw_events: list) -> None:
+        for node, raw in zip(nodes, raw_events):
+            raw_graph[node] = (_EVENT_NODE, raw)
+
+    def launch_graph(self, raw_graph: list, raw_stream: _HostStream) -> None:
+        self._check()
+        for fn, args in raw_graph:
+            if fn is _EVENT_NODE:
+                self.record(args, raw_stream)
+            else:
+                raw_stream.submit(fn, *args)
+
+    def destroy_graph(self, raw_graph: list) -> None:
+        raw_graph.clear()
 
 
 class HostBackend(Backend):

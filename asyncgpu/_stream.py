@@ -24,6 +24,7 @@ from ._timer import run_timed
 
 if TYPE_CHECKING:
     from ._device import Device
+    from ._graph import GraphCapture
 
 __all__ = ["Stream"]
 
@@ -80,6 +81,16 @@ class Stream:
     def sync(self) -> None:
         """Block the calling thread (GIL released) until everything enqueued here has run."""
         self._bd.sync_stream(self._raw)
+
+    # -- graphs -------------------------------------------------------------------------------------------
+    def capture(self) -> GraphCapture:
+        """``with stream.capture() as graph:`` captures what is launched on this stream inside the block into
+        a `Graph` (a CUDA graph; a list of the submitted work on the host backend) instead of running it;
+        ``graph.launch()`` replays it, timing the graph and each captured part in open `gpu_timer` scopes.
+        Enter and exit the block in one thread, without ``await`` inside (see `asyncgpu._graph`)."""
+        from ._graph import GraphCapture
+
+        return GraphCapture(self)
 
     # -- work ---------------------------------------------------------------------------------------------
     def launch(self, kernel: Any, config: Any, *args: Any, name: str | None = None) -> None:
