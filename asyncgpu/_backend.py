@@ -98,6 +98,10 @@ class BackendDevice(ABC):
     def alloc_pinned(self, n: int, dtype: Any) -> Any:
         """A numpy array in page-locked host memory (plain host memory on the host backend)."""
 
+    def prepare(self, workload: str) -> None:  # noqa: B027 - optional: nothing to load on most backends
+        """Load what the built-in ``workload`` (``"spin"``, ``"inc_loop"``) needs (compile, module load), so
+        that the first timed call does not count that host time as device time."""
+
     @abstractmethod
     def spin(self, raw_stream: Any, duration_ns: int) -> None: ...
 

@@ -413,6 +413,11 @@ class CudaDevice(BackendDevice):
         self._current()
         launch(raw_stream[0], config, kernel, *args)
 
+    def prepare(self, workload: str) -> None:
+        name = f"asyncgpu_{workload}"
+        if name not in self._kernels:
+            self._kernel(name)
+
     def spin(self, raw_stream: Any, duration_ns: int) -> None:
         from cuda.core import LaunchConfig
 

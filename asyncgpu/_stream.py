@@ -103,6 +103,7 @@ class Stream:
         """Busy-wait ``duration_us`` microseconds on the device (one thread on CUDA, on ``%globaltimer``)."""
         if duration_us < 0:
             raise ValueError(f"duration_us must be >= 0, got {duration_us}")
+        self._bd.prepare("spin")
         run_timed(self, "spin", "kernel", self._bd.spin, self._raw, int(duration_us * 1000))
 
     def inc_loop(self, array: DeviceArray, iterations: int) -> None:
@@ -110,6 +111,7 @@ class Stream:
         self._check_array(array)
         if array.dtype != np.float32:
             raise TypeError(f"inc_loop works on float32 arrays, not {array.dtype}")
+        self._bd.prepare("inc_loop")
         run_timed(self, "inc_loop", "kernel", self._bd.inc_loop, self._raw, array._live(), array.size, int(iterations))
 
     def memset(self, array: DeviceArray, byte: int = 0) -> None:
