@@ -18,9 +18,9 @@ echo "pytest exit: ${PIPESTATUS[0]}"
 CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/pytest-1gpu.log" | tail -3
 COLUMNS=110 python3 -m asyncgpu demo --trace "$OUT/demo.trace.json" 2>&1 | tee "$OUT/demo.txt" | tail -14
 COLUMNS=110 python3 -m asyncgpu devices 2>&1 | tee "$OUT/devices.txt"
-python3 examples/two_gpus.py > "$OUT/examples.txt" 2>&1 && python3 examples/framework_streams.py >> "$OUT/examples.txt" 2>&1; echo "examples exit: $?"
-timeout 120 python3 benchmarks/bench_clock.py --out "$OUT/clock.json" 2>&1 | tee "$OUT/clock.log" | sed -n '/^== /,$p'
-timeout 120 python3 benchmarks/bench_accuracy.py --out "$OUT/accuracy.json" 2>&1 | tee "$OUT/accuracy.log" | sed -n '/^== /,$p'
+python3 examples/two_gpus.py > /tmp/examples.txt 2>&1 && python3 examples/framework_streams.py >> /tmp/examples.txt 2>&1; echo "examples exit: $?"
+timeout 120 python3 benchmarks/bench_clock.py --out "$OUT/clock.json" 2>&1 | sed -n '/^== /,$p'
+timeout 120 python3 benchmarks/bench_accuracy.py --out "$OUT/accuracy.json" 2>&1 | sed -n '/^== /,$p'
 if [ -z "${SKIP_WAIT_BENCH:-}" ]; then
-  timeout 300 python3 benchmarks/bench_wait.py --out "$OUT/bench_wait.json" 2>&1 | tee "$OUT/bench.log" | sed -n '/^== /,$p'
+  timeout 300 python3 benchmarks/bench_wait.py --out "$OUT/bench_wait.json" 2>&1 | sed -n '/^== /,$p'
 fi
