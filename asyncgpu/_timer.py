@@ -139,9 +139,9 @@ class _ActivityBlock:
             _end(act)
             self._stream._tag = self._name
         timer = self._timer
-        if timer._state == _OPEN:
-            timer._host_ranges.append(HostRange(self._name, self._kind, self._t0_ns, time.perf_counter_ns(),
-                                                threading.current_thread().name))
+        if timer._state == _OPEN:  # a plain tuple here (hot path); a HostRange when the scope ends
+            timer._host_ranges.append((self._name, self._kind, self._t0_ns, time.perf_counter_ns(),
+                                       threading.get_ident()))
 
     async def __aenter__(self) -> _ActivityBlock:
         return self.__enter__()
@@ -176,7 +176,7 @@ class Timer:
         self._subtract_overhead = subtract_overhead
         self._state = _NEW
         self._acts: list[_Activity] = []
-        self._host_ranges: list[HostRange] = []
+        self._host_ranges: list[tuple] = []  # (name, kind, start_ns, end_ns, thread ident) per activity block
         self._clocks: dict[Device, DeviceClock] = {}
         self._start_marks: dict[Device, Any] = {}  # Device -> Event on its marker stream
         self._token: Any = None
@@ -353,8 +353,8 @@ class Timer:
             self.label, tuple(d.name for d in self.devices),
             tuple((dev_codes[s.device], s.label) for s in streams), tuple(names), device_col, stream_col, name_col,
             kind_col, start_col, start_col + dur_col, dur_col, self._t0_ns, self._t1_ns, clocks,
-            tuple(self._host_ranges) + (HostRange(self.label, "scope", self._t0_ns, self._t1_ns,
-                                                  threading.current_thread().name),),
+            _host_ranges(self._host_ranges) + (HostRange(self.label, "scope", self._t0_ns, self._t1_ns,
+                                                         threading.current_thread().name),),
             tuple(d.description for d in self.devices), self.error, self.cancelled)
         ends = self._timeline.end_ns
         spans = {}
@@ -483,6 +483,11 @@ def gpu_timer(devices: Any = None, *, label: str = "scope", synchronize: bool = 
 
     return Timer(resolve_devices(devices), label, synchronize, nvtx, kinds, report_func, max_clock_age_s,
                  subtract_overhead)
+
+
+def _host_ranges(raw: list[tuple]) -> tuple[HostRange, ...]:
+    names = {t.ident: t.name for t in threading.enumerate()}
+    return tuple(HostRange(n, k, t0, t1, names.get(ident, f"thread {ident}")) for n, k, t0, t1, ident in raw)
 
 
 _LAUNCH_KINDS = np.array([KIND_CODES["kernel"], KIND_CODES["graph"]], np.int8)
