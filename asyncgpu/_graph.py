@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, final
 
 from ._errors import BackendError, ClosedError, DeviceMismatchError, ScopeError
 from ._stream import Stream
-from ._timer import _RELEASE_LAST, _SCOPES, _begin, _end, _owners, adopt_activity
+from ._timer import _RELEASE_LAST, _SCOPES, _owners, adopt_activity, timed_now
 
 if TYPE_CHECKING:
     from ._device import Device
@@ -417,18 +417,7 @@ class _OtherStream:
 
     def timed(self, name: str, kind: str, fn: Any, args: tuple) -> None:
         self._refuse(repr(name))
-        stream = self.stream  # what run_timed does without a capture
-        scopes = _SCOPES.get()
-        owners = _owners(scopes, stream.device, kind) if scopes else None
-        if not owners:
-            fn(*args)
-        else:
-            act = _begin(stream, name, kind, owners)
-            try:
-                fn(*args)
-            finally:
-                _end(act)
-        stream._tag = name
+        timed_now(self.stream, name, kind, fn, args)
 
     def refuse_graph(self, stream: Stream) -> None:
         self._refuse("a graph")

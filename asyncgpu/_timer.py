@@ -96,6 +96,11 @@ def run_timed(stream: Stream, name: str, kind: str, fn: Callable[..., Any], *arg
     if stream._capture is not None:
         stream._capture.timed(name, kind, fn, args)
         return
+    timed_now(stream, name, kind, fn, args)
+
+
+def timed_now(stream: Stream, name: str, kind: str, fn: Callable[..., Any], args: tuple) -> None:
+    """`run_timed` without the capture check: bracket ``fn(*args)`` for the open scopes, or just call it."""
     scopes = _SCOPES.get()
     owners = _owners(scopes, stream.device, kind) if scopes else None
     if not owners:
