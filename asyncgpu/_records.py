@@ -153,9 +153,6 @@ class Timeline:
     def clock(self, device: str) -> DeviceClock:
         return self.clocks[self.devices.index(device)]
 
-    def kind_names(self) -> np.ndarray:
-        return np.asarray(KINDS, dtype=object)[self.kind]
-
     def start_ms(self) -> np.ndarray:
         """Starts in ms from the scope's start (float64, NaN if unfinished)."""
         return (self.start_ns - self.scope_start_ns) / 1e6
