@@ -51,8 +51,8 @@ class Device:
         self._closed = False
         self._lock = threading.Lock()
         self._engine = Engine(bd)
-        self._pool_t = EventPool(bd, timing=True, max_events=max_events)
-        self._pool_nt = EventPool(bd, timing=False, max_events=max_events)
+        self._pool_t = EventPool(bd, timing=True, max_events=max_events, reclaim=self._reclaim)
+        self._pool_nt = EventPool(bd, timing=False, max_events=max_events, reclaim=self._reclaim)
         self._graveyard: deque = deque()
         self._owned: list[Stream] = []
         self._adopted: dict[int, Stream] = {}
@@ -149,6 +149,11 @@ class Device:
     def _bury(self, raw: Any, timing: bool, key: int | None, seq: int) -> None:
         """From ``Event.__del__`` (any thread, maybe inside the engine's lock): recycle later, lock-free."""
         self._graveyard.append((raw, timing, key, seq))
+
+    def _reclaim(self) -> None:
+        """A pool is at its bound: recycle collected events and the deferred releases the device has passed."""
+        self._drain_graveyard()
+        self._engine.collect_now()
 
     def _drain_graveyard(self) -> None:
         while True:

@@ -192,6 +192,18 @@ class Engine:
         if thread is not None and thread is not threading.current_thread():
             thread.join()
 
+    def collect_now(self) -> None:
+        """Query pending waits from the calling thread and resume what completed (a pool at its bound uses
+        this so that releases the waiter thread has not looked at yet are not counted as in use)."""
+        with self._lock:
+            keys = list(self._heaps)
+        try:
+            fired = self._collect(keys)
+        except BackendError:
+            return  # the waiter thread reports it to every waiter
+        if fired:
+            self._dispatch(fired, False)
+
     @property
     def pending(self) -> int:
         return self._live

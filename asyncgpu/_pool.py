@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from ._backend import BackendDevice
 from ._errors import PoolExhaustedError
@@ -32,8 +32,10 @@ class PoolStats:
 
 
 class EventPool:
-    def __init__(self, device: BackendDevice, *, timing: bool, max_events: int, grow_by: int = 64) -> None:
+    def __init__(self, device: BackendDevice, *, timing: bool, max_events: int, grow_by: int = 64,
+                 reclaim: Callable[[], None] | None = None) -> None:
         self._device = device
+        self._reclaim = reclaim  # at the bound: give back released events the device has passed, then retry
         self._timing = timing
         self._max = max_events
         self._grow_by = grow_by
@@ -49,7 +51,16 @@ class EventPool:
         try:
             raw = self._free.pop()
         except IndexError:
-            raw = self._grow()
+            try:
+                raw = self._grow()
+            except PoolExhaustedError:
+                if self._reclaim is None:
+                    raise
+                self._reclaim()  # releases the waiter thread has not looked at yet
+                try:
+                    raw = self._free.pop()
+                except IndexError:
+                    raise PoolExhaustedError(self._exhausted()) from None
         self._taken += 1
         return raw
 
@@ -66,17 +77,18 @@ class EventPool:
                 return self._free.pop()
             n = min(self._grow_by if self._created else 16, self._max - self._created)
             if n <= 0:
-                kind = "timing" if self._timing else "non-timing"
-                raise PoolExhaustedError(
-                    f"{self._device.name}: all {self._max} {kind} events are in use. Release events you no longer need "
-                    "(event.release(), or let scopes close), or open the device with a larger max_events"
-                )
+                raise PoolExhaustedError(self._exhausted())
             fresh = [self._device.create_event(self._timing) for _ in range(n)]
             self._created += n
             self._grows += 1
             raw = fresh.pop()
             self._free.extend(fresh)
             return raw
+
+    def _exhausted(self) -> str:
+        kind = "timing" if self._timing else "non-timing"
+        return (f"{self._device.name}: all {self._max} {kind} events are in use. Release events you no longer need "
+                "(event.release(), or let scopes close), or open the device with a larger max_events")
 
     def stats(self) -> PoolStats:
         free = len(self._free)
