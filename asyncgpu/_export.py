@@ -11,6 +11,11 @@ Trace layout (Trace Event Format, JSON object form; ``ts``/``dur`` in µs, 3 dec
     otherData        asyncgpu_trace_version, origin_ns (perf_counter_ns), the tables (devices with their
                      clocks, streams, names), the scopes, and the unfinished rows (no times: not drawn)
 
+Layers: a timeline's ``extra["layers"]`` (in-kernel records, handoffs between threads) add their own events,
+each through ``layer.trace_events(timeline, origin_ns, first_tid) -> (events, tids_used)``: tracks numbered from
+``first_tid`` on the device processes (pid ``2 + d``) or the host's, and flow arrows. `read_trace` does not bring
+layers back.
+
 Complete events (``"ph": "X"``) must nest on a track; rows that overlap without nesting (activity blocks of
 concurrent tasks) go to extra tracks of the same stream or thread, named ``"s0 (2)"``. Device events carry
 ``args.row``, the row in the timeline, so `read_trace` rebuilds the columns in issue order.
@@ -97,6 +102,12 @@ def _trace_chunks(tl: Timeline) -> Iterator[str]:
                        prefixes[inverse.reshape(-1)].tolist(), (tl.duration_ns[done] / 1e6).tolist(), done.tolist(),
                        (s_ns / 1e3).tolist(), ((e_ns - s_ns) / 1e3).tolist())
     yield from host_events
+    next_tid = len(tid_stream) + len(host_meta)
+    for layer in tl.extra.get("layers", ()):
+        layer_events, tids_used = layer.trace_events(tl, origin_ns, next_tid)
+        next_tid += tids_used
+        for ev in layer_events:
+            yield ",\n" + json.dumps(ev, allow_nan=False)
     yield "\n]}\n"
 
 
@@ -365,7 +376,8 @@ def _merged(source: Source) -> Timeline:
         clocks=tuple(_worst(cs) for cs in clocks.values()),
         host_ranges=tuple(r for tl in tls for r in tl.host_ranges), descriptions=tuple(descriptions.values()),
         error="; ".join(errors) if errors else None, cancelled=any(tl.cancelled for tl in tls),
-        extra={"scopes": [s for tl in tls for s in _scope_info(tl)["scopes"]]})
+        extra={"scopes": [s for tl in tls for s in _scope_info(tl)["scopes"]],
+               "layers": tuple(layer for tl in tls for layer in tl.extra.get("layers", ()))})
 
 
 def _worst(clocks: list[DeviceClock]) -> DeviceClock:

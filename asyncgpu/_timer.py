@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 __all__ = ["ActivityRecord", "KINDS", "Timer", "gpu_timer", "run_timed", "timing_begin", "timing_end", "timing_print"]
 
 _SCOPES: ContextVar[tuple] = ContextVar("asyncgpu_scopes", default=())
+_THREAD_SCOPES: tuple = ()  # scopes opened with all_threads=True: they also take work of threads with no scope
+_THREAD_SCOPES_LOCK = threading.Lock()
 _NEW, _OPEN, _DONE = 0, 1, 2
 _RELEASE_LAST = 1 << 62  # a deferred release queues behind every real wait of its stream
 
@@ -76,7 +78,7 @@ def adopt_activity(stream: Stream, name: str, kind: str, start_raw: Any, end_raw
     """Hand a pair of pooled timing events, already enqueued on ``stream`` by someone else (a graph's event
     nodes), to every open scope of this context that covers the stream's device and the kind. Returns False
     (and takes nothing) when no scope wants it: the caller then keeps the events."""
-    scopes = _SCOPES.get()
+    scopes = _SCOPES.get() or _THREAD_SCOPES
     owners = _owners(scopes, stream.device, kind) if scopes else None
     if not owners:
         return False
@@ -87,6 +89,19 @@ def adopt_activity(stream: Stream, name: str, kind: str, start_raw: Any, end_raw
     for scope in owners:
         scope._acts.append(act)
     return True
+
+
+def attach_layer(device: Device, layer: Any) -> int:
+    """Hand ``layer`` (an object with ``trace_events(timeline, origin_ns, first_tid) -> (events, tids_used)``, see
+    `asyncgpu._export`: in-kernel records, handoffs) to every open scope of this context (or, with none, of ``all_threads`` scopes) that covers
+    ``device``; it goes into the scope's ``timeline.extra["layers"]`` and the trace. Returns how many took it."""
+    scopes = _SCOPES.get() or _THREAD_SCOPES
+    n = 0
+    for scope in scopes:
+        if scope._state == _OPEN and device in scope._devset:
+            scope._layers.append(layer)
+            n += 1
+    return n
 
 
 def run_timed(stream: Stream, name: str, kind: str, fn: Callable[..., Any], *args: Any) -> None:
@@ -101,7 +116,7 @@ def run_timed(stream: Stream, name: str, kind: str, fn: Callable[..., Any], *arg
 
 def timed_now(stream: Stream, name: str, kind: str, fn: Callable[..., Any], args: tuple) -> None:
     """`run_timed` without the capture check: bracket ``fn(*args)`` for the open scopes, or just call it."""
-    scopes = _SCOPES.get()
+    scopes = _SCOPES.get() or _THREAD_SCOPES
     owners = _owners(scopes, stream.device, kind) if scopes else None
     if not owners:
         fn(*args)
@@ -169,8 +184,10 @@ class Timer:
 
     def __init__(self, devices: Iterable[Device], label: str, synchronize: bool, nvtx: bool,
                  kinds: Iterable[str] | None = None, report_func: ReportFunc | None = None,
-                 max_clock_age_s: float = 0.25, subtract_overhead: bool = True) -> None:
+                 max_clock_age_s: float = 0.25, subtract_overhead: bool = True, all_threads: bool = False) -> None:
         self.devices: tuple[Device, ...] = tuple(devices)
+        self._all_threads = all_threads
+        self._layers: list[Any] = []
         self._devset = frozenset(self.devices)
         self.label = label
         self.synchronize = synchronize
@@ -280,6 +297,10 @@ class Timer:
         outer = _SCOPES.get()
         self._depth = len(outer)
         self._token = _SCOPES.set(outer + (self,))
+        if self._all_threads:
+            global _THREAD_SCOPES
+            with _THREAD_SCOPES_LOCK:
+                _THREAD_SCOPES = _THREAD_SCOPES + (self,)
         if self._nvtx:
             self._nvtx_id = _nvtx.start(self.label, "scope")
         self._t0_ns, self._c0_ns = time.perf_counter_ns(), time.process_time_ns()
@@ -294,6 +315,10 @@ class Timer:
             _SCOPES.reset(self._token)
         except ValueError:  # exited in another context than it was entered: remove it by hand
             _SCOPES.set(tuple(s for s in _SCOPES.get() if s is not self))
+        if self._all_threads:
+            global _THREAD_SCOPES
+            with _THREAD_SCOPES_LOCK:
+                _THREAD_SCOPES = tuple(s for s in _THREAD_SCOPES if s is not self)
         if self._nvtx_id is not None:
             _nvtx.end(self._nvtx_id)
         if exc is not None:
@@ -360,7 +385,9 @@ class Timer:
             kind_col, start_col, start_col + dur_col, dur_col, self._t0_ns, self._t1_ns, clocks,
             _host_ranges(self._host_ranges) + (HostRange(self.label, "scope", self._t0_ns, self._t1_ns,
                                                          threading.current_thread().name),),
-            tuple(d.description for d in self.devices), self.error, self.cancelled)
+            tuple(d.description for d in self.devices), self.error, self.cancelled,
+            {"layers": tuple(self._layers)} if self._layers else {})
+        self._layers = []
         ends = self._timeline.end_ns
         spans = {}
         for d, code in dev_codes.items():
@@ -468,7 +495,7 @@ class Timer:
 
 def gpu_timer(devices: Any = None, *, label: str = "scope", synchronize: bool = False, nvtx: bool = True,
               kinds: Iterable[str] | None = None, report_func: ReportFunc | None = None,
-              max_clock_age_s: float = 0.25, subtract_overhead: bool = True) -> Timer:
+              max_clock_age_s: float = 0.25, subtract_overhead: bool = True, all_threads: bool = False) -> Timer:
     """A timing scope over ``devices`` (a device, a list of devices or specs like ``"cuda:1"``; default: every
     device of the default backend).
 
@@ -483,11 +510,15 @@ def gpu_timer(devices: Any = None, *, label: str = "scope", synchronize: bool = 
     3.7 µs on H200, measured once per device, see `Device.clock`); it is taken out of kernel and graph
     activities (half from the start), so their durations match what CUPTI reports. ``False`` keeps the raw
     event times. Other kinds are never corrected.
+
+    Scopes belong to the context that opens them (each task, and threads run in a copy of its context). Plain
+    threads started inside the scope have a context of their own: ``all_threads=True`` makes the scope also
+    record the work of threads that have no scope of their own (join them before the scope ends).
     """
     from ._select import resolve_devices
 
     return Timer(resolve_devices(devices), label, synchronize, nvtx, kinds, report_func, max_clock_age_s,
-                 subtract_overhead)
+                 subtract_overhead, all_threads)
 
 
 def _host_ranges(raw: list[tuple]) -> tuple[HostRange, ...]:
