@@ -32,6 +32,9 @@ from ._export import to_csv as to_csv
 from ._export import to_json as to_json
 from ._export import write_trace as write_trace
 from ._graph import Graph as Graph
+from ._handoff import Channel as Channel
+from ._handoff import Handoff as Handoff
+from ._handoff import HandoffRecord as HandoffRecord
 from ._memory import DeviceArray as DeviceArray
 from ._nvtx import capture as capture
 from ._pool import PoolStats as PoolStats
@@ -63,6 +66,7 @@ __all__ = [
     "AsyncGPUError",
     "BackendError",
     "BalanceReport",
+    "Channel",
     "ClockCalibration",
     "ClockError",
     "ClosedError",
@@ -72,6 +76,8 @@ __all__ = [
     "DeviceSummary",
     "Event",
     "Graph",
+    "Handoff",
+    "HandoffRecord",
     "KINDS",
     "NoDeviceError",
     "NotReadyError",

@@ -115,6 +115,10 @@ class BackendDevice(ABC):
     def copy_to_host(self, raw_stream: Any, array: Any, host: Any, nbytes: int) -> None: ...
 
     @abstractmethod
+    def copy(self, raw_stream: Any, dst: Any, src: Any, nbytes: int) -> None:
+        """Device-to-device copy, also from another device of the same backend (peer to peer)."""
+
+    @abstractmethod
     def to_numpy(self, array: Any, n: int, dtype: Any) -> Any:
         """Synchronous copy of a device array to a new numpy array (tests and examples)."""
 

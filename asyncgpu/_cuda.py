@@ -440,6 +440,12 @@ class CudaDevice(BackendDevice):
         if err is not self._drv.SUCCESS:
             raise self._drv.error(err, "cuMemcpyDtoHAsync")
 
+    def copy(self, raw_stream: Any, dst: Any, src: Any, nbytes: int) -> None:
+        # Unified addressing: the driver routes a copy between two GPUs over NVLink/PCIe (peer to peer).
+        err = self._drv.d.cuMemcpyAsync(int(dst.handle), int(src.handle), nbytes, raw_stream[1])[0]
+        if err is not self._drv.SUCCESS:
+            raise self._drv.error(err, "cuMemcpyAsync")
+
     def to_numpy(self, array: Any, n: int, dtype: Any) -> Any:
         out = np.empty(n, dtype=dtype)
         self._current()

@@ -19,7 +19,9 @@ No Python ever runs on a CUDA driver callback thread. The waiter thread works li
   wake-up (a wait queued behind another on its stream never does), and a task that finishes polling only when
   other waits are pending: each needless wake-up costs the event loop a GIL hand-over.
 * Woken tasks are resumed through their loop's own thread-safe entry point, batched per loop: asyncio (and
-  uvloop) ``loop.call_soon_threadsafe``; trio ``TrioToken.run_sync_soon`` + ``reschedule``.
+  uvloop) ``loop.call_soon_threadsafe``; trio ``TrioToken.run_sync_soon`` + ``reschedule``. A plain thread
+  blocked in a wait (``Event.sync(timeout=...)``, a channel's ``get``) is woken by releasing the lock it blocks
+  on; it is woken early too, and polls with ``sched_yield`` between queries.
 * A backend error (a sticky CUDA error) reaches every pending waiter as `BackendError`; nothing hangs.
 
 Waiter states: PENDING (parked: the owner waits for a dispatch), EARLY (dispatched early, the owner polls),
@@ -41,12 +43,13 @@ from ._errors import BackendError, ClosedError
 __all__ = ["Engine", "Waiter"]
 
 PENDING, EARLY, FIRED, CANCELLED = 0, 1, 2, 3
-KIND_ASYNCIO, KIND_TRIO, KIND_RELEASE = 0, 1, 2
+KIND_ASYNCIO, KIND_TRIO, KIND_THREAD, KIND_RELEASE = 0, 1, 2, 3
 
 MIN_POLL_NS = 8_000
 MAX_POLL_NS = 1_000_000
 LEAD_MARGIN_NS = 10_000  #: an early wake comes (learned delivery delay + this + est/32) before completion
-INITIAL_DELIVERY_NS = {0: 30_000, 1: 60_000}  #: first guesses of the dispatch-to-poll delay (asyncio, trio)
+INITIAL_DELIVERY_NS = {0: 30_000, 1: 60_000, 2: 20_000}  #: first guesses of the dispatch-to-poll delay (asyncio,
+#: trio, a blocked thread)
 MIN_WINDOW_NS = 60_000  #: a woken task polls until predicted + max(this, est/4), then parks again
 MIN_SPIN_WINDOW_NS = 50_000
 SPIN_MARGIN_NS = 20_000
@@ -68,7 +71,7 @@ class Waiter:
         self.kind, self.loop, self.target = kind, loop, target
         self.state = PENDING
         self.error: BaseException | None = None
-        self.early_ok = kind <= KIND_TRIO
+        self.early_ok = kind <= KIND_THREAD
         self.poll_until_ns = self.dispatch_ns = self.woke_ns = 0  # woke_ns: set by the owner's first poll
 
 
@@ -385,6 +388,9 @@ class Engine:
             if w.kind == KIND_RELEASE:
                 if w.error is None:
                     w.target(w.raw)
+                continue
+            if w.kind == KIND_THREAD:
+                w.target.release()  # a lock the blocked thread waits on (GIL released); it reads w.state, w.error
                 continue
             entry = by_loop.get(id(w.loop))
             if entry is None:

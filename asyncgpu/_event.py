@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any, final
 
 from ._errors import DeviceMismatchError, NotRecordedError, ReleasedError, TimingDisabledError
-from ._waiting import await_completion
+from ._waiting import await_completion, block_until_complete
 
 if TYPE_CHECKING:
     from ._device import Device
@@ -71,9 +71,22 @@ class Event:
         """True once the device has passed the event. Never blocks."""
         return self.device._bd.query(self._checked())
 
-    def sync(self) -> None:
-        """Block the calling thread (GIL released) until the device has passed the event."""
-        self.device._bd.sync_event(self._checked())
+    def sync(self, timeout: float | None = None) -> None:
+        """Block the calling thread (GIL released) until the device has passed the event.
+
+        Without ``timeout`` this is the driver's own wait (``cuEventSynchronize``: it spins a core, lowest
+        latency). With ``timeout`` (seconds) the device's waiter thread wakes this thread (little CPU) and
+        `TimeoutError` is raised if the device has not passed the event by then; the event is untouched.
+        """
+        raw = self._checked()
+        if timeout is None:
+            self.device._bd.sync_event(raw)
+            return
+        dev = self.device
+        deadline_ns = _now() + max(int(timeout * 1e9), 0)
+        if not block_until_complete(dev._engine, dev._bd.query, raw, self._key, self._seq, self._tag,
+                                    self._record_ns, deadline_ns):
+            raise TimeoutError(f"{dev.name} had not passed the event after {timeout} s")
 
     async def wait(self) -> None:
         """Resume the calling task once the device has passed the event; the loop runs other tasks meanwhile.

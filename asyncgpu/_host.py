@@ -206,6 +206,9 @@ class HostDevice(BackendDevice):
         dst, src = host.view(np.uint8)[:nbytes], array.view(np.uint8)[:nbytes]
         self.launch(raw_stream, np.copyto, None, (dst, src))
 
+    def copy(self, raw_stream: _HostStream, dst: np.ndarray, src: np.ndarray, nbytes: int) -> None:
+        self.launch(raw_stream, np.copyto, None, (dst.view(np.uint8)[:nbytes], src.view(np.uint8)[:nbytes]))
+
     def calibrate_events(self, raw_events: list, timeout_ns: int) -> np.ndarray:
         # A host mark completes at once with the host time in it: the bracket is exact.
         out = np.empty((len(raw_events), 2), np.int64)

@@ -130,6 +130,19 @@ class Stream:
                              "(make one with device.alloc_pinned(n, dtype))")
         run_timed(self, "copy_to_host", "memcpy", self._bd.copy_to_host, self._raw, array._live(), out, array.nbytes)
 
+    def copy(self, dst: DeviceArray, src: DeviceArray) -> None:
+        """Copy ``src`` into ``dst`` (same size in bytes or larger). ``dst`` must be on this stream's device;
+        ``src`` may live on another device of the same backend: a peer-to-peer copy (NVLink/PCIe)."""
+        self._check_array(dst)
+        if not isinstance(src, DeviceArray):
+            raise TypeError(f"expected an asyncgpu DeviceArray (device.alloc), not {type(src).__name__}")
+        if src.device.backend != self.device.backend:
+            raise DeviceMismatchError(f"cannot copy from {src.device.name} to {self.device.name}: copy through a "
+                                      "host array (copy_to_host) between backends")
+        if dst.nbytes < src.nbytes:
+            raise ValueError(f"dst holds {dst.nbytes} bytes, src {src.nbytes}: allocate a large enough dst")
+        run_timed(self, "copy", "memcpy", self._bd.copy, self._raw, dst._live(), src._live(), src.nbytes)
+
     def _check_array(self, array: DeviceArray) -> None:
         if not isinstance(array, DeviceArray):
             raise TypeError(f"expected an asyncgpu DeviceArray (device.alloc), not {type(array).__name__}")

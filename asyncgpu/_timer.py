@@ -95,13 +95,20 @@ def attach_layer(device: Device, layer: Any) -> int:
     """Hand ``layer`` (an object with ``trace_events(timeline, origin_ns, first_tid) -> (events, tids_used)``, see
     `asyncgpu._export`: in-kernel records, handoffs) to every open scope of this context (or, with none, of ``all_threads`` scopes) that covers
     ``device``; it goes into the scope's ``timeline.extra["layers"]`` and the trace. Returns how many took it."""
-    scopes = _SCOPES.get() or _THREAD_SCOPES
-    n = 0
+    scopes = open_scopes(device)
     for scope in scopes:
-        if scope._state == _OPEN and device in scope._devset:
-            scope._layers.append(layer)
-            n += 1
-    return n
+        scope._layers.append(layer)
+    return len(scopes)
+
+
+def open_scopes(device: Device) -> list[Timer]:
+    """The open scopes of this context (or, with none, the ``all_threads`` scopes) that cover ``device``."""
+    scopes = _SCOPES.get() or _THREAD_SCOPES
+    return [s for s in scopes if s._state == _OPEN and device in s._devset] if scopes else []
+
+
+def scope_is_open(scope: Timer) -> bool:
+    return scope._state == _OPEN
 
 
 def run_timed(stream: Stream, name: str, kind: str, fn: Callable[..., Any], *args: Any) -> None:
@@ -188,6 +195,7 @@ class Timer:
         self.devices: tuple[Device, ...] = tuple(devices)
         self._all_threads = all_threads
         self._layers: list[Any] = []
+        self._fence_streams: dict[int, Stream] = {}  # more streams to wait for at exit (GPU-side handoff takes)
         self._devset = frozenset(self.devices)
         self.label = label
         self.synchronize = synchronize
@@ -325,6 +333,7 @@ class Timer:
             self.error = f"{type(exc).__name__}: {exc}"
             self.cancelled = _is_cancellation(exc)
         streams = {id(a.stream): a.stream for a in self._acts}
+        streams.update(self._fence_streams)
         return [s.record(tag="fence") for s in streams.values() if not s.device.closed]
 
     def _finish(self, fences: list) -> None:

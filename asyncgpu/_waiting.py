@@ -12,12 +12,13 @@ was already under way, as trio's abort protocol requires).
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any, Callable
 
-from ._engine import KIND_ASYNCIO, KIND_TRIO, Engine, Waiter, _fresh_error
+from ._engine import EARLY, KIND_ASYNCIO, KIND_THREAD, KIND_TRIO, Engine, Waiter, _fresh_error
 
-__all__ = ["await_completion"]
+__all__ = ["await_completion", "block_until_complete"]
 
 _now = time.perf_counter_ns
 
@@ -91,6 +92,49 @@ async def _await_trio(engine: Engine, query: Callable[[Any], bool], raw: Any, ke
             if not engine.rearm(w, task):
                 _raise_if_failed(w)
                 return
+    except BaseException:
+        engine.cancel(w)
+        raise
+
+
+def block_until_complete(engine: Engine, query: Callable[[Any], bool], raw: Any, key: int, seq: int, tag: Any,
+                         record_ns: int, deadline_ns: int | None = None) -> bool:
+    """Block the calling plain thread (GIL released) until ``query(raw)`` is true, or until ``deadline_ns``
+    (``time.perf_counter_ns`` base; None: no limit). Returns False on timeout, with the wait withdrawn. Raises
+    what the engine failed (`BackendError`, `ClosedError`)."""
+    if query(raw):
+        return True
+    lock = threading.Lock()
+    lock.acquire()
+    w = engine.add(raw, key, seq, tag, record_ns, KIND_THREAD, None, lock)
+    try:
+        while True:
+            if deadline_ns is None:
+                lock.acquire()
+            else:
+                left_s = (deadline_ns - _now()) / 1e9
+                if not lock.acquire(timeout=max(left_s, 0.0)):
+                    if engine.cancel(w):
+                        return False
+                    lock.acquire()  # a wake-up is under way: take it, then see where the event stands
+                    _raise_if_failed(w)
+                    return query(raw)
+            if w.state != EARLY:  # FIRED: complete, or failed
+                _raise_if_failed(w)
+                return True
+            until = w.poll_until_ns  # woken early: poll for a while, yielding the GIL between queries
+            w.woke_ns = _now()
+            while True:
+                if query(raw):
+                    engine.finish(w, _now())
+                    return True
+                now = _now()
+                if now > until or (deadline_ns is not None and now > deadline_ns):
+                    break
+                time.sleep(0)
+            if not engine.rearm(w, lock):
+                _raise_if_failed(w)
+                return True
     except BaseException:
         engine.cancel(w)
         raise

@@ -11,7 +11,7 @@ import asyncgpu
 def test_all_matches_the_facade():
     public = {n for n in dir(asyncgpu) if not n.startswith("_")}
     assert set(asyncgpu.__all__) == public
-    assert len(asyncgpu.__all__) <= 45  # errors are a third of it
+    assert len(asyncgpu.__all__) <= 56  # errors are a fifth of it
 
 
 def test_every_module_all_names_exist():

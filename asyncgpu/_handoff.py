@@ -1,0 +1,891 @@
+"""Handing GPU work from one thread (or task, or event loop) to another: `Channel` and its items, `Handoff`.
+
+A producer enqueues work on a stream and puts the payload with an event recorded after that work; a consumer
+takes it once the GPU has passed the event (a host-side take), or makes its own stream wait for the event on
+the GPU and goes on at once (a GPU-side take, ``get(stream=...)``, also across GPUs)::
+
+    ch = asyncgpu.Channel(maxsize=4, name="batches")
+
+    # producer: a plain thread (blocks while the channel is full) or a task (``await ch.put(...)``)
+    stream.inc_loop(batch, 100)
+    h = ch.put(batch, stream=stream)        # records an event after the work enqueued on ``stream``
+    h.wait_done(stream=stream)              # before reusing ``batch``: the GPU waits for the consumer's use
+
+    # consumer, host side: returns once the GPU has passed the producer's event
+    with ch.get() as h:                     # ``with await ch.get() as h:`` in a task
+        use(h.payload)
+
+    # consumer, GPU side: ``mine`` waits on the GPU for the producer's event; no host wait
+    h = ch.get(stream=mine)
+    mine.launch(...)                        # runs after the producer's work
+    h.done(stream=mine)                     # the payload is in use until ``mine`` gets here
+
+Calling convention: `Channel.put`, `Channel.get` and `Handoff.wait_done` block the calling thread (without
+holding the GIL) when called from a plain thread, and return an awaitable when called from a thread that runs
+an asyncio (uvloop) or trio loop. Producer and consumer may be any mix of threads and loops.
+
+Lifetime: the channel owns the producer's event from ``put`` until the consumer is done with the item
+(`Handoff.done`, or the end of its ``with`` block) and the handoff's timing is read; only then does the event go
+back to its pool. ``done(stream=...)`` records where the consumer's use of the payload ends, and
+``wait_done`` lets the producer wait for that point (on the GPU or on the host) before reusing its buffers.
+
+Cancellation and timeouts: a consumer cancelled (or timed out) while waiting for an item or for the GPU loses
+nothing: the item goes back to the head of the channel. A producer cancelled while waiting for room leaves
+nothing behind (the event it recorded goes back to its pool).
+
+Timing: every handoff is recorded (`Channel.records`): put time, GPU-ready time (the producer's event on the
+host time base), take time, and for GPU-side takes the wait on the consumer's stream. Handoffs made while a
+`gpu_timer` scope covering a device of the handoff is open (in the producer's or the consumer's context, or an
+``all_threads`` scope) are drawn in its Perfetto trace with a flow arrow from producer to consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import sys
+import threading
+import time
+import warnings
+from collections import deque
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator
+
+import numpy as np
+
+from ._engine import KIND_RELEASE
+from ._errors import AsyncGPUError, ClosedError, DeviceMismatchError, ReleasedError
+from ._event import Event
+from ._timer import open_scopes, scope_is_open
+from ._waiting import block_until_complete
+
+if TYPE_CHECKING:
+    from ._stream import Stream
+
+__all__ = ["Channel", "Handoff", "HandoffRecord"]
+
+_now = time.perf_counter_ns
+_THREAD, _ASYNCIO, _TRIO = 0, 1, 2
+_WAITING, _WOKEN, _WITHDRAWN = 0, 1, 2
+CLOCK_MAX_AGE_S = 1.0  #: a device's clock calibration is refreshed by ``put`` / ``get(stream=)`` past this age
+
+
+def _context() -> tuple[int, Any]:
+    """Where the caller runs: a plain thread, an asyncio (uvloop) loop, or trio."""
+    try:
+        return _ASYNCIO, asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    trio = sys.modules.get("trio")
+    if trio is not None:
+        try:
+            trio.lowlevel.current_task()
+        except RuntimeError:
+            pass
+        else:
+            return _TRIO, trio
+    return _THREAD, None
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffRecord:
+    """One finished handoff. Times are host time in ns (``time.perf_counter_ns`` base, NaN when unknown:
+    an event recorded without timing, a device whose clock could not be aligned)."""
+
+    channel: str
+    seq: int  #: 0, 1, 2… in put order
+    producer: str  #: the producer event's device (``cuda:0``)
+    producer_stream: str  #: its stream's label
+    consumer: str  #: a host-side take: the consumer's thread name; a GPU-side take: the consumer's device
+    consumer_stream: str | None  #: a GPU-side take: the consumer's stream label; None for a host-side take
+    put_ns: int  #: when ``put`` was called
+    ready_ns: float  #: when the producer's device passed the event (the work was done)
+    take_ns: int  #: when ``get`` returned to the consumer
+    wait_start_ns: float  #: GPU-side take: when the consumer's stream reached the wait
+    wait_end_ns: float  #: GPU-side take: when the consumer's stream went on past it
+    done_ns: float  #: when the consumer said it was done (NaN if it had not when the record was made)
+
+    @property
+    def gpu_side(self) -> bool:
+        return self.consumer_stream is not None
+
+    @property
+    def latency_ns(self) -> float:
+        """GPU ready → consumer running: host-side, until ``get`` returned; GPU-side, until the consumer's
+        stream went on past the wait."""
+        return (self.wait_end_ns if self.gpu_side else self.take_ns) - self.ready_ns
+
+
+class _Parked:
+    """A thread or task parked on a channel (waiting for an item, for room, or for a consumer's ``done``).
+    Its fields change under the channel's lock; `wake` may be called from any thread."""
+
+    __slots__ = ("kind", "loop", "target", "token", "state", "item")
+
+    def __init__(self, kind: int, loop: Any) -> None:
+        self.kind, self.loop, self.state, self.item, self.token = kind, loop, _WAITING, None, None
+        if kind == _THREAD:
+            self.target: Any = threading.Lock()
+            self.target.acquire()
+        elif kind == _ASYNCIO:
+            self.target = loop.create_future()
+        else:  # trio: ``loop`` is the trio module
+            self.target = loop.lowlevel.current_task()
+            self.token = loop.lowlevel.current_trio_token()
+
+    def wake(self) -> None:
+        try:
+            if self.kind == _THREAD:
+                self.target.release()
+            elif self.kind == _ASYNCIO:
+                self.loop.call_soon_threadsafe(_resolve_future, self.target)
+            else:
+                self.token.run_sync_soon(self.loop.lowlevel.reschedule, self.target)
+        except RuntimeError:
+            pass  # that loop has closed: nobody is left to wake
+
+    def block(self, lock: threading.Lock, deadline_ns: int | None) -> bool:
+        """Plain thread: wait (GIL released) to be woken; False on timeout, with the parking withdrawn.
+        ``lock`` is the channel's lock (not held by the caller)."""
+        if deadline_ns is None:
+            self.target.acquire()
+            return True
+        if self.target.acquire(timeout=max(deadline_ns - _now(), 0) / 1e9):
+            return True
+        with lock:
+            if self.state == _WAITING:
+                self.state = _WITHDRAWN
+                return False
+        self.target.acquire()  # woken meanwhile: take the wake-up
+        return True
+
+    async def wait(self, lock: threading.Lock) -> None:
+        """Task: wait to be woken. Cancellation withdraws the parking (or, if the wake-up is already under
+        way, lets it arrive and re-raises: the caller then sees ``state == _WOKEN`` and puts things back)."""
+        if self.kind == _ASYNCIO:
+            try:
+                await self.target
+            except BaseException:
+                with lock:
+                    if self.state == _WAITING:
+                        self.state = _WITHDRAWN
+                raise
+            return
+        lowlevel = self.loop.lowlevel
+
+        def abort(_: Any) -> Any:
+            with lock:
+                if self.state == _WAITING:
+                    self.state = _WITHDRAWN
+                    return lowlevel.Abort.SUCCEEDED
+            return lowlevel.Abort.FAILED  # the wake-up is under way; the next checkpoint raises
+
+        await lowlevel.wait_task_rescheduled(abort)
+
+
+def _resolve_future(fut: Any) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class Handoff:
+    """One item of a `Channel`: the payload and the producer's event, with the handoff's timing.
+
+    The consumer gets it from `Channel.get` and ends it with `done` (or a ``with`` block); the producer gets
+    the same object from `Channel.put` and may wait for the consumer's `done` with `wait_done`.
+    """
+
+    __slots__ = ("channel", "seq", "payload", "_event", "_producer", "_producer_stream", "_put_ns", "_take_ns",
+                 "_consumer", "_consumer_stream", "_wait_events", "_done_ns", "_done_event", "_resolved",
+                 "_ready_ns", "_wait_ns", "_state", "_done_waiters", "_recorded_here", "__weakref__")
+
+    def __init__(self) -> None:
+        raise TypeError("handoffs come from channel.put() and channel.get()")
+
+    @classmethod
+    def _create(cls, channel: Channel, seq: int, payload: Any, event: Event, recorded_here: bool,
+                stream_label: str) -> Handoff:
+        self = object.__new__(cls)
+        self.channel, self.seq, self.payload = channel, seq, payload
+        self._event: Event | None = event
+        self._recorded_here = recorded_here
+        self._producer, self._producer_stream = event.device.name, stream_label
+        self._put_ns = _now()
+        self._take_ns = 0
+        self._consumer, self._consumer_stream = "", None
+        self._wait_events: tuple[Event, Event] | None = None
+        self._done_ns = math.nan
+        self._done_event: Event | None = None
+        self._resolved = False
+        self._ready_ns = math.nan
+        self._wait_ns = (math.nan, math.nan)
+        self._state = 0  # 0 queued, 1 taken, 2 done
+        self._done_waiters: list[_Parked] = []
+        return self
+
+    # -- the consumer's side ------------------------------------------------------------------------------
+    @property
+    def event(self) -> Event:
+        """The producer's event (the channel owns it: do not release it). Valid until `done`."""
+        ev = self._event
+        if ev is None or self._state == 2:
+            raise ReleasedError(f"handoff #{self.seq} of {self.channel.name!r} is done: its event went back to "
+                                "its pool")
+        return ev
+
+    def done(self, stream: Stream | None = None) -> None:
+        """The consumer is done with the item. With ``stream``: its use of the payload is what is enqueued on
+        ``stream`` so far (an event is recorded there for the producer's `wait_done`). Releases the producer's
+        event (once its timing is read). Raises `ReleasedError` if called twice."""
+        ch = self.channel
+        done_event = stream.record(timing=False) if stream is not None else None
+        with ch._lock:
+            if self._state == 2:
+                if done_event is not None:
+                    done_event.release()
+                raise ReleasedError(f"handoff #{self.seq} of {ch.name!r} was already marked done: each item is "
+                                    "consumed once")
+            if self._state == 0:
+                if done_event is not None:
+                    done_event.release()
+                raise ReleasedError(f"handoff #{self.seq} of {ch.name!r} has not been taken: the consumer "
+                                    "marks what it got from channel.get() done")
+            self._state = 2
+            self._done_ns = _now()
+            self._done_event = done_event
+            waiters = [p for p in self._done_waiters if p.state == _WAITING]
+            self._done_waiters = []
+            release = self._resolved
+            for p in waiters:
+                p.state = _WOKEN
+        for p in waiters:
+            p.wake()
+        if release:
+            self._release_producer_event()
+
+    def __enter__(self) -> Handoff:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._state != 2:
+            self.done()
+
+    # -- the producer's side ------------------------------------------------------------------------------
+    @property
+    def is_done(self) -> bool:
+        """True once the consumer called `done` (its GPU work on the payload may still be running)."""
+        return self._state == 2
+
+    def wait_done(self, stream: Stream | None = None, *, timeout: float | None = None) -> Any:
+        """Wait until the consumer is done with the payload, before reusing its buffers.
+
+        With ``stream``: wait on the host only until the consumer called `done`, then make ``stream`` wait on
+        the GPU for the end of the consumer's use (no host wait for the GPU). Without: wait on the host until
+        the consumer's use has run. Blocks a plain thread; returns an awaitable in a loop. `TimeoutError`
+        after ``timeout`` seconds.
+        """
+        kind, loop = _context()
+        if kind == _THREAD:
+            deadline = None if timeout is None else _now() + int(timeout * 1e9)
+            if not self._park_until_done(kind, loop, deadline):
+                raise TimeoutError(f"the consumer of handoff #{self.seq} of {self.channel.name!r} was not done "
+                                   f"after {timeout} s")
+            self._after_done(stream, deadline, timeout)
+            return None
+        return self._wait_done_async(kind, loop, stream, timeout)
+
+    async def _wait_done_async(self, kind: int, loop: Any, stream: Stream | None, timeout: float | None) -> None:
+        import anyio
+
+        with anyio.fail_after(timeout) if timeout is not None else nullcontext():
+            ch = self.channel
+            with ch._lock:
+                if self._state != 2:
+                    p = _Parked(kind, loop)
+                    self._done_waiters.append(p)
+                else:
+                    p = None
+            if p is not None:
+                await p.wait(ch._lock)
+            ev = self._done_event
+            if ev is not None:
+                if stream is not None:
+                    stream.wait(ev)
+                else:
+                    await ev.wait()
+
+    def _park_until_done(self, kind: int, loop: Any, deadline: int | None) -> bool:
+        ch = self.channel
+        with ch._lock:
+            if self._state == 2:
+                return True
+            p = _Parked(kind, loop)
+            self._done_waiters.append(p)
+        return p.block(ch._lock, deadline)
+
+    def _after_done(self, stream: Stream | None, deadline: int | None, timeout: float | None) -> None:
+        ev = self._done_event
+        if ev is None:
+            return
+        if stream is not None:
+            stream.wait(ev)
+        elif not _block_on(ev, deadline):
+            raise TimeoutError(f"the consumer's use of handoff #{self.seq} of {self.channel.name!r} had not run "
+                               f"after {timeout} s")
+
+    # -- timing -------------------------------------------------------------------------------------------
+    def _resolve(self) -> None:
+        """Read the handoff's device times (its events are complete) and log it. Any thread; once."""
+        ch = self.channel
+        with ch._lock:
+            if self._resolved:
+                return
+            self._resolved = True
+        ev = self._event
+        self._ready_ns = _host_ns(ev) if ev is not None else math.nan
+        pair = self._wait_events
+        if pair is not None:
+            self._wait_ns = (_host_ns(pair[0]), _host_ns(pair[1]))
+            self._wait_events = None
+            for e in pair:
+                e.release()
+        ch._log.append(self._as_record())
+        with ch._lock:
+            release = self._state == 2
+        if release:
+            self._release_producer_event()
+
+    def _release_producer_event(self) -> None:
+        ev, self._event = self._event, None
+        if ev is not None:
+            ev.release()
+
+    def _as_record(self) -> HandoffRecord:
+        return HandoffRecord(self.channel.name, self.seq, self._producer, self._producer_stream, self._consumer,
+                             self._consumer_stream, self._put_ns, self._ready_ns, self._take_ns, self._wait_ns[0],
+                             self._wait_ns[1], self._done_ns)
+
+    def __repr__(self) -> str:
+        state = ("queued", "taken", "done")[self._state]
+        return f"<asyncgpu.Handoff {self.channel.name}#{self.seq} {state} from {self._producer}>"
+
+
+def _block_on(ev: Event, deadline_ns: int | None) -> bool:
+    """Block this plain thread (GIL released) until ``ev`` completes, woken by its device's waiter thread."""
+    dev = ev.device
+    return block_until_complete(dev._engine, dev._bd.query, ev._checked(), ev._key, ev._seq, ev._tag, ev._record_ns,
+                                deadline_ns)
+
+
+def _host_ns(ev: Event) -> float:
+    """A completed timing event on the host time base (NaN without timing or without a calibration)."""
+    dev = ev.device
+    cal = dev._clock
+    raw = ev._raw
+    if cal is None or raw is None or not ev.timing:
+        return math.nan
+    try:
+        return cal.host_ns + dev._bd.elapsed_ms(cal._anchor, raw) * 1e6 * cal.rate
+    except AsyncGPUError:
+        return math.nan
+
+
+def _ensure_clock(dev: Any) -> None:
+    """Keep a recent clock calibration for placing handoff times (about 0.35 ms per second on a GPU)."""
+    cal = dev._clock
+    if cal is None or _now() - cal.taken_ns > CLOCK_MAX_AGE_S * 1e9:
+        try:
+            dev.clock(max_age_s=CLOCK_MAX_AGE_S)
+        except AsyncGPUError:
+            pass  # its handoffs get NaN device times; the scope reports why the device is not aligned
+
+
+class Channel:
+    """A bounded channel of GPU work between threads, tasks and event loops (see the module docstring).
+
+    ``maxsize``: how many items may wait in the channel (≥ 1); ``put`` waits for room beyond that.
+    ``keep_records``: how many finished handoff records `records` keeps (the oldest are dropped first).
+    ``spin``: host-side takes in a plain thread wait with the driver's spin wait (lowest latency, a core per
+    waiting consumer) instead of being woken by the device's waiter thread.
+    """
+
+    def __init__(self, maxsize: int = 4, *, name: str = "channel", keep_records: int = 100_000,
+                 spin: bool = False) -> None:
+        if not isinstance(maxsize, int) or maxsize < 1:
+            raise ValueError(f"maxsize must be an int >= 1, not {maxsize!r}")
+        self.name = name
+        self.maxsize = maxsize
+        self.spin = spin
+        self._lock = threading.Lock()
+        self._items: deque[Handoff] = deque()
+        self._getters: deque[_Parked] = deque()
+        self._putters: deque[_Parked] = deque()
+        self._closed = False
+        self._close_error: BaseException | None = None
+        self._backend: str | None = None
+        self._seqs = itertools.count()
+        self._log: deque[HandoffRecord] = deque(maxlen=keep_records)
+        self._layers: dict[int, tuple[Any, _HandoffLayer]] = {}
+
+    # -- producing ----------------------------------------------------------------------------------------
+    def put(self, payload: Any, *, stream: Stream | None = None, event: Event | None = None,
+            timeout: float | None = None) -> Any:
+        """Put ``payload`` with an event recorded now on ``stream`` (after the work enqueued there), or with
+        ``event`` (recorded, with timing for the handoff's times; the channel owns it from now on). Waits
+        while the channel is full: blocks a plain thread, returns an awaitable in a loop. Returns the
+        `Handoff` (for `Handoff.wait_done`). Raises `ClosedError` once the channel is closed, `TimeoutError`
+        after ``timeout`` seconds without room."""
+        h = self._new_item(payload, stream, event)
+        kind, loop = _context()
+        if kind != _THREAD:
+            return self._put_async(h, kind, loop, timeout)
+        try:
+            with self._lock:
+                p = self._admit_locked(h, kind, loop)
+            if p is not None:
+                deadline = None if timeout is None else _now() + int(timeout * 1e9)
+                if not p.block(self._lock, deadline):
+                    raise TimeoutError(f"channel {self.name!r} stayed full for {timeout} s")
+                self._after_room(p)
+        except BaseException:
+            self._abandon(h)
+            raise
+        return h
+
+    async def _put_async(self, h: Handoff, kind: int, loop: Any, timeout: float | None) -> Handoff:
+        import anyio
+
+        try:
+            with anyio.fail_after(timeout) if timeout is not None else nullcontext():
+                with self._lock:
+                    p = self._admit_locked(h, kind, loop)
+                if p is None:
+                    await _checkpoint(kind, loop)
+                else:
+                    await p.wait(self._lock)  # if room came as it was cancelled, the item stays in
+                    self._after_room(p)
+        except BaseException:
+            self._abandon(h)
+            raise
+        return h
+
+    def _new_item(self, payload: Any, stream: Stream | None, event: Event | None) -> Handoff:
+        if self._closed:
+            raise ClosedError(self._closed_message("put"))
+        if (stream is None) == (event is None):
+            raise TypeError("put() needs stream= (an event is recorded there after the work enqueued so far) or "
+                            "event= (an event you recorded), not both")
+        if event is not None:
+            if not isinstance(event, Event):
+                raise TypeError(f"event must be an asyncgpu Event (device.record()), not {type(event).__name__}")
+            event._checked()  # NotRecordedError / ReleasedError name the fix
+            dev, recorded_here = event.device, False
+        else:
+            dev = stream.device
+        backend = dev._bd.backend
+        if self._backend is None:
+            self._backend = backend
+        elif backend != self._backend:
+            raise DeviceMismatchError(f"channel {self.name!r} carries {self._backend} work; this event is of the "
+                                      f"{backend} backend: use one channel per backend")
+        _ensure_clock(dev)
+        if event is None:
+            event, recorded_here, label = stream.record(), True, stream.label
+        else:
+            label = _stream_label(event)
+        h = Handoff._create(self, next(self._seqs), payload, event, recorded_here, label)
+        self._claim_scopes(h, dev)
+        return h
+
+    def _admit_locked(self, h: Handoff, kind: int, loop: Any) -> _Parked | None:
+        """Under the lock: hand ``h`` to a waiting getter, queue it, or park the producer (returned)."""
+        if self._closed:
+            raise ClosedError(self._closed_message("put"))
+        while self._getters:
+            g = self._getters.popleft()
+            if g.state == _WAITING:
+                g.state, g.item = _WOKEN, h
+                g.wake()
+                return None
+        if len(self._items) < self.maxsize:
+            self._items.append(h)
+            return None
+        p = _Parked(kind, loop)
+        p.item = h
+        self._putters.append(p)
+        return p
+
+    def _after_room(self, p: _Parked) -> None:
+        if p.item is not None:  # woken without room: the channel was closed
+            raise ClosedError(self._closed_message("put"))
+
+    def _abandon(self, h: Handoff) -> None:
+        """A put that did not happen: give back the event it recorded (a caller's event stays the caller's)."""
+        with self._lock:
+            if h._state != 0 or h in self._items:
+                return
+        if h._recorded_here and h._event is not None:
+            h._release_producer_event()
+
+    # -- consuming ----------------------------------------------------------------------------------------
+    def get(self, *, stream: Stream | None = None, timeout: float | None = None) -> Any:
+        """Take the next item. Host-side (no ``stream``): returns once the producer's device has passed the
+        item's event. GPU-side (``stream``): makes ``stream`` wait for that event on the GPU
+        (``cuStreamWaitEvent``; ``stream`` may be on another GPU) and returns at once. Blocks a plain thread
+        (GIL released); returns an awaitable in a loop. Raises `ClosedError` when the channel is closed and
+        empty (chained to the producer's error if it closed the channel with one), `TimeoutError` after
+        ``timeout`` seconds. A timed-out or cancelled take puts the item back at the head."""
+        if stream is not None:
+            self._check_stream(stream)
+        kind, loop = _context()
+        if kind != _THREAD:
+            return self._get_async(kind, loop, stream, timeout)
+        deadline = None if timeout is None else _now() + int(timeout * 1e9)
+        with self._lock:
+            h, p = self._take_locked(kind, loop)
+        if p is not None:
+            if not p.block(self._lock, deadline):
+                raise TimeoutError(f"nothing came through channel {self.name!r} in {timeout} s")
+            h = self._after_wake(p)
+        try:
+            if stream is not None:
+                self._take_on_gpu(h, stream)
+            else:
+                ev = h._event
+                if self.spin and deadline is None:
+                    ev.sync()
+                elif not _block_on(ev, deadline):
+                    raise TimeoutError(f"handoff #{h.seq} of {self.name!r}: {ev.device.name} had not finished its "
+                                       f"work after {timeout} s (the item is back in the channel)")
+                self._taken_on_host(h)
+        except BaseException:
+            self._put_back(h)
+            raise
+        return h
+
+    async def _get_async(self, kind: int, loop: Any, stream: Stream | None, timeout: float | None) -> Handoff:
+        import anyio
+
+        with anyio.fail_after(timeout) if timeout is not None else nullcontext():
+            with self._lock:
+                h, p = self._take_locked(kind, loop)
+            if p is not None:
+                try:
+                    await p.wait(self._lock)
+                except BaseException:
+                    with self._lock:
+                        got = p.state == _WOKEN and p.item is not None
+                    if got:
+                        self._put_back(p.item)
+                    raise
+                h = self._after_wake(p)
+            try:
+                if stream is not None:
+                    if p is None:
+                        await _checkpoint(kind, loop)  # a take is always a checkpoint
+                    self._take_on_gpu(h, stream)
+                else:
+                    await h._event.wait()
+                    self._taken_on_host(h)
+            except BaseException:
+                self._put_back(h)
+                raise
+        return h
+
+    def _take_locked(self, kind: int, loop: Any) -> tuple[Handoff | None, _Parked | None]:
+        if self._items:
+            h = self._items.popleft()
+            self._room_locked()
+            h._state = 1
+            return h, None
+        if self._closed:
+            raise self._closed_error()
+        p = _Parked(kind, loop)
+        self._getters.append(p)
+        return None, p
+
+    def _room_locked(self) -> None:
+        """An item left the queue: let the first parked producer in."""
+        while self._putters and len(self._items) < self.maxsize:
+            p = self._putters.popleft()
+            if p.state == _WAITING:
+                self._items.append(p.item)
+                p.state, p.item = _WOKEN, None
+                p.wake()
+
+    def _after_wake(self, p: _Parked) -> Handoff:
+        h = p.item
+        if h is None:  # woken by close with nothing for us
+            with self._lock:
+                raise self._closed_error()
+        h._state = 1
+        return h
+
+    def _put_back(self, h: Handoff) -> None:
+        """A take that did not complete: the item goes back to the head (to a waiting getter first)."""
+        with self._lock:
+            h._state = 0
+            while self._getters:
+                g = self._getters.popleft()
+                if g.state == _WAITING:
+                    g.state, g.item = _WOKEN, h
+                    g.wake()
+                    return
+            self._items.appendleft(h)
+
+    def _check_stream(self, stream: Any) -> None:
+        from ._stream import Stream
+
+        if not isinstance(stream, Stream):
+            raise TypeError(f"get(stream=...) takes an asyncgpu Stream, not {type(stream).__name__}")
+        if self._backend is not None and stream._bd.backend != self._backend:
+            raise DeviceMismatchError(
+                f"channel {self.name!r} carries {self._backend} work; a {stream._bd.backend} stream cannot wait "
+                "for it on the device: take it on the host with get() (no stream=)")
+
+    def _take_on_gpu(self, h: Handoff, stream: Stream) -> None:
+        ev = h._event
+        if ev.device._bd.backend != stream._bd.backend:
+            raise DeviceMismatchError(
+                f"a {stream._bd.backend} stream cannot wait for a {ev.device._bd.backend} event: take it on the host "
+                "with get() (no stream=)")
+        _ensure_clock(stream.device)
+        before = stream.record(tag="handoff")
+        stream.wait(ev)
+        after = stream.record(tag="handoff")
+        h._wait_events = (before, after)
+        h._consumer, h._consumer_stream = stream.device.name, stream.label
+        h._take_ns = _now()
+        for scope in self._claim_scopes(h, stream.device):
+            scope._fence_streams[id(stream)] = stream  # the scope waits for the wait it draws
+        dev = stream.device
+        try:
+            dev._engine.add(after._raw, after._key, after._seq, None, 0, KIND_RELEASE, None,
+                            lambda _raw, h=h: h._resolve())
+        except ClosedError:
+            h._resolve()
+
+    def _taken_on_host(self, h: Handoff) -> None:
+        h._take_ns = _now()
+        h._consumer = threading.current_thread().name
+        h._resolve()
+
+    # -- closing ------------------------------------------------------------------------------------------
+    def close(self, error: BaseException | None = None) -> None:
+        """No more puts (either side may close). Items already in stay available to `get`; then `get` raises
+        `ClosedError` (chained to ``error``, when a producer closes because it failed). Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed, self._close_error = True, error
+            parked = [p for p in (*self._getters, *self._putters) if p.state == _WAITING]
+            self._getters.clear()
+            self._putters.clear()
+            for p in parked:
+                p.state = _WOKEN  # getters: item None; putters: item still set (not admitted)
+        for p in parked:
+            p.wake()
+
+    def drop(self) -> list[Any]:
+        """Close the channel and empty it: returns the payloads nobody took (their events go back to their
+        pools once their devices pass them). Nothing is dropped silently: this is how a consumer that gives
+        up gets the rest back."""
+        self.close()
+        with self._lock:
+            left = list(self._items)
+            self._items.clear()
+        for h in left:
+            h._state = 2
+            h._release_producer_event()
+        return [h.payload for h in left]
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def qsize(self) -> int:
+        """Items waiting in the channel (not yet taken)."""
+        return len(self._items)
+
+    def __enter__(self) -> Channel:
+        return self
+
+    def __exit__(self, et: Any, exc: BaseException | None, tb: Any) -> None:
+        """A producer's ``with channel:`` closes it at the end, passing on what the block raised."""
+        self.close(exc)
+
+    def __iter__(self) -> Iterator[Handoff]:
+        """Host-side takes until the channel is closed and empty (a plain thread)."""
+        while True:
+            try:
+                yield self.get()
+            except ClosedError as exc:
+                if exc.__cause__ is not None:
+                    raise
+                return
+
+    def __aiter__(self) -> Channel:
+        return self
+
+    async def __anext__(self) -> Handoff:
+        try:
+            return await self.get()
+        except ClosedError as exc:
+            if exc.__cause__ is not None:
+                raise
+            raise StopAsyncIteration from None
+
+    def _closed_message(self, what: str) -> str:
+        return f"channel {self.name!r} is closed: cannot {what} (make a new Channel, or close it only when done)"
+
+    def _closed_error(self) -> ClosedError:
+        cause = self._close_error
+        if cause is not None:
+            err = ClosedError(f"channel {self.name!r} was closed by a producer that failed "
+                              f"({type(cause).__name__}: {cause}); nothing more will come")
+            err.__cause__ = cause
+            return err
+        return ClosedError(f"channel {self.name!r} is closed and empty: nothing more will come")
+
+    def __del__(self) -> None:
+        items = getattr(self, "_items", None)
+        if items:
+            n = len(items)
+            for h in list(items):
+                h._release_producer_event()
+            warnings.warn(f"channel {self.name!r} was dropped with {n} item(s) nobody took; call channel.drop() "
+                          "to get them back", ResourceWarning, stacklevel=2)
+
+    # -- records ------------------------------------------------------------------------------------------
+    def records(self) -> list[HandoffRecord]:
+        """The finished handoffs (oldest first; at most ``keep_records``)."""
+        return list(self._log)
+
+    def latencies_ns(self, gpu_side: bool | None = None) -> np.ndarray:
+        """GPU ready → consumer running of each finished handoff (ns; NaN where a time is unknown)."""
+        recs = [r for r in self._log if gpu_side is None or r.gpu_side == gpu_side]
+        return np.array([r.latency_ns for r in recs], dtype=np.float64)
+
+    def _claim_scopes(self, h: Handoff, device: Any) -> list:
+        """Hand ``h`` to the layer of every open scope (of the calling context) that covers ``device``."""
+        scopes = open_scopes(device)
+        if not scopes:
+            return scopes
+        with self._lock:
+            for scope in scopes:
+                entry = self._layers.get(id(scope))
+                if entry is None or entry[0] is not scope:
+                    layer = _HandoffLayer(self.name)
+                    self._layers = {k: v for k, v in self._layers.items() if scope_is_open(v[0])}
+                    self._layers[id(scope)] = (scope, layer)
+                    scope._layers.append(layer)
+                else:
+                    layer = entry[1]
+                layer.add(h)
+        return scopes
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<asyncgpu.Channel {self.name!r} {state} {len(self._items)}/{self.maxsize}>"
+
+
+async def _checkpoint(kind: int, loop: Any) -> None:
+    if kind == _ASYNCIO:
+        await asyncio.sleep(0)
+    else:
+        await loop.lowlevel.checkpoint()
+
+
+def _stream_label(event: Event) -> str:
+    key = event._key
+    for s in event.device._owned:
+        if s.handle == key:
+            return s.label
+    return f"{key:#x}" if isinstance(key, int) else "?"
+
+
+class _HandoffLayer:
+    """The handoffs of one channel within one scope, drawn in its Perfetto trace: on the producer's device a
+    slice from put to GPU-ready, on the consumer's side a slice from GPU-ready to the take (host-side: on the
+    consumer thread's track) or the stream's wait (GPU-side: on the consumer device), with a flow arrow."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.handoffs: list[Handoff] = []
+        self._seen: set[int] = set()
+
+    def add(self, h: Handoff) -> None:
+        if id(h) not in self._seen:
+            self._seen.add(id(h))
+            self.handoffs.append(h)
+
+    def records(self) -> list[HandoffRecord]:
+        for h in self.handoffs:
+            if not h._resolved and h._state != 0:
+                _try_resolve(h)
+        return [h._as_record() for h in self.handoffs if h._resolved]
+
+    def trace_events(self, tl: Any, origin_ns: int, first_tid: int) -> tuple[list[dict], int]:
+        from ._export import HOST_PID
+
+        aligned = {name: tl.clocks[d].aligned if d < len(tl.clocks) else False for d, name in enumerate(tl.devices)}
+        index = {name: d for d, name in enumerate(tl.devices)}
+        tids: dict[tuple[int, str], int] = {}
+        events: list[dict] = []
+
+        def track(pid: int, label: str) -> int:
+            tid = tids.get((pid, label))
+            if tid is None:
+                tid = tids[(pid, label)] = first_tid + len(tids)
+                events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": label}})
+            return tid
+
+        def us(ns: float) -> float:
+            return round((ns - origin_ns) / 1e3, 3)
+
+        cat = f"handoff {self.name}"
+        for r in self.records():
+            if r.producer not in index or not aligned[r.producer] or not math.isfinite(r.ready_ns):
+                continue  # a device outside this scope, or off the host time base: never mix time bases
+            p_pid = 2 + index[r.producer]
+            p_tid = track(p_pid, f"handoff {self.name}")
+            start = min(float(r.put_ns), r.ready_ns)
+            args = {"seq": r.seq, "latency_us": round(r.latency_ns / 1e3, 3) if math.isfinite(r.latency_ns) else None}
+            events.append({"name": f"{self.name} #{r.seq} in flight", "cat": cat, "ph": "X", "pid": p_pid,
+                           "tid": p_tid, "ts": us(start), "dur": round((r.ready_ns - start) / 1e3, 3), "args": args})
+            if r.gpu_side:
+                if r.consumer not in index or not aligned[r.consumer] or not math.isfinite(r.wait_end_ns):
+                    continue
+                c_pid = 2 + index[r.consumer]
+                c_tid = track(c_pid, f"handoff {self.name} → {r.consumer_stream}")
+                c_start = r.wait_start_ns if math.isfinite(r.wait_start_ns) else r.wait_end_ns
+                c_end = r.wait_end_ns
+                label = f"{self.name} #{r.seq} wait"
+            else:
+                c_pid, c_tid = HOST_PID, track(HOST_PID, f"{r.consumer} · handoff {self.name}")
+                c_start, c_end = min(r.ready_ns, float(r.take_ns)), float(r.take_ns)
+                label = f"{self.name} #{r.seq} take"
+            events.append({"name": label, "cat": cat, "ph": "X", "pid": c_pid, "tid": c_tid, "ts": us(c_start),
+                           "dur": round(max(c_end - c_start, 0.0) / 1e3, 3), "args": args})
+            flow = f"{self.name}:{r.seq}"
+            events.append({"name": "handoff", "cat": cat, "ph": "s", "id": flow, "pid": p_pid, "tid": p_tid,
+                           "ts": us(start)})
+            events.append({"name": "handoff", "cat": cat, "ph": "f", "bp": "e", "id": flow, "pid": c_pid,
+                           "tid": c_tid, "ts": us(c_start)})
+        return events, len(tids)
+
+
+def _try_resolve(h: Handoff) -> None:
+    """Resolve a handoff whose events have completed (used when a trace is written before the waiter
+    thread got to it)."""
+    pair = h._wait_events
+    try:
+        if pair is not None and not pair[1].query():
+            return
+        if pair is None and (h._event is None or not h._event.query()):
+            return
+    except AsyncGPUError:
+        return
+    h._resolve()
