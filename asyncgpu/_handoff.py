@@ -102,6 +102,7 @@ class HandoffRecord:
     consumer_stream: str | None  #: a GPU-side take: the consumer's stream label; None for a host-side take
     put_ns: int  #: when ``put`` was called
     ready_ns: float  #: when the producer's device passed the event (the work was done)
+    get_ns: int  #: when the consumer called ``get``
     take_ns: int  #: when ``get`` returned to the consumer
     wait_start_ns: float  #: GPU-side take: when the consumer's stream reached the wait
     wait_end_ns: float  #: GPU-side take: when the consumer's stream went on past it
@@ -113,9 +114,13 @@ class HandoffRecord:
 
     @property
     def latency_ns(self) -> float:
-        """GPU ready → consumer running: host-side, until ``get`` returned; GPU-side, until the consumer's
-        stream went on past the wait."""
-        return (self.wait_end_ns if self.gpu_side else self.take_ns) - self.ready_ns
+        """The handoff's own delay: from the later of "the producer's work is done" and "the consumer is
+        waiting for it" to the consumer running. Host-side: ``take - max(ready, get)``; GPU-side:
+        ``wait_end - max(ready, wait_start)`` (the consumer's stream). Time the consumer spent busy elsewhere
+        is not counted."""
+        if self.gpu_side:
+            return self.wait_end_ns - max(self.ready_ns, self.wait_start_ns)
+        return self.take_ns - max(self.ready_ns, self.get_ns)
 
 
 class _Parked:
@@ -197,7 +202,7 @@ class Handoff:
     the same object from `Channel.put` and may wait for the consumer's `done` with `wait_done`.
     """
 
-    __slots__ = ("channel", "seq", "payload", "_event", "_producer", "_producer_stream", "_put_ns", "_take_ns",
+    __slots__ = ("channel", "seq", "payload", "_event", "_producer", "_producer_stream", "_put_ns", "_get_ns", "_take_ns",
                  "_consumer", "_consumer_stream", "_wait_events", "_done_ns", "_done_event", "_resolved",
                  "_ready_ns", "_wait_ns", "_state", "_done_waiters", "_recorded_here", "__weakref__")
 
@@ -213,7 +218,7 @@ class Handoff:
         self._recorded_here = recorded_here
         self._producer, self._producer_stream = event.device.name, stream_label
         self._put_ns = _now()
-        self._take_ns = 0
+        self._get_ns = self._take_ns = 0
         self._consumer, self._consumer_stream = "", None
         self._wait_events: tuple[Event, Event] | None = None
         self._done_ns = math.nan
@@ -364,7 +369,8 @@ class Handoff:
 
     def _as_record(self) -> HandoffRecord:
         return HandoffRecord(self.channel.name, self.seq, self._producer, self._producer_stream, self._consumer,
-                             self._consumer_stream, self._put_ns, self._ready_ns, self._take_ns, self._wait_ns[0],
+                             self._consumer_stream, self._put_ns, self._ready_ns, self._get_ns, self._take_ns,
+                             self._wait_ns[0],
                              self._wait_ns[1], self._done_ns)
 
     def __repr__(self) -> str:
@@ -539,10 +545,11 @@ class Channel:
         ``timeout`` seconds. A timed-out or cancelled take puts the item back at the head."""
         if stream is not None:
             self._check_stream(stream)
+        called_ns = _now()
         kind, loop = _context()
         if kind != _THREAD:
-            return self._get_async(kind, loop, stream, timeout)
-        deadline = None if timeout is None else _now() + int(timeout * 1e9)
+            return self._get_async(kind, loop, stream, timeout, called_ns)
+        deadline = None if timeout is None else called_ns + int(timeout * 1e9)
         with self._lock:
             h, p = self._take_locked(kind, loop)
         if p is not None:
@@ -551,7 +558,7 @@ class Channel:
             h = self._after_wake(p)
         try:
             if stream is not None:
-                self._take_on_gpu(h, stream)
+                self._take_on_gpu(h, stream, called_ns)
             else:
                 ev = h._event
                 if self.spin and deadline is None:
@@ -559,13 +566,14 @@ class Channel:
                 elif not _block_on(ev, deadline):
                     raise TimeoutError(f"handoff #{h.seq} of {self.name!r}: {ev.device.name} had not finished its "
                                        f"work after {timeout} s (the item is back in the channel)")
-                self._taken_on_host(h)
+                self._taken_on_host(h, called_ns)
         except BaseException:
             self._put_back(h)
             raise
         return h
 
-    async def _get_async(self, kind: int, loop: Any, stream: Stream | None, timeout: float | None) -> Handoff:
+    async def _get_async(self, kind: int, loop: Any, stream: Stream | None, timeout: float | None,
+                         called_ns: int) -> Handoff:
         import anyio
 
         with anyio.fail_after(timeout) if timeout is not None else nullcontext():
@@ -585,10 +593,10 @@ class Channel:
                 if stream is not None:
                     if p is None:
                         await _checkpoint(kind, loop)  # a take is always a checkpoint
-                    self._take_on_gpu(h, stream)
+                    self._take_on_gpu(h, stream, called_ns)
                 else:
                     await h._event.wait()
-                    self._taken_on_host(h)
+                    self._taken_on_host(h, called_ns)
             except BaseException:
                 self._put_back(h)
                 raise
@@ -645,7 +653,7 @@ class Channel:
                 f"channel {self.name!r} carries {self._backend} work; a {stream._bd.backend} stream cannot wait "
                 "for it on the device: take it on the host with get() (no stream=)")
 
-    def _take_on_gpu(self, h: Handoff, stream: Stream) -> None:
+    def _take_on_gpu(self, h: Handoff, stream: Stream, called_ns: int) -> None:
         ev = h._event
         if ev.device._bd.backend != stream._bd.backend:
             raise DeviceMismatchError(
@@ -657,7 +665,7 @@ class Channel:
         after = stream.record(tag="handoff")
         h._wait_events = (before, after)
         h._consumer, h._consumer_stream = stream.device.name, stream.label
-        h._take_ns = _now()
+        h._get_ns, h._take_ns = called_ns, _now()
         for scope in self._claim_scopes(h, stream.device):
             scope._fence_streams[id(stream)] = stream  # the scope waits for the wait it draws
         dev = stream.device
@@ -667,8 +675,8 @@ class Channel:
         except ClosedError:
             h._resolve()
 
-    def _taken_on_host(self, h: Handoff) -> None:
-        h._take_ns = _now()
+    def _taken_on_host(self, h: Handoff, called_ns: int) -> None:
+        h._get_ns, h._take_ns = called_ns, _now()
         h._consumer = threading.current_thread().name
         h._resolve()
 
