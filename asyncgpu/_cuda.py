@@ -133,6 +133,7 @@ class CudaDevice(BackendDevice):
         self._kernels: dict[str, Any] = {}
         self._kernel_lock = threading.Lock()
         self._pinned_mr = None
+        self._peer_sources: set[int] = set()  # GPUs whose memory pools let this one read them (`copy`)
         self._marker: Any = None  # an idle stream for `mark`
         self._cal: _Calibration | None = None  # the clock calibration's page and stream, made on first use
         if drv.record_c is not None:
@@ -431,20 +432,38 @@ class CudaDevice(BackendDevice):
         self.launch(raw_stream, self._kernel("asyncgpu_inc_loop"), config, args)
 
     def memset(self, raw_stream: Any, array: Any, nbytes: int, byte: int) -> None:
+        self._current()
         err = self._drv.d.cuMemsetD8Async(int(array.handle), byte, nbytes, raw_stream[1])[0]
         if err is not self._drv.SUCCESS:
             raise self._drv.error(err, "cuMemsetD8Async")
 
     def copy_to_host(self, raw_stream: Any, array: Any, host: Any, nbytes: int) -> None:
+        self._current()
         err = self._drv.d.cuMemcpyDtoHAsync(host.ctypes.data, int(array.handle), nbytes, raw_stream[1])[0]
         if err is not self._drv.SUCCESS:
             raise self._drv.error(err, "cuMemcpyDtoHAsync")
 
     def copy(self, raw_stream: Any, dst: Any, src: Any, nbytes: int) -> None:
         # Unified addressing: the driver routes a copy between two GPUs over NVLink/PCIe (peer to peer).
+        self._current()  # the stream's context must be current (the calling thread may work on another GPU)
+        src_index = int(src.device_id)
+        if src_index != self.index and src_index not in self._peer_sources:
+            self._grant_peer_access(src_index)
         err = self._drv.d.cuMemcpyAsync(int(dst.handle), int(src.handle), nbytes, raw_stream[1])[0]
         if err is not self._drv.SUCCESS:
             raise self._drv.error(err, "cuMemcpyAsync")
+
+    def _grant_peer_access(self, src_index: int) -> None:
+        """Let this device read allocations of GPU ``src_index``'s memory pool (pool memory is accessible only
+        from its own device until granted; cudaDeviceEnablePeerAccess does not cover pools)."""
+        from cuda.core import Device
+
+        src = Device(src_index)
+        if not self._dev.can_access_peer(src_index):
+            raise BackendError(f"{self.name} cannot read cuda:{src_index}'s memory directly (no peer access between "
+                               "them): copy through pinned host memory (copy_to_host, then a host-to-device copy)")
+        src.memory_resource.peer_accessible_by.add(self.index)
+        self._peer_sources.add(src_index)
 
     def to_numpy(self, array: Any, n: int, dtype: Any) -> Any:
         out = np.empty(n, dtype=dtype)

@@ -82,7 +82,7 @@ def _context() -> tuple[int, Any]:
     if trio is not None:
         try:
             trio.lowlevel.current_task()
-        except RuntimeError:
+        except (RuntimeError, AttributeError):  # not in trio (or trio is still being imported by another thread)
             pass
         else:
             return _TRIO, trio
@@ -379,10 +379,11 @@ class Handoff:
 
 
 def _block_on(ev: Event, deadline_ns: int | None) -> bool:
-    """Block this plain thread (GIL released) until ``ev`` completes, woken by its device's waiter thread."""
+    """Block this plain thread (GIL released) until ``ev`` completes: the device's waiter thread wakes it
+    shortly before the predicted completion and (without a deadline) it finishes with the driver's spin wait."""
     dev = ev.device
     return block_until_complete(dev._engine, dev._bd.query, ev._checked(), ev._key, ev._seq, ev._tag, ev._record_ns,
-                                deadline_ns)
+                                deadline_ns, dev._bd.sync_event)
 
 
 def _host_ns(ev: Event) -> float:

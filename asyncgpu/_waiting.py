@@ -98,10 +98,16 @@ async def _await_trio(engine: Engine, query: Callable[[Any], bool], raw: Any, ke
 
 
 def block_until_complete(engine: Engine, query: Callable[[Any], bool], raw: Any, key: int, seq: int, tag: Any,
-                         record_ns: int, deadline_ns: int | None = None) -> bool:
+                         record_ns: int, deadline_ns: int | None = None,
+                         sync: Callable[[Any], None] | None = None) -> bool:
     """Block the calling plain thread (GIL released) until ``query(raw)`` is true, or until ``deadline_ns``
     (``time.perf_counter_ns`` base; None: no limit). Returns False on timeout, with the wait withdrawn. Raises
-    what the engine failed (`BackendError`, `ClosedError`)."""
+    what the engine failed (`BackendError`, `ClosedError`).
+
+    The waiter thread wakes this thread shortly before the predicted completion. Then, with ``sync`` (the
+    driver's own wait: it spins without the GIL) and no deadline, the thread finishes the wait natively: the
+    lowest latency, with a core spent only for the last few microseconds. Otherwise it polls ``query``,
+    yielding the GIL between polls, for a bounded window."""
     if query(raw):
         return True
     lock = threading.Lock()
@@ -122,8 +128,12 @@ def block_until_complete(engine: Engine, query: Callable[[Any], bool], raw: Any,
             if w.state != EARLY:  # FIRED: complete, or failed
                 _raise_if_failed(w)
                 return True
-            until = w.poll_until_ns  # woken early: poll for a while, yielding the GIL between queries
             w.woke_ns = _now()
+            if sync is not None and deadline_ns is None:
+                sync(raw)  # woken early: finish natively (GIL released)
+                engine.finish(w, _now())
+                return True
+            until = w.poll_until_ns  # woken early: poll for a while, yielding the GIL between queries
             while True:
                 if query(raw):
                     engine.finish(w, _now())

@@ -81,7 +81,7 @@ def baseline(d0, d1, items: int, kernel_us: float, gpu_side: bool) -> dict:
                 break
             ev.sync()
             if gpu_side:
-                before = d1.stream.record()  # no wait needed: the host already waited
+                before = d1.stream.record()  # (kept alike the Channel route's two records)
                 running = d1.stream.record()
                 held.append((ev, before, running, waiting_ns))
             else:
@@ -89,8 +89,8 @@ def baseline(d0, d1, items: int, kernel_us: float, gpu_side: bool) -> dict:
                 lat.append(running_ns - max(_host_ns(ev), waiting_ns))
                 ev.release()
         d1.synchronize()
-        for ev, before, running, _ in held:
-            lat.append(_host_ns(running) - max(_host_ns(ev), _host_ns(before)))
+        for ev, before, running, waiting_ns in held:  # the consumer's stream was idle since it began waiting
+            lat.append(_host_ns(running) - max(_host_ns(ev), waiting_ns))
             for e in (ev, before, running):
                 e.release()
 
