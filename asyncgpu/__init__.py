@@ -10,6 +10,9 @@
     await ev.wait()               # resumes when the GPU has passed it; the loop keeps running
 """
 
+from ._bench import BenchmarkError as BenchmarkError
+from ._bench import BenchmarkResult as BenchmarkResult
+from ._bench import benchmark as benchmark
 from ._clock import ClockCalibration as ClockCalibration
 from ._clock import check_alignment as check_alignment
 from ._device import Device as Device
@@ -35,6 +38,8 @@ from ._graph import Graph as Graph
 from ._handoff import Channel as Channel
 from ._handoff import Handoff as Handoff
 from ._handoff import HandoffRecord as HandoffRecord
+from ._history import kernel_history as kernel_history
+from ._magic import load_ipython_extension as load_ipython_extension
 from ._memory import DeviceArray as DeviceArray
 from ._nvtx import capture as capture
 from ._pool import PoolStats as PoolStats
@@ -66,6 +71,8 @@ __all__ = [
     "AsyncGPUError",
     "BackendError",
     "BalanceReport",
+    "BenchmarkError",
+    "BenchmarkResult",
     "Channel",
     "ClockCalibration",
     "ClockError",
@@ -93,6 +100,7 @@ __all__ = [
     "UnknownDeviceError",
     "activity_summary",
     "balance",
+    "benchmark",
     "capture",
     "check_alignment",
     "close_all",
@@ -101,6 +109,8 @@ __all__ = [
     "device_summary",
     "devices",
     "gpu_timer",
+    "kernel_history",
+    "load_ipython_extension",
     "read_trace",
     "timing_begin",
     "timing_end",

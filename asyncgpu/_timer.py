@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, final
 
 import numpy as np
 
-from . import _nvtx
+from . import _history, _nvtx
 from ._errors import AsyncGPUError, NotReadyError, ScopeError
 from ._records import KIND_CODES, KINDS, ActivityRecord, DeviceClock, HostRange, Timeline
 
@@ -122,17 +122,31 @@ def run_timed(stream: Stream, name: str, kind: str, fn: Callable[..., Any], *arg
 
 
 def timed_now(stream: Stream, name: str, kind: str, fn: Callable[..., Any], args: tuple) -> None:
-    """`run_timed` without the capture check: bracket ``fn(*args)`` for the open scopes, or just call it."""
+    """`run_timed` without the capture check: bracket ``fn(*args)`` for the open scopes, or just call it.
+    While the kernel history is on (`asyncgpu._history`), the launch also gets a record there; when it is off,
+    that costs one attribute check."""
     scopes = _SCOPES.get() or _THREAD_SCOPES
     owners = _owners(scopes, stream.device, kind) if scopes else None
-    if not owners:
+    if not owners and not _history.ON:  # the hot path: nothing records this launch
         fn(*args)
-    else:
-        act = _begin(stream, name, kind, owners)
-        try:
+        stream._tag = name
+        return
+    pending = _history.begin(stream, name, kind, fn, args) if _history.ON else None
+    try:
+        if not owners:
             fn(*args)
-        finally:
-            _end(act)
+        else:
+            act = _begin(stream, name, kind, owners)
+            try:
+                fn(*args)
+            finally:
+                _end(act)
+    except BaseException:
+        if pending is not None:
+            _history.drop(pending)
+        raise
+    if pending is not None:
+        _history.end(pending)
     stream._tag = name
 
 

@@ -19,6 +19,10 @@ CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests
 COLUMNS=110 python3 -m asyncgpu demo --trace "$OUT/demo.trace.json" 2>&1 | tee "$OUT/demo.txt" | tail -14
 COLUMNS=110 python3 -m asyncgpu devices 2>&1 | tee "$OUT/devices.txt"
 python3 examples/two_gpus.py > /tmp/examples.txt 2>&1 && python3 examples/framework_streams.py >> /tmp/examples.txt 2>&1; echo "examples exit: $?"
+timeout 90 python3 examples/kernel_stages.py --trace "$OUT/kstages.trace.json" > "$OUT/kstages.txt" 2>&1; echo "kernel_stages exit: $?"; timeout 120 python3 benchmarks/bench_kprofile.py --out "$OUT/kprofile.json" 2>&1 | sed -n '/^== /,$p'  # in-kernel records (issue 5)
+# benchmark helper and framework interop (issue 6)
+timeout 120 python3 examples/torch_cupy_two_gpus.py > "$OUT/torch_cupy.txt" 2>&1; echo "torch/cupy example exit: $?"; tail -4 "$OUT/torch_cupy.txt"
+timeout 120 python3 benchmarks/bench_peers.py --out "$OUT/peers.json" 2>&1 | tail -10
 # thread-to-thread handoff (issue 4)
 timeout 120 python3 examples/handoff_two_gpus.py --trace "$OUT/handoff.trace.json" 2>&1 | tee "$OUT/handoff_example.txt" | tail -8
 timeout 150 python3 benchmarks/bench_handoff.py --out "$OUT/handoff.json" 2>&1 | sed -n '/^== /,$p'
