@@ -21,6 +21,7 @@ from ._errors import BackendError as BackendError
 from ._errors import ClockError as ClockError
 from ._errors import ClosedError as ClosedError
 from ._errors import DeviceMismatchError as DeviceMismatchError
+from ._errors import KernelRecordsError as KernelRecordsError
 from ._errors import NoDeviceError as NoDeviceError
 from ._errors import NotReadyError as NotReadyError
 from ._errors import NotRecordedError as NotRecordedError
@@ -39,6 +40,9 @@ from ._handoff import Channel as Channel
 from ._handoff import Handoff as Handoff
 from ._handoff import HandoffRecord as HandoffRecord
 from ._history import kernel_history as kernel_history
+from ._kdecode import KernelRecords as KernelRecords
+from ._kformat import HostLane as HostLane
+from ._kprofile import KernelProfiler as KernelProfiler
 from ._magic import load_ipython_extension as load_ipython_extension
 from ._memory import DeviceArray as DeviceArray
 from ._nvtx import capture as capture
@@ -85,7 +89,11 @@ __all__ = [
     "Graph",
     "Handoff",
     "HandoffRecord",
+    "HostLane",
     "KINDS",
+    "KernelProfiler",
+    "KernelRecords",
+    "KernelRecordsError",
     "NoDeviceError",
     "NotReadyError",
     "NotRecordedError",

@@ -185,6 +185,23 @@ class BackendDevice(ABC):
     def destroy_graph(self, raw_graph: Any) -> None:
         """Free the graph (a replay in flight still completes)."""
 
+    # -- in-kernel records (issue 5) --
+    # `asyncgpu._kprofile` arms a record buffer (zeroed, then its header written, in stream order), launches
+    # the instrumented built-in inc_loop on it, and copies it back with `copy_to_host`.
+    @abstractmethod
+    def write_words32(self, raw_stream: Any, array: Any, values: Any) -> None:
+        """Enqueue on ``raw_stream``: write the uint32 ``values`` (read now, at the call) to the start of
+        ``array``, after the work already enqueued there."""
+
+    @abstractmethod
+    def inc_loop_profiled_blocks(self, n: int) -> int:
+        """How many blocks (record lanes, one group each) `inc_loop_profiled` uses for ``n`` elements."""
+
+    @abstractmethod
+    def inc_loop_profiled(self, raw_stream: Any, array: Any, n: int, iterations: int, records: Any) -> None:
+        """Enqueue the built-in inc_loop with in-kernel records into ``records`` (a buffer armed for
+        ``inc_loop_profiled_blocks(n)`` blocks and one group): stages 0 load, 1 add, 2 store per block."""
+
 
 class Backend(ABC):
     name: str

@@ -29,7 +29,9 @@ __all__ = ["CudaBackend", "CudaDevice", "backend_class"]
 
 _KERNEL_SOURCE = "workloads.cu"
 _KERNEL_SOURCES = {"asyncgpu_spin": "workloads.cu", "asyncgpu_inc_loop": "workloads.cu",
-                   "asyncgpu_clock_pingpong": "clock.cu", "asyncgpu_clock_bracket": "clock.cu"}
+                   "asyncgpu_clock_pingpong": "clock.cu", "asyncgpu_clock_bracket": "clock.cu",
+                   "asyncgpu_inc_loop_profiled": "profiled.cu", "asyncgpu_kp_bench": "profiled.cu",
+                   "asyncgpu_inc_loop_profiled_off": "profiled_off.cu", "asyncgpu_kp_bench_off": "profiled_off.cu"}
 _INC_BLOCK = 256
 _MASK32 = 0xFFFFFFFF
 # Calibration page (mapped pinned host memory), uint32 word indices and the byte offset of the stamps.
@@ -559,6 +561,24 @@ class CudaDevice(BackendDevice):
         d.cuGraphDestroy(raw_graph[0])
         if err is not self._drv.SUCCESS:
             raise self._drv.error(err, "cuGraphExecDestroy")
+
+    # -- in-kernel records (issue 5) --
+    def write_words32(self, raw_stream: Any, array: Any, values: Any) -> None:
+        base = int(array.handle)
+        for k, value in enumerate(np.asarray(values, dtype=np.uint32).tolist()):
+            err = self._drv.d.cuMemsetD32Async(base + 4 * k, value, 1, raw_stream[1])[0]
+            if err is not self._drv.SUCCESS:
+                raise self._drv.error(err, "cuMemsetD32Async")
+
+    def inc_loop_profiled_blocks(self, n: int) -> int:
+        return max(1, (n + _INC_BLOCK - 1) // _INC_BLOCK)
+
+    def inc_loop_profiled(self, raw_stream: Any, array: Any, n: int, iterations: int, records: Any) -> None:
+        from cuda.core import LaunchConfig
+
+        config = LaunchConfig(grid=self.inc_loop_profiled_blocks(n), block=_INC_BLOCK)
+        args = (int(array.handle), np.uint64(n), np.int32(iterations), int(records.handle))
+        self.launch(raw_stream, self._kernel("asyncgpu_inc_loop_profiled"), config, args)
 
 
 class MappedPage:

@@ -12,6 +12,8 @@ __all__ = [
     "ClockError",
     "ClosedError",
     "DeviceMismatchError",
+    "KernelRecordsError",
+    "KernelRecordsOverflowError",
     "NoDeviceError",
     "NotRecordedError",
     "NotReadyError",
@@ -74,3 +76,18 @@ class BackendError(AsyncGPUError, RuntimeError):
 class ClockError(AsyncGPUError):
     """A device clock could not be aligned to the host clock (the device stayed busy, or lacks stream memory
     operations). Scopes then keep that device's times relative to its own scope start, and say so."""
+
+
+class KernelRecordsError(AsyncGPUError, ValueError):
+    """In-kernel records that cannot be decoded as they are: a buffer that is empty, corrupt, of another format,
+    not armed or reused without zeroing, a lane whose kernel never called finalize, unmatched begin/end.
+    ``problems`` lists every finding (decode with ``strict=False`` to keep what is sound and read them there)."""
+
+    def __init__(self, message: str, problems: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.problems = tuple(problems) or (message,)
+
+
+class KernelRecordsOverflowError(KernelRecordsError):
+    """In-kernel records were dropped: a lane was full, or the buffer had no lane for some (block, group).
+    Raise the profiler's ``capacity``, or arm it with the launch's grid and groups."""

@@ -261,6 +261,39 @@ class HostDevice(BackendDevice):
     def destroy_graph(self, raw_graph: list) -> None:
         raw_graph.clear()
 
+    # -- in-kernel records (issue 5) --
+    def write_words32(self, raw_stream: _HostStream, array: np.ndarray, values: Any) -> None:
+        words = np.array(values, dtype=np.uint32)  # copied now, as a memset's value is
+        self.launch(raw_stream, np.copyto, None, (array.view(np.uint32)[: words.size], words))
+
+    def inc_loop_profiled_blocks(self, n: int) -> int:
+        return max(1, -(-n // _PROFILED_BLOCK))
+
+    def inc_loop_profiled(self, raw_stream: _HostStream, array: np.ndarray, n: int, iterations: int,
+                          records: np.ndarray) -> None:
+        self.launch(raw_stream, _inc_loop_profiled, None, (array[:n], iterations, records))
+
+
+_PROFILED_BLOCK = 1 << 16  # elements per block (record lane) of the host inc_loop with records
+
+
+def _inc_loop_profiled(a: np.ndarray, iterations: int, records: np.ndarray) -> None:
+    """inc_loop in blocks of `_PROFILED_BLOCK` elements, each block's stages recorded as a GPU leader would."""
+    from ._kformat import HostLane
+
+    blocks = max(1, -(-a.size // _PROFILED_BLOCK))
+    for b in range(blocks):
+        lane = HostLane(records, b, blocks=blocks)
+        chunk = a[b * _PROFILED_BLOCK: (b + 1) * _PROFILED_BLOCK]
+        with lane.region(0):
+            v = chunk.copy()
+        with lane.region(1):
+            for _ in range(iterations):
+                np.add(v, np.float32(1.0), out=v)
+        with lane.region(2):
+            chunk[:] = v
+        lane.finalize()
+
 
 class HostBackend(Backend):
     name = "host"

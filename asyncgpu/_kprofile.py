@@ -1,0 +1,306 @@
+"""`KernelProfiler`: in-kernel records of one device — arm a buffer, hand its pointer to a kernel, gather it,
+decode it, and place it on the scope's timeline.
+
+    prof = asyncgpu.KernelProfiler(dev, stages=("load", "compute"), groups=2, capacity=64)
+    ptr = prof.arm(grid)                      # zero + header on the stream, before the launch
+    dev.stream.launch(kernel, config, ..., ptr, name="my_kernel")   # the kernel includes asyncgpu_profile.cuh
+    recs = await prof.gather()                # async copy on the same stream, awaited; decoded with numpy
+    print(recs.summary())
+
+Placement: CUDA stamps (``%globaltimer``) go to the host time base through the device's clock calibration
+(`Device.clock`); when it cannot be calibrated the records keep relative times and say so (``aligned``,
+``time_base``), and the trace marks their tracks. Host-backend records are host stamps already. Each gather
+hands a layer to the open ``gpu_timer`` scopes of the calling context that cover the device: the trace then
+draws the records on the device's process, one track per (block, group) for the first ``max_tracks`` lanes.
+
+Threads: a profiler belongs to one device and may be used from any thread, one call at a time (arm, launch,
+gather, in that order, then again). ``gather`` is a checkpoint; cancelling it withdraws the wait (the copy still
+lands; gather again or arm again).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Sequence, final
+
+import numpy as np
+
+from ._errors import AsyncGPUError, ClockError, DeviceMismatchError, KernelRecordsError
+from ._kdecode import KernelRecords, decode
+from ._kformat import FORMAT
+from ._memory import DeviceArray
+from ._timer import attach_layer, run_timed
+
+if TYPE_CHECKING:
+    from ._device import Device
+    from ._stream import Stream
+
+__all__ = ["INC_LOOP_STAGES", "KernelLayer", "KernelProfiler"]
+
+INC_LOOP_STAGES = ("load", "add", "store")
+_MAX_U32 = 0xFFFFFFFF
+_HOST_FIELDS = 1 + max(FORMAT.HDR_MAGIC, FORMAT.HDR_GROUPS, FORMAT.HDR_LANES, FORMAT.HDR_CAPACITY)  # uint32s
+
+
+@final
+class KernelProfiler:
+    """In-kernel records of ``device``: a record buffer for ``groups`` leaders per block, ``capacity`` records
+    per (block, group); ``stages`` names the stage ids (0, 1, …) the kernel uses. ``max_tracks``: how many
+    (block, group) lanes the trace draws (the first ones). See the module docstring."""
+
+    def __init__(self, device: Device, *, stages: Sequence[str] = (), groups: int = 1, capacity: int = 256,
+                 name: str = "kernel", max_tracks: int = 16) -> None:
+        if not 1 <= capacity <= _MAX_U32:
+            raise ValueError(f"capacity must be 1 .. {_MAX_U32} records per (block, group), not {capacity} (a "
+                             "zero-length buffer holds no record)")
+        if not 1 <= groups <= _MAX_U32:
+            raise ValueError(f"groups must be >= 1 (leaders per block), not {groups}")
+        if len(stages) > FORMAT.MAX_STAGES:
+            raise ValueError(f"at most {FORMAT.MAX_STAGES} stages (ids 0 .. {FORMAT.MAX_STAGES - 1}), "
+                             f"not {len(stages)}")
+        if max_tracks < 0:
+            raise ValueError(f"max_tracks must be >= 0, not {max_tracks}")
+        device._check_open()
+        self.device = device
+        self.stages, self.groups, self.capacity = tuple(stages), groups, capacity
+        self.name, self.max_tracks = name, max_tracks
+        self._buf: DeviceArray | None = None
+        self._host: np.ndarray | None = None  # pinned copy target, reused
+        self._stream: Stream | None = None  # where the buffer was last armed and gathered
+        self._words = 0  # words armed
+        self._launch = (self.name, self.stages)  # what the armed launch is called, and its stage names
+        self._state = "new"  # new, armed, gathering, gathered, closed
+
+    # -- the buffer ---------------------------------------------------------------------------------------------
+    @property
+    def pointer(self) -> int:
+        """The armed buffer's address, for the kernel's ``unsigned long long* records`` argument (a device address
+        on CUDA, the host address on the host backend)."""
+        return self._armed_buffer().ptr
+
+    @property
+    def array(self) -> DeviceArray:
+        """The armed buffer (uint64 words). Host-backend kernels write it with `HostLane`."""
+        return self._armed_buffer()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the armed part of the buffer (header and lanes)."""
+        return 8 * self._words
+
+    def arm(self, grid: int | Sequence[int], *, stream: Stream | None = None) -> int:
+        """Prepare the buffer for one launch of ``grid`` blocks (an int or up to three dimensions): enqueue on
+        ``stream`` (default: the device's) a zeroing of the buffer and the writing of its header, allocating a
+        larger buffer when needed. Returns `pointer`. Never blocks; arm again before every launch."""
+        self._check_open()
+        blocks = _blocks(grid)
+        lanes = blocks * self.groups
+        if lanes > _MAX_U32:
+            raise ValueError(f"{blocks} blocks x {self.groups} groups = {lanes} lanes: at most {_MAX_U32}")
+        if self._state == "gathering":
+            raise KernelRecordsError("a gather() of this profiler is still running: await it before arming again "
+                                     "(or use one profiler per concurrent launch)")
+        s = self.device._stream_of(stream)
+        prev = self._stream
+        if prev is not None and prev is not s:  # the old stream's use of the buffer (a gather's copy) comes first
+            with prev.record(timing=False) as done:
+                s.wait(done)
+        words = FORMAT.words_for(lanes, self.capacity)
+        if self._buf is None or self._buf.size < words:
+            if self._buf is not None:
+                self._buf.free()
+            self._buf = self.device.alloc(words, np.uint64, stream=s)
+        bd, raw = self.device._bd, self._buf._live()
+        bd.memset(s._raw, raw, 8 * words, 0)
+        bd.write_words32(s._raw, raw, FORMAT.header(self.groups, lanes, self.capacity)[:_HOST_FIELDS])
+        self._stream, self._words, self._state = s, words, "armed"
+        self._launch = (self.name, self.stages)
+        return self._buf.ptr
+
+    # -- the built-in instrumented workload ----------------------------------------------------------------------
+    def inc_loop(self, array: DeviceArray, iterations: int, *, stream: Stream | None = None) -> None:
+        """Arm, then launch the built-in ``inc_loop`` with in-kernel records on ``stream``: one lane per block
+        (256 elements on CUDA, 65536 on the host backend), stages ``load``, ``add``, ``store`` (unless this
+        profiler names its own). Timed as a kernel activity ``inc_loop`` in open scopes. `gather` afterwards."""
+        if self.groups != 1:
+            raise ValueError("the built-in inc_loop has one leader per block: use KernelProfiler(..., groups=1)")
+        if not isinstance(array, DeviceArray):
+            raise TypeError(f"expected an asyncgpu DeviceArray (device.alloc), not {type(array).__name__}")
+        if array.device is not self.device:
+            raise DeviceMismatchError(f"that array lives on {array.device.name}, this profiler on {self.device.name}: "
+                                      "use a profiler of the array's device")
+        if array.dtype != np.float32:
+            raise TypeError(f"inc_loop works on float32 arrays, not {array.dtype}")
+        s = self.device._stream_of(stream)
+        bd = self.device._bd
+        self.arm(bd.inc_loop_profiled_blocks(array.size), stream=s)
+        self._launch = (self.name if self.name != "kernel" else "inc_loop", self.stages or INC_LOOP_STAGES)
+        bd.prepare("inc_loop_profiled")
+        assert self._buf is not None
+        run_timed(s, "inc_loop", "kernel", bd.inc_loop_profiled, s._raw, array._live(), array.size, int(iterations),
+                  self._buf._live())
+
+    # -- gathering ------------------------------------------------------------------------------------------------
+    async def gather(self, *, strict: bool = True) -> KernelRecords:
+        """Copy the buffer back after the work enqueued on its stream (the kernel), await it (the loop keeps
+        running), decode and place the records, and hand them to the open scopes covering the device. A
+        checkpoint. Raises `KernelRecordsError` (`KernelRecordsOverflowError` for dropped records) as
+        `KernelRecords.decode` does; ``strict=False`` keeps the sound records and lists the problems."""
+        ev = self._start_gather()
+        try:
+            await ev.wait()
+        except BaseException:
+            self._state = "armed"
+            raise
+        finally:
+            ev.release()
+        return self._finish(strict)
+
+    def gather_sync(self, *, strict: bool = True) -> KernelRecords:
+        """`gather`, blocking the calling thread (GIL released while it waits)."""
+        ev = self._start_gather()
+        try:
+            ev.sync()
+        except BaseException:
+            self._state = "armed"
+            raise
+        finally:
+            ev.release()
+        return self._finish(strict)
+
+    def _start_gather(self) -> Any:
+        self._check_open()
+        if self._state == "gathering":
+            raise KernelRecordsError("a gather() of this profiler is already running: await it first")
+        if self._state not in ("armed", "gathered"):
+            raise KernelRecordsError("nothing to gather: arm() the profiler, launch the kernel with its pointer, "
+                                     "then gather()")
+        s, buf = self._stream, self._buf
+        assert s is not None and buf is not None
+        if self._host is None or self._host.size < self._words:
+            self._host = self.device.alloc_pinned(self._words, np.uint64)
+        self.device._bd.copy_to_host(s._raw, buf._live(), self._host, 8 * self._words)
+        self._state = "gathering"
+        return s.record(timing=False, tag="kernel records")
+
+    def _finish(self, strict: bool) -> KernelRecords:
+        assert self._host is not None
+        self._state = "gathered"
+        to_host, time_base = self._placement()
+        name, stages = self._launch
+        recs = decode(self._host[: self._words], stages, strict=strict, to_host=to_host, time_base=time_base,
+                      name=name, device=self.device.name)
+        attach_layer(self.device, KernelLayer(recs, self.max_tracks))
+        return recs
+
+    def _placement(self) -> tuple[Any, str]:
+        """How this device's stamps become host time, and the words that say so."""
+        if self.device.backend == "host":
+            return (lambda t: np.asarray(t, np.float64)), "host time (host-backend records are perf_counter_ns stamps)"
+        try:
+            cal = self.device.clock(max_age_s=1.0)
+            cal.globaltimer_to_host_ns(0)  # raises ClockError without a %globaltimer calibration
+        except (ClockError, AsyncGPUError) as exc:
+            return None, (f"relative: ns from the kernel's first stamp ({self.device.name}'s %globaltimer could not "
+                          f"be aligned to the host clock: {exc})")
+        return cal.globaltimer_to_host_ns, f"host time (%globaltimer aligned within ±{cal.globaltimer_bound_ns:.0f} ns)"
+
+    # -- lifetime --------------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Free the buffers (the device buffer in stream order, after the work already enqueued). Idempotent."""
+        if self._state == "closed":
+            return
+        self._state = "closed"
+        buf, self._buf, self._host = self._buf, None, None
+        if buf is not None and not self.device.closed:
+            buf.free()
+
+    def __enter__(self) -> KernelProfiler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._state == "closed":
+            raise KernelRecordsError("this KernelProfiler is closed: make a new one")
+        self.device._check_open()
+
+    def _armed_buffer(self) -> DeviceArray:
+        if self._buf is None or self._state == "new":
+            raise KernelRecordsError("the profiler is not armed: call prof.arm(grid) before the launch")
+        return self._buf
+
+    @staticmethod
+    def include_dir() -> str:
+        """The directory holding ``asyncgpu_profile.cuh`` (and its format header): add it to the include path
+        when compiling your own kernel (NVRTC ``include_path``, nvcc ``-I``)."""
+        from ._cuda import kernels_dir
+
+        return str(kernels_dir())
+
+    def __repr__(self) -> str:
+        return (f"<asyncgpu.KernelProfiler {self.device.name} {self._state} groups={self.groups} "
+                f"capacity={self.capacity}>")
+
+
+def _blocks(grid: int | Sequence[int]) -> int:
+    dims = (grid,) if isinstance(grid, (int, np.integer)) else tuple(grid)
+    if not 1 <= len(dims) <= 3 or any(int(d) < 1 for d in dims):
+        raise ValueError(f"grid must be a block count or up to three dimensions, each >= 1, not {grid!r}")
+    return math.prod(int(d) for d in dims)
+
+
+class KernelLayer:
+    """The records of one gather as a layer of a timeline's trace (see `asyncgpu._export`, "Layers"): on the
+    device's process, one track per (block, group) for the first ``max_tracks`` lanes that have records (the
+    first track's name says how many exist), regions as complete events (a second track per lane where regions
+    overlap without nesting), instants as instant events."""
+
+    def __init__(self, records: KernelRecords, max_tracks: int) -> None:
+        self.records, self.max_tracks = records, max_tracks
+
+    def trace_events(self, timeline: Any, origin_ns: int, first_tid: int) -> tuple[list[dict], int]:
+        from ._export import _lanes
+
+        r = self.records
+        if r.device not in timeline.devices:
+            return [], 0
+        pid = 2 + timeline.devices.index(r.device)
+        lanes = np.union1d(r.lane, r.instant_block.astype(np.int64) * r.groups + r.instant_group)
+        shown = lanes[: self.max_tracks]
+        # Relative records start at the scope's start: never mixed silently with host times (track names say so).
+        shift = float(origin_ns) if r.aligned else float(origin_ns) - float(timeline.scope_start_ns)
+        tag = "" if r.aligned else " (NOT aligned: relative time)"
+        lane_col = r.lane  # rows are sorted by lane (then by begin)
+        inst_col = r.instant_block.astype(np.int64) * r.groups + r.instant_group
+        s_all = np.maximum(np.rint(r.start_ns - shift), 0).astype(np.int64)
+        e_all = np.maximum(np.rint(r.end_ns - shift).astype(np.int64), s_all)
+        i_all = np.maximum(np.rint(r.instant_ns - shift), 0).astype(np.int64)
+        events: list[dict] = []
+        tid = first_tid
+        for k, lane in enumerate(shown.tolist()):
+            block, group = divmod(lane, r.groups)
+            label = f"{r.name} b{block} g{group}{tag}"
+            if k == 0 and len(lanes) > len(shown):
+                label += f" [first {len(shown)} of {len(lanes)} lanes]"
+            lo, hi = np.searchsorted(lane_col, [lane, lane + 1])
+            s_ns, e_ns = s_all[lo:hi], e_all[lo:hi]
+            sub = _lanes(s_ns, e_ns)
+            n_sub = int(sub.max()) + 1 if sub.size else 1
+            for j in range(n_sub):
+                events.append({"ph": "M", "pid": pid, "tid": tid + j, "ts": 0, "name": "thread_name",
+                               "args": {"name": label if j == 0 else f"{label} ({j + 1})"}})
+            for i in np.lexsort((s_ns - e_ns, s_ns)).tolist():
+                row = lo + i
+                events.append({"name": r.stages[r.stage[row]], "cat": "kernel_stage", "ph": "X", "pid": pid,
+                               "tid": tid + int(sub[i]), "ts": round(int(s_ns[i]) / 1e3, 3),
+                               "dur": round(int(e_ns[i] - s_ns[i]) / 1e3, 3),
+                               "args": {"block": block, "group": group, "duration_ns": int(r.duration_ns[row])}})
+            a, b = np.searchsorted(inst_col, [lane, lane + 1])
+            for i in range(a, b):
+                events.append({"name": r.stages[r.instant_stage[i]], "cat": "kernel_stage", "ph": "i", "s": "t",
+                               "pid": pid, "tid": tid, "ts": round(int(i_all[i]) / 1e3, 3),
+                               "args": {"block": block, "group": group}})
+            tid += n_sub
+        return events, tid - first_tid
