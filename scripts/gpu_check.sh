@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The whole GPU check in one call on the device machine (see README "Developing"): GPU tests, the demo on every
-# GPU, the wait/record benchmarks. Full logs and JSON go to $OUT; a short table is printed last.
+# The whole GPU check in one call on the device machine (see README "Developing"): GPU tests on every GPU and on
+# one, the demo, the examples, the benchmarks. Everything goes to $OUT/all.txt (JSON results next to it); the
+# tail of each step is printed, the benchmark tables last.
 #   carry: [".whl"]   (made by ../shared/device/fetch-wheels.sh: nvtx, pytest-asyncio, trio, outcome, sniffio)
+#   SKIP_WAIT_BENCH=1, SKIP_ACCURACY=1: leave out the two longest benchmarks (bench_wait, bench_accuracy)
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -10,24 +12,33 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 else
   export PYTHONPATH=$PWD
 fi
-export PYTHONUNBUFFERED=1
-nvidia-smi -L
-python3 -c "from importlib.metadata import version as v; print({p: v(p) for p in ('cuda-core', 'cuda-bindings', 'anyio', 'numpy', 'trio', 'nvtx')})"
-python3 -m pytest -q -rs -p no:cacheprovider tests "$@" 2>&1 | tee "$OUT/pytest.log" | tail -25
-echo "pytest exit: ${PIPESTATUS[0]}"
-CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/pytest-1gpu.log" | tail -3
-COLUMNS=110 python3 -m asyncgpu demo --trace "$OUT/demo.trace.json" 2>&1 | tee "$OUT/demo.txt" | tail -14
-COLUMNS=110 python3 -m asyncgpu devices 2>&1 | tee "$OUT/devices.txt"
-python3 examples/two_gpus.py > /tmp/examples.txt 2>&1 && python3 examples/framework_streams.py >> /tmp/examples.txt 2>&1; echo "examples exit: $?"
-timeout 90 python3 examples/kernel_stages.py --trace "$OUT/kstages.trace.json" > "$OUT/kstages.txt" 2>&1; echo "kernel_stages exit: $?"; timeout 120 python3 benchmarks/bench_kprofile.py --out "$OUT/kprofile.json" 2>&1 | sed -n '/^== /,$p'  # in-kernel records (issue 5)
-# benchmark helper and framework interop (issue 6)
-timeout 120 python3 examples/torch_cupy_two_gpus.py > "$OUT/torch_cupy.txt" 2>&1; echo "torch/cupy example exit: $?"; tail -4 "$OUT/torch_cupy.txt"
-timeout 120 python3 benchmarks/bench_peers.py --out "$OUT/peers.json" 2>&1 | tail -10
-# thread-to-thread handoff (issue 4)
-timeout 120 python3 examples/handoff_two_gpus.py --trace "$OUT/handoff.trace.json" 2>&1 | tee "$OUT/handoff_example.txt" | tail -8
-timeout 150 python3 benchmarks/bench_handoff.py --out "$OUT/handoff.json" 2>&1 | sed -n '/^== /,$p'
-timeout 120 python3 benchmarks/bench_clock.py --out "$OUT/clock.json" 2>&1 | sed -n '/^== /,$p'
-[ -z "${SKIP_ACCURACY:-}" ] && timeout 120 python3 benchmarks/bench_accuracy.py --out "$OUT/accuracy.json" 2>&1 | sed -n '/^== /,$p'
-if [ -z "${SKIP_WAIT_BENCH:-}" ]; then
-  timeout 300 python3 benchmarks/bench_wait.py --out "$OUT/bench_wait.json" 2>&1 | sed -n '/^== /,$p'
+export PYTHONUNBUFFERED=1 COLUMNS=110
+ALL="$OUT/all.txt"
+step() {  # step NAME LIMIT_S TAIL_LINES COMMAND...: run with a time limit, log all, print the tail and the exit code
+  local name=$1 limit=$2 lines=$3; shift 3
+  echo "== [$name]" >> "$ALL"
+  timeout "$limit" "$@" > /tmp/step.txt 2>&1; local rc=$?
+  cat /tmp/step.txt >> "$ALL"
+  echo "-- [$name] exit $rc"; tail -n "$lines" /tmp/step.txt
+}
+nvidia-smi -L | tee -a "$ALL"
+python3 -c "from importlib.metadata import version as v; print({p: v(p) for p in ('cuda-core', 'cuda-bindings', 'anyio', 'numpy', 'trio', 'nvtx', 'torch', 'cupy-cuda12x')})" 2>&1 | tee -a "$ALL"
+step "pytest, every GPU" 240 6 python3 -m pytest -q -p no:cacheprovider tests "$@"
+grep -E "^(FAILED|ERROR)" "$ALL" | head -20
+step "pytest -m gpu, one GPU" 150 2 env CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -p no:cacheprovider -m gpu tests "$@"
+step "demo" 60 3 python3 -m asyncgpu demo --trace /tmp/demo.trace.json
+step "devices" 30 6 python3 -m asyncgpu devices
+step "examples/two_gpus.py + framework_streams.py" 90 2 bash -c "python3 examples/two_gpus.py && python3 examples/framework_streams.py"
+step "examples/kernel_stages.py (issue 5)" 90 4 python3 examples/kernel_stages.py --trace /tmp/kstages.trace.json
+step "examples/torch_cupy_two_gpus.py (issue 6)" 90 4 python3 examples/torch_cupy_two_gpus.py
+step "examples/handoff_two_gpus.py (issue 4)" 90 5 python3 examples/handoff_two_gpus.py --trace /tmp/handoff.trace.json
+if [ -f examples/gather_ranks.py ] && command -v torchrun >/dev/null; then
+  step "torchrun examples/gather_ranks.py (issue 7)" 120 25 torchrun --standalone --nproc-per-node 2 examples/gather_ranks.py --trace /tmp/gather.trace.json
 fi
+step "bench_clock" 90 12 python3 benchmarks/bench_clock.py --out "$OUT/clock.json"
+step "bench_kprofile" 120 14 python3 benchmarks/bench_kprofile.py --out "$OUT/kprofile.json"
+step "bench_peers" 120 12 python3 benchmarks/bench_peers.py --out "$OUT/peers.json"
+step "bench_handoff" 150 16 python3 benchmarks/bench_handoff.py --out "$OUT/handoff.json"
+[ -z "${SKIP_ACCURACY:-}" ] && step "bench_accuracy" 120 10 python3 benchmarks/bench_accuracy.py --out "$OUT/accuracy.json"
+[ -z "${SKIP_WAIT_BENCH:-}" ] && step "bench_wait" 300 30 python3 benchmarks/bench_wait.py --out "$OUT/bench_wait.json"
+exit 0
