@@ -272,7 +272,7 @@ class KernelLayer:
         # Relative records start at the scope's start: never mixed silently with host times (track names say so).
         shift = float(origin_ns) if r.aligned else float(origin_ns) - float(timeline.scope_start_ns)
         tag = "" if r.aligned else " (NOT aligned: relative time)"
-        lane_col = r.lane  # rows are sorted by lane (then by begin)
+        lane_col = r.lane
         inst_col = r.instant_block.astype(np.int64) * r.groups + r.instant_group
         s_all = np.maximum(np.rint(r.start_ns - shift), 0).astype(np.int64)
         e_all = np.maximum(np.rint(r.end_ns - shift).astype(np.int64), s_all)
@@ -284,21 +284,20 @@ class KernelLayer:
             label = f"{r.name} b{block} g{group}{tag}"
             if k == 0 and len(lanes) > len(shown):
                 label += f" [first {len(shown)} of {len(lanes)} lanes]"
-            lo, hi = np.searchsorted(lane_col, [lane, lane + 1])
-            s_ns, e_ns = s_all[lo:hi], e_all[lo:hi]
+            rows = np.flatnonzero(lane_col == lane)  # (a mask: no assumption on the row order)
+            s_ns, e_ns = s_all[rows], e_all[rows]
             sub = _lanes(s_ns, e_ns)
             n_sub = int(sub.max()) + 1 if sub.size else 1
             for j in range(n_sub):
                 events.append({"ph": "M", "pid": pid, "tid": tid + j, "ts": 0, "name": "thread_name",
                                "args": {"name": label if j == 0 else f"{label} ({j + 1})"}})
             for i in np.lexsort((s_ns - e_ns, s_ns)).tolist():
-                row = lo + i
+                row = int(rows[i])
                 events.append({"name": r.stages[r.stage[row]], "cat": "kernel_stage", "ph": "X", "pid": pid,
                                "tid": tid + int(sub[i]), "ts": round(int(s_ns[i]) / 1e3, 3),
                                "dur": round(int(e_ns[i] - s_ns[i]) / 1e3, 3),
                                "args": {"block": block, "group": group, "duration_ns": int(r.duration_ns[row])}})
-            a, b = np.searchsorted(inst_col, [lane, lane + 1])
-            for i in range(a, b):
+            for i in np.flatnonzero(inst_col == lane).tolist():
                 events.append({"name": r.stages[r.instant_stage[i]], "cat": "kernel_stage", "ph": "i", "s": "t",
                                "pid": pid, "tid": tid, "ts": round(int(i_all[i]) / 1e3, 3),
                                "args": {"block": block, "group": group}})
