@@ -96,7 +96,10 @@ def check_layer_trace(doc: dict) -> list[dict]:
         assert ev["pid"] >= 2 and names[ev["tid"]][0] == ev["pid"], ev
         assert ev["ts"] >= 0 and ev.get("dur", 0) >= 0
         if ev["ph"] == "X":
-            tracks.setdefault(ev["tid"], []).append((ev["ts"], ev["ts"] + ev["dur"]))
+            # in whole ns, as a trace reader does: touching regions (one stamp ends A and begins B) must not
+            # look overlapping through float sums of µs
+            ts_ns, dur_ns = round(ev["ts"] * 1000), round(ev["dur"] * 1000)
+            tracks.setdefault(ev["tid"], []).append((ts_ns, ts_ns + dur_ns))
     for spans in tracks.values():
         open_ends: list[float] = []
         for s, e in sorted(spans, key=lambda se: (se[0], -se[1])):
