@@ -35,6 +35,10 @@ from ._export import read_trace as read_trace
 from ._export import to_csv as to_csv
 from ._export import to_json as to_json
 from ._export import write_trace as write_trace
+from ._gather import GatherError as GatherError
+from ._gather import RankTimeline as RankTimeline
+from ._gather import gather as gather
+from ._gather import mark_collective as mark_collective
 from ._graph import Graph as Graph
 from ._handoff import Channel as Channel
 from ._handoff import Handoff as Handoff
@@ -86,6 +90,7 @@ __all__ = [
     "DeviceMismatchError",
     "DeviceSummary",
     "Event",
+    "GatherError",
     "Graph",
     "Handoff",
     "HandoffRecord",
@@ -99,6 +104,7 @@ __all__ = [
     "NotRecordedError",
     "PoolExhaustedError",
     "PoolStats",
+    "RankTimeline",
     "ReleasedError",
     "ScopeError",
     "Stream",
@@ -116,9 +122,11 @@ __all__ = [
     "device",
     "device_summary",
     "devices",
+    "gather",
     "gpu_timer",
     "kernel_history",
     "load_ipython_extension",
+    "mark_collective",
     "read_trace",
     "timing_begin",
     "timing_end",

@@ -12,7 +12,7 @@ import asyncgpu
 def test_all_matches_the_facade():
     public = {n for n in dir(asyncgpu) if not n.startswith("_") and not inspect.ismodule(getattr(asyncgpu, n))}
     assert set(asyncgpu.__all__) == public
-    assert len(asyncgpu.__all__) <= 56  # errors are a fifth of it
+    assert len(asyncgpu.__all__) <= 60  # errors are a fifth of it
 
 
 def test_every_module_all_names_exist():

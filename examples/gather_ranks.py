@@ -1,0 +1,102 @@
+"""Time a few training steps on every rank, gather the scopes onto rank 0, print the cross-rank report.
+
+    torchrun --nproc-per-node 2 examples/gather_ranks.py [--steps 5] [--trace ranks.trace.json]
+    mpirun -n 2 python examples/gather_ranks.py           # with mpi4py (pip install 'asyncgpu[mpi]')
+
+Under torchrun with CUDA: NCCL, one GPU per process (``LOCAL_RANK``); without CUDA: gloo and the host backend
+(CPU worker threads), and it says so. Under mpirun: the MPI communicator, a GPU per rank when there are GPUs.
+Each step spins on the rank's device(s), rank r a little longer than rank r-1 (on purpose: rank 1 is the
+straggler), marks the all-reduce with `asyncgpu.mark_collective`, waits for its device and all-reduces.
+`asyncgpu.gather` then brings every rank's scope to rank 0 (clock offsets measured by ping-pong), which prints
+the report and writes one Perfetto trace: a process per (rank, device), host tracks per rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import asyncgpu
+
+
+def _under_mpi() -> bool:
+    return "RANK" not in os.environ and any(k in os.environ for k in ("OMPI_COMM_WORLD_RANK", "PMI_RANK",
+                                                                       "PMIX_RANK", "MPI_LOCALRANKID"))
+
+
+def setup_torch():
+    """``(rank, world, devices, collective, description, group, close)`` under torchrun (group None: the
+    default group)."""
+    import torch
+    import torch.distributed as dist
+
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local)
+        try:
+            dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+        except TypeError:  # torch < 2.3 has no device_id
+            dist.init_process_group("nccl")
+        devices = [asyncgpu.device(f"cuda:{local}")]
+        x = torch.ones(1, device=torch.device("cuda", local))
+        how = f"torch.distributed nccl, one GPU per process (LOCAL_RANK {local} -> cuda:{local})"
+
+        def collective():
+            dist.all_reduce(x)
+            torch.cuda.synchronize()
+    else:
+        dist.init_process_group("gloo")
+        devices = asyncgpu.devices("host", count=2)
+        x = torch.ones(1)
+        how = "torch.distributed gloo + asyncgpu host backend (no CUDA GPU here)"
+
+        def collective():
+            dist.all_reduce(x)
+    return dist.get_rank(), dist.get_world_size(), devices, collective, how, None, dist.destroy_process_group
+
+
+def setup_mpi():
+    """The same under mpirun: the group is ``MPI.COMM_WORLD``."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    try:
+        devices = [asyncgpu.device(rank % len(asyncgpu.devices("cuda")), backend="cuda")]
+        how = f"MPI ({MPI.Get_library_version().splitlines()[0].strip()}), CUDA device {devices[0].name}"
+    except asyncgpu.NoDeviceError:
+        devices = asyncgpu.devices("host", count=2)
+        how = "MPI + asyncgpu host backend (no CUDA GPU here)"
+    return rank, comm.Get_size(), devices, comm.Barrier, how, comm, lambda: None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--spin-us", type=float, default=2000.0, help="work per step on rank 0 (µs)")
+    ap.add_argument("--trace", default="ranks.trace.json", help="where rank 0 writes the merged trace")
+    a = ap.parse_args(argv)
+    rank, world, devices, collective, how, group, close = setup_mpi() if _under_mpi() else setup_torch()
+    if rank == 0:
+        print(f"{world} ranks: {how}", flush=True)
+    collective()  # start together, as after the previous step
+    with asyncgpu.gpu_timer(devices, label="train") as t:
+        for _ in range(a.steps):
+            for d in devices:
+                d.stream.spin_us(a.spin_us * (1 + 0.5 * rank))  # uneven on purpose
+            asyncgpu.mark_collective("allreduce")  # right before the collective, on every rank
+            for d in devices:
+                d.synchronize()
+            collective()
+    result = asyncgpu.gather(t, group, timeout_s=60)  # every rank calls it; rank 0 gets the result
+    if rank == 0:
+        print(result)
+        result.write_trace(a.trace)
+        print(f"trace: {a.trace} (open it at https://ui.perfetto.dev)")
+    close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
