@@ -319,8 +319,9 @@ def test_mpi_ranks(tmp_path):
     if mpiexec is None:
         pytest.skip("no mpiexec/mpirun on PATH")
     out = tmp_path / "mpi"
-    _run_ranks([[mpiexec, "-n", "2", sys.executable, "-m", "tests.test_gather", "mpi-worker", str(out)]], 90,
-               _env())
+    # Open MPI refuses to start as root (containers, CI) unless told it may: harmless for MPICH.
+    env = dict(_env(), OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    _run_ranks([[mpiexec, "-n", "2", sys.executable, "-m", "tests.test_gather", "mpi-worker", str(out)]], 90, env)
     res = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(2)]
     for r in res:
         assert r["ok"]["ok"], r["ok"]
