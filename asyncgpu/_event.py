@@ -78,15 +78,18 @@ class Event:
         latency). With ``timeout`` (seconds) the device's waiter thread wakes this thread (little CPU) and
         `TimeoutError` is raised if the device has not passed the event by then; the event is untouched.
         """
-        raw = self._checked()
         if timeout is None:
-            self.device._bd.sync_event(raw)
-            return
+            self.device._bd.sync_event(self._checked())
+        elif not self._block(_now() + max(int(timeout * 1e9), 0)):
+            raise TimeoutError(f"{self.device.name} had not passed the event after {timeout} s")
+
+    def _block(self, deadline_ns: int | None) -> bool:
+        """Block this plain thread (GIL released) until the event completes or ``deadline_ns`` passes (False):
+        the waiter thread wakes it shortly before the predicted completion; without a deadline it then
+        finishes with the driver's spin wait."""
         dev = self.device
-        deadline_ns = _now() + max(int(timeout * 1e9), 0)
-        if not block_until_complete(dev._engine, dev._bd.query, raw, self._key, self._seq, self._tag,
-                                    self._record_ns, deadline_ns):
-            raise TimeoutError(f"{dev.name} had not passed the event after {timeout} s")
+        return block_until_complete(dev._engine, dev._bd.query, self._checked(), self._key, self._seq, self._tag,
+                                    self._record_ns, deadline_ns, dev._bd.sync_event)
 
     async def wait(self) -> None:
         """Resume the calling task once the device has passed the event; the loop runs other tasks meanwhile.

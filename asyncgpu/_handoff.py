@@ -59,7 +59,6 @@ from ._engine import KIND_RELEASE
 from ._errors import AsyncGPUError, ClosedError, DeviceMismatchError, ReleasedError
 from ._event import Event
 from ._timer import open_scopes, scope_is_open
-from ._waiting import block_until_complete
 
 if TYPE_CHECKING:
     from ._stream import Stream
@@ -336,7 +335,7 @@ class Handoff:
             return
         if stream is not None:
             stream.wait(ev)
-        elif not _block_on(ev, deadline):
+        elif not ev._block(deadline):
             raise TimeoutError(f"the consumer's use of handoff #{self.seq} of {self.channel.name!r} had not run "
                                f"after {timeout} s")
 
@@ -376,14 +375,6 @@ class Handoff:
     def __repr__(self) -> str:
         state = ("queued", "taken", "done")[self._state]
         return f"<asyncgpu.Handoff {self.channel.name}#{self.seq} {state} from {self._producer}>"
-
-
-def _block_on(ev: Event, deadline_ns: int | None) -> bool:
-    """Block this plain thread (GIL released) until ``ev`` completes: the device's waiter thread wakes it
-    shortly before the predicted completion and (without a deadline) it finishes with the driver's spin wait."""
-    dev = ev.device
-    return block_until_complete(dev._engine, dev._bd.query, ev._checked(), ev._key, ev._seq, ev._tag, ev._record_ns,
-                                deadline_ns, dev._bd.sync_event)
 
 
 def _host_ns(ev: Event) -> float:
@@ -564,7 +555,7 @@ class Channel:
                 ev = h._event
                 if self.spin and deadline is None:
                     ev.sync()
-                elif not _block_on(ev, deadline):
+                elif not ev._block(deadline):
                     raise TimeoutError(f"handoff #{h.seq} of {self.name!r}: {ev.device.name} had not finished its "
                                        f"work after {timeout} s (the item is back in the channel)")
                 self._taken_on_host(h, called_ns)
