@@ -52,9 +52,9 @@ from typing import Any, Callable, Iterable, Mapping, final
 
 import numpy as np
 
-from ._device import Device
-from ._errors import AsyncGPUError
-from ._stream import Stream
+from ._core.device import Device
+from ._errors import BenchmarkError
+from ._core.stream import Stream
 
 __all__ = ["BenchmarkError", "BenchmarkResult", "NOISE_MIN_REPEATS", "benchmark"]
 
@@ -62,19 +62,6 @@ NOISE_MIN_REPEATS = 10  #: repeats needed before ``max_noise`` may stop a run (n
 PROGRESS_AFTER_S = 1.0  #: a run longer than this shows a progress bar (when attached to a terminal)
 _POLL_S = 0.1
 _now = time.perf_counter_ns
-
-
-class BenchmarkError(AsyncGPUError):
-    """``fn`` raised (or its device failed) during `benchmark`. Raised from the original exception.
-
-    ``result`` holds the repeats every device completed before the failure (possibly none); ``device`` is
-    where it happened and ``phase`` when (``"warm-up"`` or ``"repeat N"``, counted from 0)."""
-
-    def __init__(self, message: str, result: BenchmarkResult, device: str, phase: str) -> None:
-        super().__init__(message)
-        self.result = result
-        self.device = device
-        self.phase = phase
 
 
 @final
@@ -286,7 +273,7 @@ def _worker(run: _Run, k: int) -> None:
     phase = "warm-up"
     events: list[Any] = []
     try:
-        current = getattr(dev._bd, "_current", None)  # CUDA: make the device current in this thread
+        current = getattr(dev.bd, "_current", None)  # CUDA: make the device current in this thread
         if current is not None:
             current()
         for _ in range(run.n_warmup):
@@ -295,7 +282,7 @@ def _worker(run: _Run, k: int) -> None:
             fn(stream, *args, **kwargs)
         if run.n_warmup and not run.aborting:
             with dev.record(stream) as warm:
-                warm.sync()
+                warm.wait_sync()
         events = [dev.create_event() for _ in range(4)]
         pairs = ((events[0], events[1]), (events[2], events[3]))
         gpu_ms, t0s, t1s = run.gpu_ms[k], run.t0_ns[k], run.t1_ns[k]
@@ -317,7 +304,7 @@ def _worker(run: _Run, k: int) -> None:
                 i += 1
             if inflight is not None:
                 phase = f"repeat {len(gpu_ms)}"
-                inflight[1].sync()
+                inflight[1].wait_sync()
                 gpu_ms.append(inflight[1] - inflight[0])
                 run.barrier.wait()  # its action counts the repeat and decides whether to stop
             elif issued is None:
@@ -334,8 +321,8 @@ def _worker(run: _Run, k: int) -> None:
 
 def _targets(devices: Any) -> list[Stream]:
     """One stream per device: each `Stream` given, or the default stream of each device spec."""
-    from ._select import device as open_device
-    from ._select import resolve_devices
+    from ._core.select import device as open_device
+    from ._core.select import resolve_devices
 
     if devices is None:
         return [d.stream for d in resolve_devices(None)]
@@ -343,7 +330,7 @@ def _targets(devices: Any) -> list[Stream]:
     out: list[Stream] = []
     for item in items:
         s = item if isinstance(item, Stream) else open_device(item).stream
-        s.device._check_open()
+        s.device.check_open()
         if any(o.device is s.device for o in out):
             raise ValueError(f"{s.device.name} is given twice: benchmark times one stream per device (pass one of "
                              f"its streams, or the device)")
@@ -356,7 +343,7 @@ def _targets(devices: Any) -> list[Stream]:
 def parse_devices(spec: str | None, backend: str | None = None) -> list[Device]:
     """Devices from a command-line list (the CLI and the magics): ``"0,1"``, ``"cuda:0,cuda:1"``,
     ``"host:0,host:1"``; None: every device of ``backend`` (default: `asyncgpu.default_backend`)."""
-    from ._select import device, devices
+    from ._core.select import device, devices
 
     if spec is None:
         return devices(backend)

@@ -30,7 +30,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from . import _select
+from ._core import select
 from ._errors import AsyncGPUError, BackendError, ClockError, NoDeviceError, UnknownDeviceError
 from ._export import write_trace
 from ._report import activity_table, balance_renderable, device_table, timeline_table
@@ -49,7 +49,7 @@ def _choose_backend(asked: str | None) -> tuple[str, str]:
     """The backend for the demo and the sentence that says why."""
     if asked is not None:
         return asked, f"the {asked} backend, as asked"
-    ok, why = _select.load_backend("cuda").available()
+    ok, why = select.backend_available("cuda")
     if ok:
         return "cuda", "CUDA"
     return "host", f"the HOST backend (CPU worker threads): no usable GPU here ({why})"
@@ -73,7 +73,7 @@ async def run_demo(console: Console, backend: str | None, elements: int | None, 
     """The seed workload, concurrently on every device (one task each); prints the report, writes the trace
     (unless ``trace`` is None) and ends with the balance report. Returns the exit code."""
     name, why = _choose_backend(backend)
-    devs = _select.devices(name, count=count)
+    devs = select.devices(name, count=count)
     n = elements or DEMO_ELEMENTS
     models = ", ".join(sorted({d.description for d in devs}))
     console.print(f"asyncgpu demo on {why}: {len(devs)} device(s) ({models}), {n:,} float32 elements each")
@@ -121,27 +121,18 @@ class _UserCodeFailed(Exception):
 
 
 def _memory(d: Any) -> str:
-    """Free / total memory in GiB: the GPU's (cuMemGetInfo), or the host RAM the host devices share."""
-    gib = 1 << 30
-    if d.backend == "cuda":
-        drv = d._bd._drv  # the CUDA backend's driver binding (asyncgpu._cuda)
-        d._bd._current()  # cuMemGetInfo answers for the current context
-        err, free, total = drv.d.cuMemGetInfo()
-        if err != drv.SUCCESS:
-            return f"unknown ({err})"
-        return f"{free / gib:,.1f} / {total / gib:,.1f}"
-    try:
-        page = os.sysconf("SC_PAGE_SIZE")
-        free, total = os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
-    except (AttributeError, ValueError, OSError):
+    """Free / total memory in GiB: the GPU's, or the host RAM the host devices share."""
+    info = d.bd.memory_info()
+    if info is None:
         return "—"
-    return f"{free / gib:,.1f} / {total / gib:,.1f}"
+    gib = 1 << 30
+    return f"{info[0] / gib:,.1f} / {info[1] / gib:,.1f}"
 
 
 def _devices(console: Console, backend: str | None) -> int:
-    name = backend or _select.default_backend()
+    name = backend or select.default_backend()
     if name == "cuda":
-        ok, why = _select.load_backend("cuda").available()
+        ok, why = select.backend_available("cuda")
         if not ok:
             console.print(f"no usable CUDA GPU: {why}")
             return 0
@@ -152,7 +143,7 @@ def _devices(console: Console, backend: str | None) -> int:
                          ("event anchor ± µs", "right"), ("%globaltimer − host (s)", "right"), ("± µs", "right"),
                          ("drift ppm", "right")):
         table.add_column(col, justify=justify, no_wrap=col in ("device", "event anchor ± µs"))
-    for d in _select.devices(name):
+    for d in select.devices(name):
         memory = _memory(d)
         try:
             cal = d.clock(refresh=True, samples=32)
@@ -400,7 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.print(f"asyncgpu {args.command}: {type(exc).__name__}: {exc}", markup=False, soft_wrap=True)
         return 1
     finally:
-        _select.close_all()
+        select.close_all()
 
 
 if __name__ == "__main__":

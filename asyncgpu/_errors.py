@@ -1,14 +1,36 @@
-"""The exception hierarchy: one root, one class per kind of mistake.
+"""Every exception asyncgpu raises on purpose: one root, one class per kind of mistake or failure.
 
 Every message names the fix. Errors raised by a backend (a CUDA driver error, a failed host stream) are
-`BackendError`; errors from misuse are the other subclasses.
+`BackendError`; errors from misuse are the other subclasses::
+
+    AsyncGPUError
+    ├── NoDeviceError                     no usable device of the backend asked for
+    ├── UnknownDeviceError (LookupError)  a device index, name or backend that does not exist
+    ├── DeviceMismatchError (ValueError)  objects of two devices or backends combined
+    ├── NotRecordedError                  an event used before it was recorded
+    ├── NotReadyError                     a result read before the device reached it
+    ├── TimingDisabledError               elapsed time of an event recorded without timing
+    ├── ReleasedError                     an event (or handoff) used after it went back to its pool
+    ├── ClosedError                       a device worker, channel or graph used after close
+    ├── PoolExhaustedError                the event pool reached its bound
+    ├── ScopeError                        a timing scope, capture or block misused
+    ├── ClockError                        a device clock could not be aligned to the host clock
+    ├── KernelRecordsError (ValueError)   in-kernel records that cannot be decoded as they are
+    │   └── KernelRecordsOverflowError    in-kernel records were dropped (a lane was full)
+    ├── BenchmarkError                    the benchmarked function (or its device) failed
+    ├── GatherError                       a gather across ranks failed
+    └── BackendError (RuntimeError)       the backend failed (a CUDA driver error, sticky or not)
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "AsyncGPUError",
     "BackendError",
+    "BenchmarkError",
+    "GatherError",
     "ClockError",
     "ClosedError",
     "DeviceMismatchError",
@@ -91,3 +113,26 @@ class KernelRecordsError(AsyncGPUError, ValueError):
 class KernelRecordsOverflowError(KernelRecordsError):
     """In-kernel records were dropped: a lane was full, or the buffer had no lane for some (block, group).
     Raise the profiler's ``capacity``, or arm it with the launch's grid and groups."""
+
+
+class BenchmarkError(AsyncGPUError):
+    """``fn`` raised (or its device failed) during `benchmark`. Raised from the original exception.
+
+    ``result`` holds the repeats every device completed before the failure (possibly none); ``device`` is
+    where it happened and ``phase`` when (``"warm-up"`` or ``"repeat N"``, counted from 0)."""
+
+    def __init__(self, message: str, result: Any, device: str, phase: str) -> None:
+        super().__init__(message)
+        self.result = result  #: the `BenchmarkResult` of the repeats completed before the failure
+        self.device = device
+        self.phase = phase
+
+
+class GatherError(AsyncGPUError):
+    """`asyncgpu.ranks.gather` failed: ranks that disagree (scope label, device count, backend, asyncgpu
+    version), ranks that did not reach the gather in time (``missing_ranks``), no usable process group, or a
+    payload that is not one this version reads. The same error is raised on every rank that reached the gather."""
+
+    def __init__(self, message: str, missing_ranks: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.missing_ranks = tuple(missing_ranks)  #: ranks that never checked in (timeouts), in the group's numbering

@@ -1,20 +1,21 @@
 """Exports at the edge of the data path: a Perfetto / Chrome trace (`write_trace`, `trace_dict`, and `read_trace`
 to read one back), and the records as JSON (`to_json`) or CSV (`to_csv`).
 
-A source is a `Timeline`, a `Timer` (its ``timeline``), or a list of them (several scopes, merged in order).
+A source is a `Timeline`, anything with a ``timeline`` (a finished `Timer`), or a list of them (several scopes,
+merged in order).
 
 Trace layout (Trace Event Format, JSON object form; ``ts``/``dur`` in µs, 3 decimals, from ``origin_ns``)::
 
     pid 1            "host"                      one track per host thread: scopes and t.activity() blocks
-    pid 2 + d        "<device> <description>"    one track per stream of device d; "(NOT aligned...)" when its
+    pid device_pid(d)        "<device> <description>"    one track per stream of device d; "(NOT aligned...)" when its
                                                  clock is not on the host time base
     otherData        asyncgpu_trace_version, origin_ns (perf_counter_ns), the tables (devices with their
                      clocks, streams, names), the scopes, and the unfinished rows (no times: not drawn)
 
-Layers: a timeline's ``extra["layers"]`` (in-kernel records, handoffs between threads) add their own events,
-each through ``layer.trace_events(timeline, origin_ns, first_tid) -> (events, tids_used)``: tracks numbered from
-``first_tid`` on the device processes (pid ``2 + d``) or the host's, and flow arrows. `read_trace` does not bring
-layers back.
+Layers: a timeline's ``layers`` (in-kernel records, handoffs between threads) add their own events through
+the protocol of `asyncgpu._trace`: tracks numbered from ``first_tid`` on the device processes or the host's, and
+flow arrows. `read_trace` does not bring layers back. Exporting reads data only: no device, event or pool is
+touched.
 
 Complete events (``"ph": "X"``) must nest on a track; rows that overlap without nesting (activity blocks of
 concurrent tasks) go to extra tracks of the same stream or thread, named ``"s0 (2)"``. Device events carry
@@ -35,16 +36,15 @@ from typing import Any, Callable, Iterator, Sequence, TextIO, Union
 
 import numpy as np
 
-from ._records import KIND_CODES, KINDS, DeviceClock, HostRange, Timeline
-from ._timer import Timer
+from ._records import KIND_CODES, KINDS, CollectiveMark, DeviceClock, HostRange, ScopeInfo, Timeline
+from ._trace import HOST_PID, device_pid, lanes as nesting_lanes
 
 __all__ = ["read_trace", "to_csv", "to_json", "trace_dict", "write_trace"]
 
 TRACE_VERSION = 1
-HOST_PID = 1
 _CHUNK_ROWS = 100_000  # rows formatted per string: bounds the memory of a large export
 
-Source = Union[Timeline, Timer, Sequence[Union[Timeline, Timer]]]
+Source = Union[Timeline, Any, Sequence[Any]]  # a Timeline, an object with a ``timeline`` (a Timer), or a list
 
 
 # -- the trace -------------------------------------------------------------------------------------------------
@@ -71,19 +71,19 @@ def _trace_chunks(tl: Timeline) -> Iterator[str]:
     done, s_ns, e_ns = done[order], s_ns[order], e_ns[order]
     meta = _process_meta(HOST_PID, "host", 0)
     for d, name in enumerate(tl.devices):
-        label = f"{name} {_description(tl, d)}".strip()
-        if not _clock(tl, d).aligned:
+        label = f"{name} {tl.descriptions[d]}".strip()
+        if not tl.clocks[d].aligned:
             label += " (NOT aligned: relative time)"
-        meta += _process_meta(2 + d, label, d + 1)
+        meta += _process_meta(device_pid(d), label, d + 1)
     tids = np.zeros(len(done), np.int64)  # device tracks: one per stream and lane
     tid_stream = [-1]  # stream code of each tid
     stream_col = tl.stream[done]
     for st, (d, label) in enumerate(tl.streams):
         rows = np.flatnonzero(stream_col == st)
-        lanes = _lanes(s_ns[rows], e_ns[rows])
+        lanes = nesting_lanes(s_ns[rows], e_ns[rows])
         for lane in range(int(lanes.max()) + 1 if rows.size else 1):
             tids[rows[lanes == lane]] = len(tid_stream)
-            meta.append(_thread_meta(2 + d, len(tid_stream), label if lane == 0 else f"{label} ({lane + 1})"))
+            meta.append(_thread_meta(device_pid(d), len(tid_stream), label if lane == 0 else f"{label} ({lane + 1})"))
             tid_stream.append(st)
     host_events, host_meta = _host_events(tl, origin_ns, len(tid_stream))
     yield ('{"displayTimeUnit":"ns","otherData":'
@@ -96,14 +96,14 @@ def _trace_chunks(tl: Timeline) -> Iterator[str]:
         tid, rest = divmod(key, n_names * n_kinds)
         nm, kd = divmod(rest, n_kinds)
         d, label = tl.streams[tid_stream[tid]]
-        prefixes[i] = (f'{{"name":{json.dumps(tl.names[nm])},"cat":"{KINDS[kd]}","ph":"X","pid":{2 + d},'
+        prefixes[i] = (f'{{"name":{json.dumps(tl.names[nm])},"cat":"{KINDS[kd]}","ph":"X","pid":{device_pid(d)},'
                        f'"tid":{tid},"args":{{"stream":{json.dumps(label)},"kind":"{KINDS[kd]}","duration_ms":')
     yield from _format(',\n%s%.6f,"row":%d},"ts":%.3f,"dur":%.3f}',
                        prefixes[inverse.reshape(-1)].tolist(), (tl.duration_ns[done] / 1e6).tolist(), done.tolist(),
                        (s_ns / 1e3).tolist(), ((e_ns - s_ns) / 1e3).tolist())
     yield from host_events
     next_tid = len(tid_stream) + len(host_meta)
-    for layer in tl.extra.get("layers", ()):
+    for layer in tl.layers:
         layer_events, tids_used = layer.trace_events(tl, origin_ns, next_tid)
         next_tid += tids_used
         for ev in layer_events:
@@ -122,7 +122,7 @@ def _host_events(tl: Timeline, origin_ns: int, first_tid: int) -> tuple[Iterator
     meta = []
     for thread, k in threads.items():
         rows = np.flatnonzero(thread_col == k)
-        lanes = _lanes(s_ns[rows], e_ns[rows])
+        lanes = nesting_lanes(s_ns[rows], e_ns[rows])
         for lane in range(int(lanes.max()) + 1):
             tid = first_tid + len(meta)
             tids[rows[lanes == lane]] = tid
@@ -134,29 +134,6 @@ def _host_events(tl: Timeline, origin_ns: int, first_tid: int) -> tuple[Iterator
     events = _format(',\n%s%d},"ts":%.3f,"dur":%.3f}', [prefixes[i] for i in order.tolist()], order.tolist(),
                      (s_ns[order] / 1e3).tolist(), ((e_ns - s_ns)[order] / 1e3).tolist())
     return events, meta
-
-
-def _lanes(start_ns: np.ndarray, end_ns: np.ndarray) -> np.ndarray:
-    """A lane per interval such that the intervals of each lane nest (the Trace Event Format forbids complete
-    events that overlap without nesting on one track). Disjoint intervals, the common case, take one pass."""
-    lanes = np.zeros(len(start_ns), np.int64)
-    order = np.lexsort((start_ns - end_ns, start_ns))
-    s, e = start_ns[order], end_ns[order]
-    if len(s) < 2 or bool(np.all(e[:-1] <= s[1:])):
-        return lanes
-    stacks: list[list[int]] = []  # per lane, the ends of its open intervals (innermost last)
-    for i, si, ei in zip(order.tolist(), s.tolist(), e.tolist()):
-        for k, stack in enumerate(stacks):
-            while stack and stack[-1] <= si:
-                stack.pop()
-            if not stack or ei <= stack[-1]:
-                stack.append(ei)
-                lanes[i] = k
-                break
-        else:
-            lanes[i] = len(stacks)
-            stacks.append([ei])
-    return lanes
 
 
 def _drawn(tl: Timeline) -> np.ndarray:
@@ -183,15 +160,17 @@ def _thread_meta(pid: int, tid: int, name: str) -> dict:
 
 
 def _other_data(tl: Timeline, origin_ns: int) -> dict:
-    from . import __version__
+    from ._version import __version__
 
     unfinished = np.flatnonzero(~_drawn(tl))
     info = _scope_info(tl)
     for d, dev in enumerate(info["devices"]):
-        dev["pid"] = 2 + d
+        dev["pid"] = device_pid(d)
     return {"asyncgpu_trace_version": TRACE_VERSION, "asyncgpu_version": __version__, "origin_ns": origin_ns,
             "time_base": "ts and dur: µs from origin_ns, host time.perf_counter_ns()", **info, "host_pid": HOST_PID,
             "streams": [[d, label] for d, label in tl.streams], "names": list(tl.names), "rows": len(tl),
+            "host_ms": tl.host_ms, "wait_ms": tl.wait_ms, "cpu_ms": tl.cpu_ms,
+            "marks": [[m.name, m.host_ns, m.row, m.thread] for m in tl.marks],
             "unfinished_rows": int(unfinished.size),
             "unfinished": np.column_stack([unfinished, tl.stream[unfinished], tl.name[unfinished],
                                            tl.kind[unfinished]]).tolist()}
@@ -223,7 +202,7 @@ def _from_trace(events: list, meta: dict) -> Timeline:
     origin_ns = int(meta["origin_ns"])
     devices = meta["devices"]
     streams = tuple((int(d), str(label)) for d, label in meta["streams"])
-    stream_code = {(2 + d, label): i for i, (d, label) in enumerate(streams)}
+    stream_code = {(device_pid(d), label): i for i, (d, label) in enumerate(streams)}
     names = tuple(meta["names"])
     name_code = {nm: i for i, nm in enumerate(names)}
     xs = [e for e in events if e["ph"] == "X"]
@@ -259,7 +238,10 @@ def _from_trace(events: list, meta: dict) -> Timeline:
         clocks=tuple(DeviceClock(d["name"], bool(d["aligned"]), _nan(d["bound_ns"]), d["offset_ns"], d["drift_ppm"],
                                  d["reason"], float(d.get("overhead_ns", 0.0))) for d in devices),
         host_ranges=host_ranges, descriptions=tuple(d["description"] for d in devices), error=meta["error"],
-        cancelled=bool(meta["cancelled"]), extra={"scopes": scopes} if len(scopes) > 1 else {})
+        cancelled=bool(meta["cancelled"]), host_ms=meta.get("host_ms"), wait_ms=meta.get("wait_ms"),
+        cpu_ms=meta.get("cpu_ms"),
+        marks=tuple(CollectiveMark(str(n), int(t), int(r), str(th)) for n, t, r, th in meta.get("marks", ())),
+        scopes=tuple(ScopeInfo(**sc) for sc in scopes) if len(scopes) > 1 else ())
 
 
 # -- records as JSON and CSV -------------------------------------------------------------------------------------
@@ -324,14 +306,13 @@ def _scope_info(tl: Timeline) -> dict:
     """The scope metadata shared by the trace and the JSON records."""
     devices = []
     for d, name in enumerate(tl.devices):
-        c = _clock(tl, d)
-        devices.append({"name": name, "description": _description(tl, d), "aligned": c.aligned,
+        c = tl.clocks[d]
+        devices.append({"name": name, "description": tl.descriptions[d], "aligned": c.aligned,
                         "bound_ns": _finite(c.bound_ns),
                         "offset_ns": None if c.offset_ns is None else int(c.offset_ns),
                         "drift_ppm": _finite(c.drift_ppm), "reason": c.reason, "overhead_ns": c.overhead_ns})
-    scopes = tl.extra.get("scopes") or [{"label": tl.label, "start_ns": tl.scope_start_ns,
-                                         "end_ns": tl.scope_end_ns, "rows": len(tl), "error": tl.error,
-                                         "cancelled": tl.cancelled}]
+    scopes = [{"label": sc.label, "start_ns": sc.start_ns, "end_ns": sc.end_ns, "rows": sc.rows, "error": sc.error,
+               "cancelled": sc.cancelled} for sc in tl.scope_infos()]
     return {"label": tl.label, "scope_start_ns": int(tl.scope_start_ns), "scope_end_ns": int(tl.scope_end_ns),
             "error": tl.error, "cancelled": tl.cancelled, "devices": devices, "scopes": scopes}
 
@@ -339,10 +320,12 @@ def _scope_info(tl: Timeline) -> dict:
 def _merged(source: Source) -> Timeline:
     """One timeline from a source: device, stream and name tables are united (by name), rows concatenated in
     order. A device is aligned only if it was aligned in every scope that has it (its worst clock is kept)."""
-    if isinstance(source, Timer):
-        return source.timeline
     if isinstance(source, Timeline):
         return source
+    if not isinstance(source, (list, tuple)):
+        tl = getattr(source, "timeline", None)  # a Timer (ScopeError, naming the fix, while it is open)
+        if isinstance(tl, Timeline):
+            return tl
     if not isinstance(source, (list, tuple)) or not source:
         raise TypeError(f"export a Timeline, a Timer or a non-empty list of them, not {type(source).__name__}")
     tls = [_merged(s) for s in source]
@@ -357,8 +340,8 @@ def _merged(source: Source) -> Timeline:
     for tl in tls:
         dev_map = np.array([devices.setdefault(nm, len(devices)) for nm in tl.devices], np.int16)
         for d, nm in enumerate(tl.devices):
-            clocks.setdefault(nm, []).append(_clock(tl, d))
-            descriptions.setdefault(nm, _description(tl, d))
+            clocks.setdefault(nm, []).append(tl.clocks[d])
+            descriptions.setdefault(nm, tl.descriptions[d])
         st_map = np.array([streams.setdefault((int(dev_map[d]), label), len(streams)) for d, label in tl.streams],
                           np.int32)
         nm_map = np.array([names.setdefault(nm, len(names)) for nm in tl.names], np.int32)
@@ -376,23 +359,28 @@ def _merged(source: Source) -> Timeline:
         clocks=tuple(_worst(cs) for cs in clocks.values()),
         host_ranges=tuple(r for tl in tls for r in tl.host_ranges), descriptions=tuple(descriptions.values()),
         error="; ".join(errors) if errors else None, cancelled=any(tl.cancelled for tl in tls),
-        extra={"scopes": [s for tl in tls for s in _scope_info(tl)["scopes"]],
-               "layers": tuple(layer for tl in tls for layer in tl.extra.get("layers", ()))})
+        host_ms=_sum(tl.host_ms for tl in tls), wait_ms=_sum(tl.wait_ms for tl in tls),
+        cpu_ms=_sum(tl.cpu_ms for tl in tls), marks=tuple(_shifted_marks(tls)),
+        scopes=tuple(sc for tl in tls for sc in tl.scope_infos()), layers=tuple(ly for tl in tls for ly in tl.layers))
+
+
+def _sum(values: Iterator[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+def _shifted_marks(tls: list[Timeline]) -> Iterator[CollectiveMark]:
+    """The marks of merged timelines, their rows counted in the merged order."""
+    base = 0
+    for tl in tls:
+        for m in tl.marks:
+            yield CollectiveMark(m.name, m.host_ns, m.row + base, m.thread)
+        base += len(tl)
 
 
 def _worst(clocks: list[DeviceClock]) -> DeviceClock:
     unaligned = [c for c in clocks if not c.aligned]
     return unaligned[0] if unaligned else max(clocks, key=lambda c: c.bound_ns)
-
-
-def _clock(tl: Timeline, d: int) -> DeviceClock:
-    if d < len(tl.clocks):
-        return tl.clocks[d]
-    return DeviceClock(tl.devices[d], False, math.nan, reason="the timeline has no clock information")
-
-
-def _description(tl: Timeline, d: int) -> str:
-    return tl.descriptions[d] if d < len(tl.descriptions) else ""
 
 
 def _finite(x: float | None) -> float | None:

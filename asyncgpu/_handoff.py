@@ -2,27 +2,29 @@
 
 A producer enqueues work on a stream and puts the payload with an event recorded after that work; a consumer
 takes it once the GPU has passed the event (a host-side take), or makes its own stream wait for the event on
-the GPU and goes on at once (a GPU-side take, ``get(stream=...)``, also across GPUs)::
+the GPU and goes on at once (a GPU-side take, ``get_sync(stream=...)``, also across GPUs)::
 
     ch = asyncgpu.Channel(maxsize=4, name="batches")
 
-    # producer: a plain thread (blocks while the channel is full) or a task (``await ch.put(...)``)
+    # producer: a plain thread (blocks while the channel is full), or a task: ``await ch.put(...)``
     stream.inc_loop(batch, 100)
-    h = ch.put(batch, stream=stream)        # records an event after the work enqueued on ``stream``
-    h.wait_done(stream=stream)              # before reusing ``batch``: the GPU waits for the consumer's use
+    h = ch.put_sync(batch, stream=stream)   # records an event after the work enqueued on ``stream``
+    h.wait_done_sync(stream=stream)         # before reusing ``batch``: the GPU waits for the consumer's use
 
     # consumer, host side: returns once the GPU has passed the producer's event
-    with ch.get() as h:                     # ``with await ch.get() as h:`` in a task
+    with ch.get_sync() as h:                # ``with await ch.get() as h:`` in a task
         use(h.payload)
 
     # consumer, GPU side: ``mine`` waits on the GPU for the producer's event; no host wait
-    h = ch.get(stream=mine)
+    h = ch.get_sync(stream=mine)
     mine.launch(...)                        # runs after the producer's work
     h.done(stream=mine)                     # the payload is in use until ``mine`` gets here
 
-Calling convention: `Channel.put`, `Channel.get` and `Handoff.wait_done` block the calling thread (without
-holding the GIL) when called from a plain thread, and return an awaitable when called from a thread that runs
-an asyncio (uvloop) or trio loop. Producer and consumer may be any mix of threads and loops.
+Calling convention (asyncgpu's, as `Event.wait` / `Event.wait_sync`): ``await ch.put()``, ``await ch.get()``,
+``await h.wait_done()`` in a task of an asyncio (uvloop) or trio loop; ``ch.put_sync()``, ``ch.get_sync()``,
+``h.wait_done_sync()`` block a plain thread (GIL released) and raise `RuntimeError` in a loop's thread. Producer
+and consumer may be any mix of threads and loops. (Before 0.2 the plain names also blocked a plain thread:
+they still do, with a DeprecationWarning.)
 
 Lifetime: the channel owns the producer's event from ``put`` until the consumer is done with the item
 (`Handoff.done`, or the end of its ``with`` block) and the handoff's timing is read; only then does the event go
@@ -41,51 +43,35 @@ host time base), take time, and for GPU-side takes the wait on the consumer's st
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import math
-import sys
 import threading
 import time
 import warnings
 from collections import deque
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Awaitable, Iterator
 
 import numpy as np
 
-from ._engine import KIND_RELEASE
+from ._core import hooks, loops
+from ._core.clock import placement
+from ._core.engine import KIND_RELEASE
+from ._core.event import Event
+from ._core.loops import WAITING as _WAITING
+from ._core.loops import WOKEN as _WOKEN
+from ._core.loops import Parked as _Parked
 from ._errors import AsyncGPUError, ClosedError, DeviceMismatchError, ReleasedError
-from ._event import Event
-from ._timer import open_scopes, scope_is_open
+from ._trace import HOST_PID, device_pid
 
 if TYPE_CHECKING:
-    from ._stream import Stream
+    from ._core.stream import Stream
 
 __all__ = ["Channel", "Handoff", "HandoffRecord"]
 
 _now = time.perf_counter_ns
-_THREAD, _ASYNCIO, _TRIO = 0, 1, 2
-_WAITING, _WOKEN, _WITHDRAWN = 0, 1, 2
-CLOCK_MAX_AGE_S = 1.0  #: a device's clock calibration is refreshed by ``put`` / ``get(stream=)`` past this age
-
-
-def _context() -> tuple[int, Any]:
-    """Where the caller runs: a plain thread, an asyncio (uvloop) loop, or trio."""
-    try:
-        return _ASYNCIO, asyncio.get_running_loop()
-    except RuntimeError:
-        pass
-    trio = sys.modules.get("trio")
-    if trio is not None:
-        try:
-            trio.lowlevel.current_task()
-        except (RuntimeError, AttributeError):  # not in trio (or trio is still being imported by another thread)
-            pass
-        else:
-            return _TRIO, trio
-    return _THREAD, None
+_THREAD = loops.THREAD
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,78 +106,6 @@ class HandoffRecord:
         if self.gpu_side:
             return self.wait_end_ns - max(self.ready_ns, self.wait_start_ns)
         return self.take_ns - max(self.ready_ns, self.get_ns)
-
-
-class _Parked:
-    """A thread or task parked on a channel (waiting for an item, for room, or for a consumer's ``done``).
-    Its fields change under the channel's lock; `wake` may be called from any thread."""
-
-    __slots__ = ("kind", "loop", "target", "token", "state", "item")
-
-    def __init__(self, kind: int, loop: Any) -> None:
-        self.kind, self.loop, self.state, self.item, self.token = kind, loop, _WAITING, None, None
-        if kind == _THREAD:
-            self.target: Any = threading.Lock()
-            self.target.acquire()
-        elif kind == _ASYNCIO:
-            self.target = loop.create_future()
-        else:  # trio: ``loop`` is the trio module
-            self.target = loop.lowlevel.current_task()
-            self.token = loop.lowlevel.current_trio_token()
-
-    def wake(self) -> None:
-        try:
-            if self.kind == _THREAD:
-                self.target.release()
-            elif self.kind == _ASYNCIO:
-                self.loop.call_soon_threadsafe(_resolve_future, self.target)
-            else:
-                self.token.run_sync_soon(self.loop.lowlevel.reschedule, self.target)
-        except RuntimeError:
-            pass  # that loop has closed: nobody is left to wake
-
-    def block(self, lock: threading.Lock, deadline_ns: int | None) -> bool:
-        """Plain thread: wait (GIL released) to be woken; False on timeout, with the parking withdrawn.
-        ``lock`` is the channel's lock (not held by the caller)."""
-        if deadline_ns is None:
-            self.target.acquire()
-            return True
-        if self.target.acquire(timeout=max(deadline_ns - _now(), 0) / 1e9):
-            return True
-        with lock:
-            if self.state == _WAITING:
-                self.state = _WITHDRAWN
-                return False
-        self.target.acquire()  # woken meanwhile: take the wake-up
-        return True
-
-    async def wait(self, lock: threading.Lock) -> None:
-        """Task: wait to be woken. Cancellation withdraws the parking (or, if the wake-up is already under
-        way, lets it arrive and re-raises: the caller then sees ``state == _WOKEN`` and puts things back)."""
-        if self.kind == _ASYNCIO:
-            try:
-                await self.target
-            except BaseException:
-                with lock:
-                    if self.state == _WAITING:
-                        self.state = _WITHDRAWN
-                raise
-            return
-        lowlevel = self.loop.lowlevel
-
-        def abort(_: Any) -> Any:
-            with lock:
-                if self.state == _WAITING:
-                    self.state = _WITHDRAWN
-                    return lowlevel.Abort.SUCCEEDED
-            return lowlevel.Abort.FAILED  # the wake-up is under way; the next checkpoint raises
-
-        await lowlevel.wait_task_rescheduled(abort)
-
-
-def _resolve_future(fut: Any) -> None:
-    if not fut.done():
-        fut.set_result(None)
 
 
 class Handoff:
@@ -282,23 +196,32 @@ class Handoff:
         """True once the consumer called `done` (its GPU work on the payload may still be running)."""
         return self._state == 2
 
-    def wait_done(self, stream: Stream | None = None, *, timeout: float | None = None) -> Any:
-        """Wait until the consumer is done with the payload, before reusing its buffers.
+    def wait_done_sync(self, stream: Stream | None = None, *, timeout_s: float | None = None) -> None:
+        """Block the calling plain thread (GIL released) until the consumer is done with the payload, before
+        reusing its buffers. With ``stream``: wait on the host only until the consumer called `done`, then make
+        ``stream`` wait on the GPU for the end of the consumer's use (no host wait for the GPU). Without: wait on
+        the host until the consumer's use has run. `TimeoutError` after ``timeout_s`` seconds."""
+        kind, loop = loops.current()
+        if kind != _THREAD:
+            raise _blocking_in_loop("Handoff.wait_done_sync()", "await handoff.wait_done()")
+        deadline = None if timeout_s is None else _now() + int(timeout_s * 1e9)
+        if not self._park_until_done(kind, loop, deadline):
+            raise TimeoutError(f"the consumer of handoff #{self.seq} of {self.channel.name!r} was not done "
+                               f"after {timeout_s} s")
+        self._after_done(stream, deadline, timeout_s)
 
-        With ``stream``: wait on the host only until the consumer called `done`, then make ``stream`` wait on
-        the GPU for the end of the consumer's use (no host wait for the GPU). Without: wait on the host until
-        the consumer's use has run. Blocks a plain thread; returns an awaitable in a loop. `TimeoutError`
-        after ``timeout`` seconds.
-        """
-        kind, loop = _context()
+    def wait_done(self, stream: Stream | None = None, *, timeout_s: float | None = None,
+                  timeout: float | None = None) -> Awaitable[None]:
+        """``await handoff.wait_done(...)``: `wait_done_sync` for a task (the loop keeps running; a checkpoint;
+        cancellation withdraws the wait). Called from a plain thread it still blocks, with a DeprecationWarning
+        (use `wait_done_sync` there)."""
+        timeout_s = _timeout_s(timeout_s, timeout)
+        kind, loop = loops.current()
         if kind == _THREAD:
-            deadline = None if timeout is None else _now() + int(timeout * 1e9)
-            if not self._park_until_done(kind, loop, deadline):
-                raise TimeoutError(f"the consumer of handoff #{self.seq} of {self.channel.name!r} was not done "
-                                   f"after {timeout} s")
-            self._after_done(stream, deadline, timeout)
-            return None
-        return self._wait_done_async(kind, loop, stream, timeout)
+            _deprecated_blocking("Handoff.wait_done()", "Handoff.wait_done_sync()")
+            self.wait_done_sync(stream, timeout_s=timeout_s)
+            return None  # type: ignore[return-value]
+        return self._wait_done_async(kind, loop, stream, timeout_s)
 
     async def _wait_done_async(self, kind: int, loop: Any, stream: Stream | None, timeout: float | None) -> None:
         import anyio
@@ -327,7 +250,7 @@ class Handoff:
                 return True
             p = _Parked(kind, loop)
             self._done_waiters.append(p)
-        return p.block(ch._lock, deadline)
+        return p.block(ch._lock, deadline, _now())
 
     def _after_done(self, stream: Stream | None, deadline: int | None, timeout: float | None) -> None:
         ev = self._done_event
@@ -335,7 +258,7 @@ class Handoff:
             return
         if stream is not None:
             stream.wait(ev)
-        elif not ev._block(deadline):
+        elif not ev.block_until(deadline):
             raise TimeoutError(f"the consumer's use of handoff #{self.seq} of {self.channel.name!r} had not run "
                                f"after {timeout} s")
 
@@ -378,26 +301,23 @@ class Handoff:
 
 
 def _host_ns(ev: Event) -> float:
-    """A completed timing event on the host time base (NaN without timing or without a calibration)."""
-    dev = ev.device
-    cal = dev._clock
-    raw = ev._raw
-    if cal is None or raw is None or not ev.timing:
+    """A completed timing event on the host time base (NaN without timing or without a calibration). Never
+    calibrates: it runs on the device's waiter thread (`_ensure_clock` keeps a calibration at put and take)."""
+    raw = ev.raw
+    if raw is None or not ev.timing:
         return math.nan
     try:
-        return cal.host_ns + dev._bd.elapsed_ms(cal._anchor, raw) * 1e6 * cal.rate
+        return placement(ev.device, refresh=False).host_ns(raw)
     except AsyncGPUError:
         return math.nan
 
 
 def _ensure_clock(dev: Any) -> None:
-    """Keep a recent clock calibration for placing handoff times (about 0.35 ms per second on a GPU)."""
-    cal = dev._clock
-    if cal is None or _now() - cal.taken_ns > CLOCK_MAX_AGE_S * 1e9:
-        try:
-            dev.clock(max_age_s=CLOCK_MAX_AGE_S)
-        except AsyncGPUError:
-            pass  # its handoffs get NaN device times; the scope reports why the device is not aligned
+    """Keep a recent clock calibration for placing handoff times (about 0.35 ms per refresh on a GPU)."""
+    try:
+        dev.clock()
+    except AsyncGPUError:
+        pass  # its handoffs get NaN device times; the scope reports why the device is not aligned
 
 
 class Channel:
@@ -425,32 +345,43 @@ class Channel:
         self._backend: str | None = None
         self._seqs = itertools.count()
         self._log: deque[HandoffRecord] = deque(maxlen=keep_records)
-        self._layers: dict[int, tuple[Any, _HandoffLayer]] = {}
 
     # -- producing ----------------------------------------------------------------------------------------
-    def put(self, payload: Any, *, stream: Stream | None = None, event: Event | None = None,
-            timeout: float | None = None) -> Any:
+    def put_sync(self, payload: Any, *, stream: Stream | None = None, event: Event | None = None,
+                 timeout_s: float | None = None) -> Handoff:
         """Put ``payload`` with an event recorded now on ``stream`` (after the work enqueued there), or with
-        ``event`` (recorded, with timing for the handoff's times; the channel owns it from now on). Waits
-        while the channel is full: blocks a plain thread, returns an awaitable in a loop. Returns the
-        `Handoff` (for `Handoff.wait_done`). Raises `ClosedError` once the channel is closed, `TimeoutError`
-        after ``timeout`` seconds without room."""
-        h = self._new_item(payload, stream, event)
-        kind, loop = _context()
+        ``event`` (recorded, with timing for the handoff's times; the channel owns it from now on). Blocks the
+        calling plain thread (GIL released) while the channel is full. Returns the `Handoff` (for
+        `Handoff.wait_done_sync`). Raises `ClosedError` once the channel is closed, `TimeoutError` after
+        ``timeout_s`` seconds without room (nothing is left behind)."""
+        kind, loop = loops.current()
         if kind != _THREAD:
-            return self._put_async(h, kind, loop, timeout)
+            raise _blocking_in_loop("Channel.put_sync()", "await channel.put()")
+        h = self._new_item(payload, stream, event)
         try:
             with self._lock:
                 p = self._admit_locked(h, kind, loop)
             if p is not None:
-                deadline = None if timeout is None else _now() + int(timeout * 1e9)
-                if not p.block(self._lock, deadline):
-                    raise TimeoutError(f"channel {self.name!r} stayed full for {timeout} s")
+                deadline = None if timeout_s is None else _now() + int(timeout_s * 1e9)
+                if not p.block(self._lock, deadline, _now()):
+                    raise TimeoutError(f"channel {self.name!r} stayed full for {timeout_s} s")
                 self._after_room(p)
         except BaseException:
             self._abandon(h)
             raise
         return h
+
+    def put(self, payload: Any, *, stream: Stream | None = None, event: Event | None = None,
+            timeout_s: float | None = None, timeout: float | None = None) -> Awaitable[Handoff]:
+        """``await channel.put(...)``: `put_sync` for a task (the loop keeps running while the channel is full;
+        a checkpoint; cancellation leaves nothing behind). Called from a plain thread it still blocks, with a
+        DeprecationWarning (use `put_sync` there)."""
+        timeout_s = _timeout_s(timeout_s, timeout)
+        kind, loop = loops.current()
+        if kind == _THREAD:
+            _deprecated_blocking("Channel.put()", "Channel.put_sync()")
+            return self.put_sync(payload, stream=stream, event=event, timeout_s=timeout_s)  # type: ignore[return-value]
+        return self._put_async(self._new_item(payload, stream, event), kind, loop, timeout_s)
 
     async def _put_async(self, h: Handoff, kind: int, loop: Any, timeout: float | None) -> Handoff:
         import anyio
@@ -460,7 +391,7 @@ class Channel:
                 with self._lock:
                     p = self._admit_locked(h, kind, loop)
                 if p is None:
-                    await _checkpoint(kind, loop)
+                    await loops.checkpoint(kind, loop)
                 else:
                     await p.wait(self._lock)  # if room came as it was cancelled, the item stays in
                     self._after_room(p)
@@ -478,11 +409,11 @@ class Channel:
         if event is not None:
             if not isinstance(event, Event):
                 raise TypeError(f"event must be an asyncgpu Event (device.record()), not {type(event).__name__}")
-            event._checked()  # NotRecordedError / ReleasedError name the fix
+            event.checked()  # NotRecordedError / ReleasedError name the fix
             dev, recorded_here = event.device, False
         else:
             dev = stream.device
-        backend = dev._bd.backend
+        backend = dev.bd.backend
         if self._backend is None:
             self._backend = backend
         elif backend != self._backend:
@@ -528,24 +459,25 @@ class Channel:
             h._release_producer_event()
 
     # -- consuming ----------------------------------------------------------------------------------------
-    def get(self, *, stream: Stream | None = None, timeout: float | None = None) -> Any:
-        """Take the next item. Host-side (no ``stream``): returns once the producer's device has passed the
-        item's event. GPU-side (``stream``): makes ``stream`` wait for that event on the GPU
-        (``cuStreamWaitEvent``; ``stream`` may be on another GPU) and returns at once. Blocks a plain thread
-        (GIL released); returns an awaitable in a loop. Raises `ClosedError` when the channel is closed and
-        empty (chained to the producer's error if it closed the channel with one), `TimeoutError` after
-        ``timeout`` seconds. A timed-out or cancelled take puts the item back at the head."""
+    def get_sync(self, *, stream: Stream | None = None, timeout_s: float | None = None) -> Handoff:
+        """Take the next item, blocking the calling plain thread (GIL released). Host-side (no ``stream``):
+        returns once the producer's device has passed the item's event. GPU-side (``stream``): makes ``stream``
+        wait for that event on the GPU (``cuStreamWaitEvent``; ``stream`` may be on another GPU) and returns at
+        once. Raises `ClosedError` when the channel is closed and empty (chained to the producer's error if it
+        closed the channel with one), `TimeoutError` after ``timeout_s`` seconds. A timed-out take puts the item
+        back at the head."""
+        timeout = timeout_s
         if stream is not None:
             self._check_stream(stream)
         called_ns = _now()
-        kind, loop = _context()
+        kind, loop = loops.current()
         if kind != _THREAD:
-            return self._get_async(kind, loop, stream, timeout, called_ns)
+            raise _blocking_in_loop("Channel.get_sync()", "await channel.get()")
         deadline = None if timeout is None else called_ns + int(timeout * 1e9)
         with self._lock:
             h, p = self._take_locked(kind, loop)
         if p is not None:
-            if not p.block(self._lock, deadline):
+            if not p.block(self._lock, deadline, _now()):
                 raise TimeoutError(f"nothing came through channel {self.name!r} in {timeout} s")
             h = self._after_wake(p)
         try:
@@ -554,8 +486,8 @@ class Channel:
             else:
                 ev = h._event
                 if self.spin and deadline is None:
-                    ev.sync()
-                elif not ev._block(deadline):
+                    ev.wait_sync()
+                elif not ev.block_until(deadline):
                     raise TimeoutError(f"handoff #{h.seq} of {self.name!r}: {ev.device.name} had not finished its "
                                        f"work after {timeout} s (the item is back in the channel)")
                 self._taken_on_host(h, called_ns)
@@ -563,6 +495,20 @@ class Channel:
             self._put_back(h)
             raise
         return h
+
+    def get(self, *, stream: Stream | None = None, timeout_s: float | None = None,
+            timeout: float | None = None) -> Awaitable[Handoff]:
+        """``await channel.get(...)``: `get_sync` for a task (the loop keeps running; a checkpoint; a cancelled
+        take puts the item back at the head). Called from a plain thread it still blocks, with a
+        DeprecationWarning (use `get_sync` there)."""
+        timeout_s = _timeout_s(timeout_s, timeout)
+        kind, loop = loops.current()
+        if kind == _THREAD:
+            _deprecated_blocking("Channel.get()", "Channel.get_sync()")
+            return self.get_sync(stream=stream, timeout_s=timeout_s)  # type: ignore[return-value]
+        if stream is not None:
+            self._check_stream(stream)
+        return self._get_async(kind, loop, stream, timeout_s, _now())
 
     async def _get_async(self, kind: int, loop: Any, stream: Stream | None, timeout: float | None,
                          called_ns: int) -> Handoff:
@@ -584,7 +530,7 @@ class Channel:
             try:
                 if stream is not None:
                     if p is None:
-                        await _checkpoint(kind, loop)  # a take is always a checkpoint
+                        await loops.checkpoint(kind, loop)  # a take is always a checkpoint
                     self._take_on_gpu(h, stream, called_ns)
                 else:
                     await h._event.wait()
@@ -636,20 +582,20 @@ class Channel:
             self._items.appendleft(h)
 
     def _check_stream(self, stream: Any) -> None:
-        from ._stream import Stream
+        from ._core.stream import Stream
 
         if not isinstance(stream, Stream):
             raise TypeError(f"get(stream=...) takes an asyncgpu Stream, not {type(stream).__name__}")
-        if self._backend is not None and stream._bd.backend != self._backend:
+        if self._backend is not None and stream.bd.backend != self._backend:
             raise DeviceMismatchError(
-                f"channel {self.name!r} carries {self._backend} work; a {stream._bd.backend} stream cannot wait "
+                f"channel {self.name!r} carries {self._backend} work; a {stream.bd.backend} stream cannot wait "
                 "for it on the device: take it on the host with get() (no stream=)")
 
     def _take_on_gpu(self, h: Handoff, stream: Stream, called_ns: int) -> None:
         ev = h._event
-        if ev.device._bd.backend != stream._bd.backend:
+        if ev.device.bd.backend != stream.bd.backend:
             raise DeviceMismatchError(
-                f"a {stream._bd.backend} stream cannot wait for a {ev.device._bd.backend} event: take it on the host "
+                f"a {stream.bd.backend} stream cannot wait for a {ev.device.bd.backend} event: take it on the host "
                 "with get() (no stream=)")
         _ensure_clock(stream.device)
         before = stream.record(tag="handoff")
@@ -658,11 +604,10 @@ class Channel:
         h._wait_events = (before, after)
         h._consumer, h._consumer_stream = stream.device.name, stream.label
         h._get_ns, h._take_ns = called_ns, _now()
-        for scope in self._claim_scopes(h, stream.device):
-            scope._fence_streams[id(stream)] = stream  # the scope waits for the wait it draws
+        self._claim_scopes(h, stream.device, fence=stream)  # the scopes wait for the wait they draw
         dev = stream.device
         try:
-            dev._engine.add(after._raw, after._key, after._seq, None, 0, KIND_RELEASE, None,
+            dev.engine.add(after.raw, after.key, after.seq, None, 0, KIND_RELEASE, None,
                             lambda _raw, h=h: h._resolve())
         except ClosedError:
             h._resolve()
@@ -720,7 +665,7 @@ class Channel:
         """Host-side takes until the channel is closed and empty (a plain thread)."""
         while True:
             try:
-                yield self.get()
+                yield self.get_sync()
             except ClosedError as exc:
                 if exc.__cause__ is not None:
                     raise
@@ -768,48 +713,50 @@ class Channel:
         recs = [r for r in self._log if gpu_side is None or r.gpu_side == gpu_side]
         return np.array([r.latency_ns for r in recs], dtype=np.float64)
 
-    def _claim_scopes(self, h: Handoff, device: Any) -> list:
-        """Hand ``h`` to the layer of every open scope (of the calling context) that covers ``device``."""
-        scopes = open_scopes(device)
-        if not scopes:
-            return scopes
-        with self._lock:
-            for scope in scopes:
-                entry = self._layers.get(id(scope))
-                if entry is None or entry[0] is not scope:
-                    layer = _HandoffLayer(self.name)
-                    self._layers = {k: v for k, v in self._layers.items() if scope_is_open(v[0])}
-                    self._layers[id(scope)] = (scope, layer)
-                    scope._layers.append(layer)
-                else:
-                    layer = entry[1]
-                layer.add(h)
-        return scopes
+    def _claim_scopes(self, h: Handoff, device: Any, fence: Stream | None = None) -> list:
+        """Hand ``h`` to this channel's layer in every open scope (of the calling context) that covers
+        ``device``; ``fence``: the consumer's stream, which those scopes then wait for at their end."""
+        layers = hooks.attach(device, lambda: _HandoffLayer(self.name), key=("handoff", id(self)), fence=fence)
+        for layer in layers:
+            layer.add(h)
+        return layers
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"<asyncgpu.Channel {self.name!r} {state} {len(self._items)}/{self.maxsize}>"
 
 
-async def _checkpoint(kind: int, loop: Any) -> None:
-    if kind == _ASYNCIO:
-        await asyncio.sleep(0)
-    else:
-        await loop.lowlevel.checkpoint()
+def _timeout_s(timeout_s: float | None, timeout: float | None) -> float | None:
+    """``timeout`` is the name before 0.2 of ``timeout_s``."""
+    if timeout is None:
+        return timeout_s
+    warnings.warn("timeout= is now timeout_s= (seconds; the old name goes in the next release)", DeprecationWarning,
+                  stacklevel=3)
+    return timeout if timeout_s is None else timeout_s
+
+
+def _deprecated_blocking(call: str, instead: str) -> None:
+    warnings.warn(f"{call} from a plain thread blocks: call {instead} there (an event loop awaits {call}; the "
+                  "blocking form of the old name goes in the next release)", DeprecationWarning, stacklevel=3)
+
+
+def _blocking_in_loop(call: str, instead: str) -> RuntimeError:
+    return RuntimeError(f"{call} would block this thread's event loop: use `{instead}` in a task")
 
 
 def _stream_label(event: Event) -> str:
-    key = event._key
-    for s in event.device._owned:
+    key = event.key
+    for s in event.device.owned_streams:
         if s.handle == key:
             return s.label
     return f"{key:#x}" if isinstance(key, int) else "?"
 
 
 class _HandoffLayer:
-    """The handoffs of one channel within one scope, drawn in its Perfetto trace: on the producer's device a
-    slice from put to GPU-ready, on the consumer's side a slice from GPU-ready to the take (host-side: on the
-    consumer thread's track) or the stream's wait (GPU-side: on the consumer device), with a flow arrow."""
+    """The handoffs of one channel within one open scope (a live layer, `asyncgpu._trace`). Its finished form
+    is drawn in the scope's trace: on the producer's device a slice from put to GPU-ready, on the consumer's
+    side a slice from GPU-ready to the take (host-side: on the consumer thread's track) or the stream's wait
+    (GPU-side: on the consumer device), with a flow arrow."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -821,16 +768,26 @@ class _HandoffLayer:
             self._seen.add(id(h))
             self.handoffs.append(h)
 
-    def records(self) -> list[HandoffRecord]:
+    def finish(self) -> _HandoffTrace:
+        """At the scope's end (it waited for the consumers' streams): the finished handoffs, as data."""
         for h in self.handoffs:
             if not h._resolved and h._state != 0:
                 _try_resolve(h)
-        return [h._as_record() for h in self.handoffs if h._resolved]
+        return _HandoffTrace(self.name, tuple(h._as_record() for h in self.handoffs if h._resolved))
+
+
+@dataclass(frozen=True)
+class _HandoffTrace:
+    """The handoffs of one channel within one finished scope: a trace layer (`asyncgpu._trace`)."""
+
+    name: str
+    handoffs: tuple[HandoffRecord, ...]
+
+    def records(self) -> list[HandoffRecord]:
+        return list(self.handoffs)
 
     def trace_events(self, tl: Any, origin_ns: int, first_tid: int) -> tuple[list[dict], int]:
-        from ._export import HOST_PID
-
-        aligned = {name: tl.clocks[d].aligned if d < len(tl.clocks) else False for d, name in enumerate(tl.devices)}
+        aligned = {name: tl.clocks[d].aligned for d, name in enumerate(tl.devices)}
         index = {name: d for d, name in enumerate(tl.devices)}
         tids: dict[tuple[int, str], int] = {}
         events: list[dict] = []
@@ -846,10 +803,10 @@ class _HandoffLayer:
             return round((ns - origin_ns) / 1e3, 3)
 
         cat = f"handoff {self.name}"
-        for r in self.records():
+        for r in self.handoffs:
             if r.producer not in index or not aligned[r.producer] or not math.isfinite(r.ready_ns):
                 continue  # a device outside this scope, or off the host time base: never mix time bases
-            p_pid = 2 + index[r.producer]
+            p_pid = device_pid(index[r.producer])
             p_tid = track(p_pid, f"handoff {self.name}")
             start = min(float(r.put_ns), r.ready_ns)
             args = {"seq": r.seq, "latency_us": round(r.latency_ns / 1e3, 3) if math.isfinite(r.latency_ns) else None}
@@ -858,7 +815,7 @@ class _HandoffLayer:
             if r.gpu_side:
                 if r.consumer not in index or not aligned[r.consumer] or not math.isfinite(r.wait_end_ns):
                     continue
-                c_pid = 2 + index[r.consumer]
+                c_pid = device_pid(index[r.consumer])
                 c_tid = track(c_pid, f"handoff {self.name} → {r.consumer_stream}")
                 c_start = r.wait_start_ns if math.isfinite(r.wait_start_ns) else r.wait_end_ns
                 c_end = r.wait_end_ns

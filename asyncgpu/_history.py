@@ -2,7 +2,7 @@
 
     asyncgpu.kernel_history.enabled = True        # process-wide switch (or: with kernel_history.recording():)
     ...                                           # stream.launch(...), spin_us, inc_loop, memset, copy_to_host
-    for r in asyncgpu.kernel_history():           # KernelRecords since the last call, in issue order
+    for r in asyncgpu.kernel_history():           # LaunchRecords since the last call, in issue order
         print(r.name, r.device, r.grid, r.duration_ms)
 
 What is recorded: every launch through an asyncgpu `Stream` (``launch`` and the built-in workloads) while the
@@ -34,18 +34,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, final
 
+from ._core import hooks
+from ._core.clock import Placement, placement
 from ._errors import AsyncGPUError, NotReadyError
 
 if TYPE_CHECKING:
-    from ._device import Device
-    from ._stream import Stream
+    from ._core.device import Device
+    from ._core.stream import Stream
 
-__all__ = ["KernelRecord", "kernel_history"]
+__all__ = ["LaunchRecord", "kernel_history"]
 
-#: Read by ``asyncgpu._timer.timed_now`` on every launch: the whole cost of the history when it is off.
-ON = False
+ON = False  #: whether the history is on (its launch observer is installed while it is)
 COMPACT_AT = 8192  #: pending records that trigger resolving the finished ones in the launch path
-_LAUNCH_KINDS = ("kernel", "graph")  # kinds whose durations lose the event pair's overhead (as gpu_timer's)
 
 _state_lock = threading.Lock()
 _forced = False  # the `enabled` flag
@@ -54,12 +54,11 @@ _pending: deque = deque()  # _Pending, appended in issue order from any thread
 _done: deque = deque()  # KernelRecords resolved by a compaction, not read yet
 _read_lock = threading.Lock()  # one reader or compaction at a time
 _seq = itertools.count()
-_RELEASE_LAST = 1 << 62  # a release queues behind every real wait of its stream (as asyncgpu._timer's)
 
 
 @final
 @dataclass(frozen=True, slots=True)
-class KernelRecord:
+class LaunchRecord:
     """One launch made through asyncgpu while the history was on."""
 
     name: str  #: the launch's name (``launch(name=...)``, the kernel's name, or the workload: ``spin``…)
@@ -95,33 +94,54 @@ def _dim3(value: Any) -> tuple[int, int, int] | None:
 
 
 def _shape(stream: Stream, fn: Any, args: tuple) -> tuple[Any, Any]:
-    """Grid and block of a launch, from what `Stream` hands the backend (see `asyncgpu._stream`)."""
+    """Grid and block of a launch, from what `Stream` hands the backend (see `asyncgpu._core.stream`)."""
     what = getattr(fn, "__name__", "")
     if what == "launch":  # (raw_stream, kernel, config, kernel_args)
         config = args[2]
         return _dim3(getattr(config, "grid", None)), _dim3(getattr(config, "block", None))
-    if stream.device.backend == "cuda":  # the built-in kernels' configurations, as asyncgpu._cuda launches them
-        if what == "spin":
-            return (1, 1, 1), (1, 1, 1)
-        if what == "inc_loop":  # (raw_stream, array, n, iterations)
-            from ._cuda import _INC_BLOCK
-
-            return (max(1, (args[2] + _INC_BLOCK - 1) // _INC_BLOCK), 1, 1), (_INC_BLOCK, 1, 1)
-    return None, None
+    n = args[2] if what == "inc_loop" else 1  # inc_loop: (raw_stream, array, n, iterations)
+    shape = stream.device.bd.workload_shape(what, n) if what in ("spin", "inc_loop") else None
+    return shape if shape is not None else (None, None)
 
 
-# -- the launch path (asyncgpu._timer.timed_now) ---------------------------------------------------------------
+# -- the launch path (asyncgpu._core.hooks calls the observer) --------------------------------------------------
+class _Observer:
+    """The history's launch observer (`asyncgpu._core.hooks.LaunchObserver`): installed while the history is on.
+    Graph replays are not recorded."""
+
+    def launch_begin(self, stream: Stream, name: str, kind: str, fn: Any, args: tuple) -> Any:
+        return begin(stream, name, kind, fn, args)
+
+    def launch_end(self, p: _Pending, ok: bool) -> None:
+        if ok:
+            end(p)
+        else:
+            drop(p)
+
+    def wanted_kinds(self, device: Device, kinds: frozenset[str]) -> frozenset[str]:
+        return frozenset()
+
+    def adopt(self, stream: Stream, name: str, kind: str, start_raw: Any, end_raw: Any) -> bool:
+        return False
+
+    def attach(self, device: Device, key: Any, make_layer: Any, fence: Any) -> list[Any]:
+        return []
+
+
+_OBSERVER = _Observer()
+
+
 def begin(stream: Stream, name: str, kind: str, fn: Any, args: tuple) -> _Pending:
     """Record the start event of a launch about to be made on ``stream``."""
     dev = stream.device
     p = _Pending()
     p.stream, p.name, p.kind = stream, name, kind
     p.grid, p.block = _shape(stream, fn, args)
-    raw = dev._pool_t.take()
+    raw = dev.timing_pool.take()
     try:
-        stream._bd.record(raw, stream._raw)
+        stream.bd.record(raw, stream.raw)
     except BaseException:
-        dev._pool_t.give(raw)
+        dev.timing_pool.give(raw)
         raise
     p.start_raw, p.end_raw, p.issue_ns = raw, None, time.perf_counter_ns()
     return p
@@ -130,11 +150,11 @@ def begin(stream: Stream, name: str, kind: str, fn: Any, args: tuple) -> _Pendin
 def end(p: _Pending) -> None:
     """Record the end event after the launch and queue the record."""
     stream = p.stream
-    raw = stream.device._pool_t.take()
+    raw = stream.device.timing_pool.take()
     try:
-        stream._bd.record(raw, stream._raw)
+        stream.bd.record(raw, stream.raw)
     except BaseException:
-        stream.device._pool_t.give(raw)
+        stream.device.timing_pool.give(raw)
         drop(p)
         raise
     p.end_raw = raw
@@ -155,7 +175,7 @@ class _KernelHistory:
     """``asyncgpu.kernel_history``: call it for the records since the last call; switch it with `enabled` or
     `recording`. See `asyncgpu._history`."""
 
-    def __call__(self, *, wait: bool = True) -> list[KernelRecord]:
+    def __call__(self, *, wait: bool = True) -> list[LaunchRecord]:
         """The launches recorded since the last call, in issue order, and forget them (cleared on read).
 
         ``wait=True`` blocks the calling thread (GIL released) until they have run. ``wait=False`` never
@@ -214,6 +234,10 @@ kernel_history = _KernelHistory()
 def _update() -> None:
     global ON
     ON = _forced or _depth > 0
+    if ON:
+        hooks.install(_OBSERVER)
+    else:
+        hooks.uninstall(_OBSERVER)
 
 
 def _take_all(queue: deque) -> list:
@@ -233,12 +257,12 @@ def _wait_for(pending: list) -> None:
         if dev.closed:
             continue
         try:
-            dev._bd.sync_event(p.end_raw)
+            dev.bd.sync_event(p.end_raw)
         except AsyncGPUError:
             pass  # a failed device: its records come back without times
 
 
-def _resolve_all(pending: list) -> tuple[list[KernelRecord], list[_Pending]]:
+def _resolve_all(pending: list) -> tuple[list[LaunchRecord], list[_Pending]]:
     placements: dict[Device, tuple] = {}
     out, keep = [], []
     for p in pending:
@@ -250,19 +274,10 @@ def _resolve_all(pending: list) -> tuple[list[KernelRecord], list[_Pending]]:
     return out, keep
 
 
-def _placement(dev: Device) -> tuple:
-    """``(anchor raw event, its host ns, rate, event-pair overhead ns)``, or Nones when the clock is unusable."""
-    try:
-        cal = dev.clock(max_age_s=0.25)
-    except AsyncGPUError:
-        return None, 0, 1.0, 0.0
-    return cal._anchor, cal.host_ns, cal.rate, cal.bracket_overhead_ns
-
-
-def _resolve(p: _Pending, placements: dict) -> KernelRecord | None:
+def _resolve(p: _Pending, placements: dict[Device, Placement]) -> LaunchRecord | None:
     """The record of a finished launch (its events released), or None while the device has not finished it."""
     stream = p.stream
-    dev, bd = stream.device, stream._bd
+    dev, bd = stream.device, stream.bd
     duration_ms = start_ns = None
     if not dev.closed:
         try:
@@ -271,21 +286,16 @@ def _resolve(p: _Pending, placements: dict) -> KernelRecord | None:
             duration_ms = bd.elapsed_ms(p.start_raw, p.end_raw)
             place = placements.get(dev)
             if place is None:
-                place = placements[dev] = _placement(dev)
-            anchor, host_ns, rate, overhead_ns = place
-            if anchor is not None:
-                start = host_ns + bd.elapsed_ms(anchor, p.start_raw) * 1e6 * rate
-                if p.kind in _LAUNCH_KINDS and overhead_ns > 0:  # as gpu_timer(subtract_overhead=True)
-                    cut = min(duration_ms * 1e6, overhead_ns)
-                    start += cut / 2
-                    duration_ms -= cut / 1e6
-                start_ns = round(start)
+                place = placements[dev] = placement(dev)
+            if place.clock.aligned:
+                start, duration_ns = place.trim(p.kind, place.host_ns(p.start_raw), duration_ms * 1e6)
+                start_ns, duration_ms = round(start), duration_ns / 1e6
         except NotReadyError:
             return None
         except AsyncGPUError:
             pass  # a failed or closed device: the record keeps what is known
     _release(p)
-    return KernelRecord(p.name, dev.name, stream.label, p.kind, p.grid, p.block, duration_ms, start_ns, p.issue_ns,
+    return LaunchRecord(p.name, dev.name, stream.label, p.kind, p.grid, p.block, duration_ms, start_ns, p.issue_ns,
                         p.seq)
 
 
@@ -293,7 +303,7 @@ def _release(p: _Pending) -> None:
     dev, key = p.stream.device, p.stream.handle
     for raw in (p.start_raw, p.end_raw):
         if raw is not None:
-            dev._recycle(raw, True, key, _RELEASE_LAST)
+            dev.recycle_later(raw, key)
     p.start_raw = p.end_raw = None
 
 

@@ -1,5 +1,6 @@
-"""NVTX ranges for scopes and activities, in the ``asyncgpu`` domain, for Nsight Systems, and `capture`, the
-capture range for ``nsys profile --capture-range=cudaProfilerApi``.
+"""NVTX ranges for scopes and activities, in the ``asyncgpu`` domain, for Nsight Systems, and `profiler_range`,
+the capture range for ``nsys profile --capture-range=cudaProfilerApi`` (called ``capture`` before 0.2; a graph
+capture is `Stream.capture`).
 
 Ranges are started and ended with ``start_range``/``end_range`` (not push/pop): push/pop nest per OS thread
 and mis-nest across ``await``. Without a profiler attached the nvtx package hands out a no-op domain, so a
@@ -15,9 +16,9 @@ import nvtx
 from ._errors import ScopeError
 
 if TYPE_CHECKING:
-    from ._device import Device
+    from ._core.device import Device
 
-__all__ = ["start", "end", "capture", "KIND_COLORS"]
+__all__ = ["KIND_COLORS", "end", "profiler_range", "start"]
 
 #: Range colour per kind: activity kinds, ``scope`` and ``capture`` (names the nvtx package knows).
 KIND_COLORS = {"scope": "green", "user": "blue", "kernel": "orange", "memcpy": "purple", "memset": "yellow",
@@ -52,8 +53,8 @@ def end(rid: Any) -> None:
 
 
 @final
-class _Capture:
-    """``with capture(...)`` / ``async with capture(...)``: see `capture`."""
+class _ProfilerRange:
+    """``with profiler_range(...)`` / ``async with profiler_range(...)``: see `profiler_range`."""
 
     __slots__ = ("_devices", "_active", "_started", "_rid")
 
@@ -62,17 +63,18 @@ class _Capture:
         self._started: list[Device] | None = None
         self._rid: Any = None
 
-    def __enter__(self) -> _Capture:
+    def __enter__(self) -> _ProfilerRange:
         if self._started is not None:
-            raise ScopeError("this capture() block is already open: make a new capture(...) for each block")
+            raise ScopeError("this profiler_range() block is already open: make a new capture range, "
+                             "profiler_range(...), for each block")
         if not self._active:
             return self
-        from ._select import resolve_devices
+        from ._core.select import resolve_devices
 
         self._started = []
         try:
             for d in resolve_devices(self._devices):
-                d._bd.profiler_start()
+                d.bd.profiler_start()
                 self._started.append(d)
         except BaseException:
             self.__exit__()
@@ -90,24 +92,24 @@ class _Capture:
         errors = []
         for d in reversed(started):
             try:
-                d._bd.profiler_stop()
+                d.bd.profiler_stop()
             except Exception as e:  # stop every device, then report the first failure
                 errors.append(e)
         if errors:
             raise errors[0]
 
-    async def __aenter__(self) -> _Capture:
+    async def __aenter__(self) -> _ProfilerRange:
         return self.__enter__()
 
     async def __aexit__(self, *exc: object) -> None:
         self.__exit__()
 
 
-def capture(devices: Any = None, *, active: bool = True) -> _Capture:
+def profiler_range(devices: Any = None, *, active: bool = True) -> _ProfilerRange:
     """A profiler capture range around a block, for ``nsys profile --capture-range=cudaProfilerApi``: starts the
     profiler (``cuProfilerStart``) on ``devices`` (default: every device of the default backend) on entry,
     stops it on exit, even when the block raises, and marks the block with an NVTX range ``"capture"``.
     A no-op on the host backend, and wholly (no device is even opened) when ``active`` is false, so that
-    ``with capture(active=(step == 10)):`` captures one iteration of a loop. Sync and async forms; neither is a
+    ``with profiler_range(active=(step == 10)):`` captures one iteration of a loop. Sync and async forms; neither is a
     checkpoint. Any thread."""
-    return _Capture(devices, active)
+    return _ProfilerRange(devices, active)

@@ -3,7 +3,12 @@
 Time base: every absolute time (``*_ns``) is host time in nanoseconds from ``time.perf_counter_ns()``
 (CLOCK_MONOTONIC on Linux), the same clock for every device of the process. A device whose clock could not be
 aligned to the host keeps times relative to its own scope start instead; its `DeviceClock` says so
-(``aligned=False``) and every report and export marks it: time bases are never mixed silently.
+(``aligned=False``) and every report and export marks it: time bases are never mixed silently. One rule for a
+device of which a timeline has no clock information: it is NOT aligned (`Timeline` fills its `DeviceClock` in).
+
+A timeline is plain data: everything reports, exports and `gather` need is a typed field (the host times of
+the scope, collective marks, the scopes merged into it, the layers drawn on its trace), so none of them needs
+the live scope that made it. This module is the bottom layer: it imports nothing of asyncgpu.
 
 A row costs 35 bytes (codes: int16 device, int32 stream, int32 name, int8 kind; float64 start, end, duration).
 Unfinished activities have NaN times. Names, streams and devices are stored once, in the tables.
@@ -11,12 +16,13 @@ Unfinished activities have NaN times. Names, streams and devices are stored once
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-__all__ = ["KINDS", "ActivityRecord", "DeviceClock", "HostRange", "Timeline"]
+__all__ = ["KINDS", "ActivityRecord", "CollectiveMark", "DeviceClock", "HostRange", "ScopeInfo", "Timeline",
+           "no_clock"]
 
 KINDS = ("kernel", "memcpy", "memset", "graph", "user")
 KIND_CODES = {k: i for i, k in enumerate(KINDS)}
@@ -53,6 +59,34 @@ class DeviceClock:
     overhead_ns: float = 0.0  #: subtracted from each kernel and graph activity (what the event pair adds)
 
 
+def no_clock(device: str) -> DeviceClock:
+    """The clock of a device a timeline has no clock information for: not aligned."""
+    return DeviceClock(device, False, float("nan"), reason="the timeline has no clock information")
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveMark:
+    """A collective point marked in a scope (`asyncgpu.ranks.mark_collective`): ``gather`` matches the k-th mark
+    of one name across ranks."""
+
+    name: str
+    host_ns: int  #: when it was marked, host time base
+    row: int  #: how many activities the scope had recorded by then
+    thread: str  #: the marking thread's name
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeInfo:
+    """One scope of a timeline (a timeline merged from several scopes has several)."""
+
+    label: str
+    start_ns: int
+    end_ns: int
+    rows: int
+    error: str | None = None
+    cancelled: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class HostRange:
     """A range on the host track: the scope itself, or a ``t.activity()`` block as the host issued it."""
@@ -87,7 +121,19 @@ class Timeline:
     descriptions: tuple[str, ...] = ()  #: per device, e.g. ``"NVIDIA H200 (sm_90)"``
     error: str | None = None  #: what the scope's body raised, if anything
     cancelled: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    host_ms: float | None = None  #: host wall time of the scope's body (issuing the work), ms
+    wait_ms: float | None = None  #: host wall time the scope's exit then waited for the devices, ms
+    cpu_ms: float | None = None  #: CPU time of the process during the scope (all threads), ms
+    marks: tuple[CollectiveMark, ...] = ()  #: collective points, in marking order
+    scopes: tuple[ScopeInfo, ...] = ()  #: the scopes merged into this timeline (empty: just this one)
+    layers: tuple[Any, ...] = ()  #: finished trace layers (in-kernel records, handoffs): see `asyncgpu._trace`
+
+    def __post_init__(self) -> None:
+        n = len(self.devices)
+        if len(self.clocks) < n:  # the one rule for a device without clock information
+            self.clocks = tuple(self.clocks) + tuple(no_clock(d) for d in self.devices[len(self.clocks):])
+        if len(self.descriptions) < n:
+            self.descriptions = tuple(self.descriptions) + ("",) * (n - len(self.descriptions))
 
     # -- construction -------------------------------------------------------------------------------------
     @classmethod
@@ -168,7 +214,13 @@ class Timeline:
         return (self.row(i) for i in range(len(self)))
 
     def records(self) -> list[ActivityRecord]:
+        """The rows as `ActivityRecord` objects, in issue order."""
         return list(self)
+
+    def scope_infos(self) -> tuple[ScopeInfo, ...]:
+        """The scopes of this timeline: `scopes` when it was merged from several, else this one."""
+        return self.scopes or (ScopeInfo(self.label, self.scope_start_ns, self.scope_end_ns, len(self), self.error,
+                                         self.cancelled),)
 
     def select(self, mask: Any) -> Timeline:
         """The rows where ``mask`` is true (tables and scope data are kept)."""
@@ -176,7 +228,8 @@ class Timeline:
         return Timeline(self.label, self.devices, self.streams, self.names, self.device[m], self.stream[m],
                         self.name[m], self.kind[m], self.start_ns[m], self.end_ns[m], self.duration_ns[m],
                         self.scope_start_ns, self.scope_end_ns, self.clocks, self.host_ranges, self.descriptions,
-                        self.error, self.cancelled, dict(self.extra))
+                        self.error, self.cancelled, self.host_ms, self.wait_ms, self.cpu_ms, self.marks, self.scopes,
+                        self.layers)
 
     def time_order(self) -> np.ndarray:
         """Row indices sorted by start (unfinished rows last), stable for equal starts."""

@@ -1,7 +1,8 @@
 """Rendering with rich: a scope's activities, the summaries per activity and per device, and the balance.
 
 Each function returns a rich renderable (``rich.print`` it, or put it in a layout); `render` turns any
-renderable into plain text (no colour), which ``str(timer)``, logs and tests use. Times are in ms with three
+renderable into plain text (no colour), which ``str(timer)``, logs and tests use. Everything here takes data (a `Timeline` or its
+summaries), never a live scope. Times are in ms with three
 decimals, relative to the scope's start; ``—`` stands for a missing value (an unfinished activity, a device
 with no activity). A device whose clock is not aligned to the host is marked ``*`` and explained.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from rich.console import Console, Group, RenderableType
@@ -19,26 +20,22 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from ._errors import ScopeError
 from ._records import KINDS, ActivityRecord, Timeline
 from ._summary import ActivitySummary, BalanceReport, DeviceSummary, activity_summary, balance, device_summary
 
-if TYPE_CHECKING:
-    from ._timer import Timer
-
-__all__ = ["activity_table", "balance_renderable", "device_table", "records_report", "render", "render_text",
-           "timeline_table", "timer_report"]
+__all__ = ["activity_table", "balance_renderable", "bar", "device_table", "ms", "new_table", "records_report", "render",
+           "timeline_report", "timeline_table"]
 
 _EIGHTHS = " ▏▎▍▌▋▊▉"
 _ACTIVITY_COLUMNS = (("start (ms)", "right"), ("duration (ms)", "right"), ("device", "left"), ("stream", "left"),
                      ("kind", "left"), ("activity", "left"))
 
 
-def _ms(value: float | None) -> str:
+def ms(value: float | None) -> str:
     return "—" if value is None or math.isnan(value) else f"{value:,.3f}"
 
 
-def _table(title: str, columns: Iterable[tuple[str, str]], caption: str | None = None) -> Table:
+def new_table(title: str, columns: Iterable[tuple[str, str]], caption: str | None = None) -> Table:
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left", show_edge=False)
     for header, justify in columns:
         table.add_column(header, justify=justify)  # type: ignore[arg-type]
@@ -64,14 +61,14 @@ def timeline_table(tl: Timeline, order: str = "issue", limit: int | None = None)
         notes.append("no activities")
     if unaligned:
         notes.append("* clock not aligned: times from the device's own start mark")
-    table = _table(f"gpu_timer {tl.label!r}: activities in {order} order", _ACTIVITY_COLUMNS,
+    table = new_table(f"gpu_timer {tl.label!r}: activities in {order} order", _ACTIVITY_COLUMNS,
                    "\n".join(notes) or None)
     start = (tl.start_ns[shown] - tl.scope_start_ns) / 1e6
     duration = tl.duration_ns[shown] / 1e6
     done = np.isfinite(start) & np.isfinite(duration)
     for j, i in enumerate(shown.tolist()):
         code = int(tl.device[i])
-        table.add_row(_ms(start[j]) if done[j] else "—", _ms(duration[j]) if done[j] else "—",
+        table.add_row(ms(start[j]) if done[j] else "—", ms(duration[j]) if done[j] else "—",
                       tl.devices[code] + (" *" if code in unaligned else ""), tl.streams[tl.stream[i]][1],
                       KINDS[tl.kind[i]], tl.names[tl.name[i]])
     return table
@@ -84,12 +81,12 @@ def activity_table(source: Timeline | ActivitySummary) -> Table:
                ("mean (ms)", "right"), ("min (ms)", "right"), ("max (ms)", "right")]
     if s.unfinished:
         columns.append(("unfinished", "right"))
-    table = _table("totals per kind and activity", columns)
+    table = new_table("totals per kind and activity", columns)
     for r in s.rows:
-        table.add_row(r.name, r.kind, f"{r.count:,}", _ms(r.total_ms), _ms(r.mean_ms), _ms(r.min_ms), _ms(r.max_ms),
+        table.add_row(r.name, r.kind, f"{r.count:,}", ms(r.total_ms), ms(r.mean_ms), ms(r.min_ms), ms(r.max_ms),
                       *([f"{r.unfinished:,}"] if s.unfinished else []))
     table.add_section()
-    table.add_row("all", "", f"{s.count:,}", _ms(s.total_ms), "", "", "",
+    table.add_row("all", "", f"{s.count:,}", ms(s.total_ms), "", "", "",
                   *([f"{s.unfinished:,}"] if s.unfinished else []))
     return table
 
@@ -103,18 +100,18 @@ def device_table(source: Timeline | DeviceSummary) -> Table:
                           "before the first, between, or after the last activity")]
                         + [f"* {name}: clock not aligned ({why}): times from its own start mark"
                            for name, why in unaligned.items()])
-    table = _table(f"totals per device, in ms, over a window of {_ms(s.window_ms)} ms from the scope's start",
+    table = new_table(f"totals per device, in ms, over a window of {ms(s.window_ms)} ms from the scope's start",
                    [("device", "left"), ("count", "right"), ("busy", "right"), ("sum", "right"), ("idle", "right"),
                     ("max gap", "right"), ("util.", "right"), ("first start", "right"), ("last end", "right")],
                    caption)
     for r in s.rows:
-        table.add_row(r.device + (" *" if not r.aligned else ""), f"{r.count:,}", _ms(r.busy_ms), _ms(r.sum_ms),
-                      _ms(r.idle_ms), _ms(r.largest_gap_ms), "—" if r.utilisation is None else f"{r.utilisation:.1%}",
-                      _ms(r.first_start_ms), _ms(r.last_end_ms))
+        table.add_row(r.device + (" *" if not r.aligned else ""), f"{r.count:,}", ms(r.busy_ms), ms(r.sum_ms),
+                      ms(r.idle_ms), ms(r.largest_gap_ms), "—" if r.utilisation is None else f"{r.utilisation:.1%}",
+                      ms(r.first_start_ms), ms(r.last_end_ms))
     return table
 
 
-def _bar(value: float, top: float, width: int) -> str:
+def bar(value: float, top: float, width: int) -> str:
     """``value`` of ``top`` as a bar of ``width`` full blocks, in eighths of a block (at least one if > 0)."""
     if top <= 0 or value <= 0:
         return ""
@@ -127,7 +124,7 @@ def balance_renderable(source: Timeline | DeviceSummary | BalanceReport, bar_wid
     for the straggler, the suggested split of the work and its predicted makespan, and the report's notes."""
     b = source if isinstance(source, BalanceReport) else balance(source)
     top = max((r.busy_ms for r in b.rows), default=0.0)
-    table = _table("balance: busy time per device", [("device", "left"), ("busy (ms)", "right")])
+    table = new_table("balance: busy time per device", [("device", "left"), ("busy (ms)", "right")])
     table.add_column("", no_wrap=True, min_width=bar_width, overflow="crop")
     table.add_column("wait (ms)", justify="right")
     for header in ("units", "suggested") if b.units_given else ("share",):
@@ -135,36 +132,30 @@ def balance_renderable(source: Timeline | DeviceSummary | BalanceReport, bar_wid
     table.add_column("")
     for r in b.rows:
         split = [f"{r.units:,}", f"{r.suggested_units:,}"] if b.units_given else [f"{r.share:.1%}"]
-        table.add_row(r.device, _ms(r.busy_ms), _bar(r.busy_ms, top, bar_width), _ms(r.wait_ms), *split, r.note)
-    lines = [f"imbalance {b.imbalance:.3f} = max busy {_ms(b.makespan_ms)} ms / mean busy {_ms(b.mean_busy_ms)} ms; "
+        table.add_row(r.device, ms(r.busy_ms), bar(r.busy_ms, top, bar_width), ms(r.wait_ms), *split, r.note)
+    lines = [f"imbalance {b.imbalance:.3f} = max busy {ms(b.makespan_ms)} ms / mean busy {ms(b.mean_busy_ms)} ms; "
              f"straggler {b.straggler}" if b.imbalance is not None else "imbalance —: no device has busy time"]
     what = "split" if b.units_given else "shares (one unit of work per device assumed)"
     if b.predicted_makespan_ms is not None:
-        lines.append(f"makespan (busy): {_ms(b.makespan_ms)} ms now, {_ms(b.predicted_makespan_ms)} ms predicted "
+        lines.append(f"makespan (busy): {ms(b.makespan_ms)} ms now, {ms(b.predicted_makespan_ms)} ms predicted "
                      f"with the suggested {what}")
     lines += [f"note: {n}" for n in b.notes]
     return Group(table, Text("\n".join(lines)))
 
 
-def timer_report(timer: Timer, limit: int | None = 50, order: str = "issue") -> Group:
-    """The report of a finished scope, as one renderable: its activities in ``order`` (``issue`` or ``time``;
-    the first ``limit``),
-    totals per activity, totals per device, the balance, and a footer (host time issuing and waiting, CPU
-    time, unfinished activities, the error, unaligned clocks). Reads ``timer.label``, ``timeline``, ``host_ms``,
-    ``wait_ms`` and ``cpu_ms``."""
-    try:
-        tl = timer.timeline
-    except ScopeError:
-        return Group(Text(f"gpu_timer {timer.label!r}: no results yet (the scope has not ended)"))
+def timeline_report(tl: Timeline, limit: int | None = 50, order: str = "issue") -> Group:
+    """The report of a finished scope's timeline, as one renderable: its activities in ``order`` (``issue`` or
+    ``time``; the first ``limit``), totals per activity, totals per device, the balance, and a footer (host time
+    issuing and waiting, CPU time, unfinished activities, the error, unaligned clocks)."""
     ds = device_summary(tl)
     parts: list[RenderableType] = [timeline_table(tl, order=order, limit=limit), activity_table(tl), device_table(ds),
-                                   balance_renderable(balance(ds)), _footer(timer, tl)]
+                                   balance_renderable(balance(ds)), _footer(tl)]
     return Group(*[r for part in parts[:-1] for r in (part, Text(""))], parts[-1])
 
 
-def _footer(timer: Any, tl: Timeline) -> Text:
-    text = Text(f"scope {timer.label!r}: host {_ms(timer.host_ms)} ms issuing + {_ms(timer.wait_ms)} ms waiting "
-                f"for the devices, CPU {_ms(timer.cpu_ms)} ms")
+def _footer(tl: Timeline) -> Text:
+    text = Text(f"scope {tl.label!r}: host {ms(tl.host_ms)} ms issuing + {ms(tl.wait_ms)} ms waiting "
+                f"for the devices, CPU {ms(tl.cpu_ms)} ms")
     unfinished = int(len(tl) - tl.complete.sum())
     if unfinished:
         text.append(f"; {unfinished:,} {'activity' if unfinished == 1 else 'activities'} unfinished when the scope "
@@ -181,12 +172,12 @@ def _footer(timer: Any, tl: Timeline) -> Text:
 def records_report(records: list[ActivityRecord], indent: str = "") -> Padding:
     """A plain list of records as one table, shifted right by ``len(indent)`` columns (`timing_print`)."""
     done = [r.duration_ms for r in records if r.duration_ms is not None]
-    caption = f"{len(records):,} activities, {_ms(sum(done))} ms in all"
+    caption = f"{len(records):,} activities, {ms(sum(done))} ms in all"
     if len(done) < len(records):
         caption += f", {len(records) - len(done):,} unfinished"
-    table = _table("activities", _ACTIVITY_COLUMNS, caption)
+    table = new_table("activities", _ACTIVITY_COLUMNS, caption)
     for r in records:
-        table.add_row(_ms(r.start_ms), _ms(r.duration_ms), r.device, r.stream, r.kind, r.name)
+        table.add_row(ms(r.start_ms), ms(r.duration_ms), r.device, r.stream, r.kind, r.name)
     return Padding(table, (0, 0, 0, len(indent)), expand=False)
 
 
@@ -195,8 +186,3 @@ def render(renderable: RenderableType, width: int = 100) -> str:
     buf = io.StringIO()
     Console(file=buf, width=width, color_system=None, force_terminal=False).print(renderable)
     return buf.getvalue()
-
-
-def render_text(timer: Timer, width: int = 100) -> str:
-    """`timer_report` as plain text (``str(timer)``)."""
-    return render(timer_report(timer), width)

@@ -31,11 +31,11 @@ import numpy as np
 from ._records import KINDS, Timeline
 
 __all__ = ["ActivityStats", "ActivitySummary", "BalanceReport", "DeviceBalance", "DeviceStats", "DeviceSummary",
-           "activity_summary", "balance", "device_summary"]
+           "Plain", "activity_summary", "balance", "device_summary", "suggest_split"]
 
 
-class _Plain:
-    """``to_dict`` / ``to_json`` for the frozen result dataclasses."""
+class Plain:
+    """``to_dict`` / ``to_json`` for the frozen result dataclasses (also those of `asyncgpu.ranks`)."""
 
     __slots__ = ()
 
@@ -73,7 +73,7 @@ class ActivityStats:
 
 @final
 @dataclass(frozen=True, slots=True)
-class ActivitySummary(_Plain):
+class ActivitySummary(Plain):
     """Per activity name and kind, longest total first. Make one with `activity_summary`."""
 
     label: str
@@ -134,7 +134,7 @@ class DeviceStats:
 
 @final
 @dataclass(frozen=True, slots=True)
-class DeviceSummary(_Plain):
+class DeviceSummary(Plain):
     """Every device of the timeline, in its order, including devices with no activity. Make one with
     `device_summary`."""
 
@@ -209,7 +209,7 @@ class DeviceBalance:
 
 @final
 @dataclass(frozen=True, slots=True)
-class BalanceReport(_Plain):
+class BalanceReport(Plain):
     """How evenly the work was spread, and a re-split of it. Make one with `balance`.
 
     The model: a device's busy time grows in proportion to its units, so its throughput is units per busy ms
@@ -243,7 +243,7 @@ def balance(source: Timeline | DeviceSummary, work_units: Any = None) -> Balance
     measured = (busy > 0) & (units > 0)
     throughput = np.where(measured, units / np.where(busy > 0, busy, 1.0), 0.0)
     total = int(units.sum())
-    share, amount = _suggest(units, throughput, measured, integral=work_units is not None)
+    share, amount = suggest_split(units, throughput, measured, integral=work_units is not None)
     predicted = float((amount[measured] / throughput[measured]).max()) if throughput.any() else None
     straggler = int(busy.argmax()) if busy.any() else None
     comparable = all(r.aligned for r in ds.rows)
@@ -283,7 +283,7 @@ def _work_units(names: list[str], work_units: Any) -> np.ndarray:
     return units
 
 
-def _suggest(units: np.ndarray, throughput: np.ndarray, measured: np.ndarray,
+def suggest_split(units: np.ndarray, throughput: np.ndarray, measured: np.ndarray,
              integral: bool) -> tuple[np.ndarray, np.ndarray]:
     """``(share, amount)``: devices without a throughput keep their units; the rest of the units are split in
     proportion to throughput (whole units by largest remainder when ``integral``)."""
@@ -346,8 +346,6 @@ def _finished(tl: Timeline) -> np.ndarray:
 
 
 def _clock(tl: Timeline, i: int) -> tuple[bool, str]:
-    """``(aligned, reason)`` of device ``i`` (aligned when the timeline carries no clocks)."""
-    if i >= len(tl.clocks):
-        return True, ""
+    """``(aligned, reason)`` of device ``i``."""
     c = tl.clocks[i]
     return c.aligned, "" if c.aligned else (c.reason or "clock not aligned")

@@ -16,8 +16,6 @@ passes them.
 
 from __future__ import annotations
 
-import asyncio
-import sys
 import threading
 import time
 from contextvars import ContextVar
@@ -25,21 +23,23 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, final
 
 import numpy as np
 
-from . import _history, _nvtx
-from ._errors import AsyncGPUError, NotReadyError, ScopeError
-from ._records import KIND_CODES, KINDS, ActivityRecord, DeviceClock, HostRange, Timeline
+from . import _nvtx
+from ._core import hooks, loops
+from ._core.clock import CLOCK_MAX_AGE_S, Placement, placement
+from ._errors import NotReadyError, ScopeError
+from ._records import KIND_CODES, KINDS, ActivityRecord, CollectiveMark, HostRange, Timeline
 
 if TYPE_CHECKING:
-    from ._device import Device
-    from ._stream import Stream
+    from ._core.device import Device
+    from ._core.stream import Stream
 
-__all__ = ["ActivityRecord", "KINDS", "Timer", "gpu_timer", "run_timed", "timing_begin", "timing_end", "timing_print"]
+__all__ = ["Timer", "current_scopes", "gpu_timer", "timing_begin", "timing_end", "timing_print"]
 
 _SCOPES: ContextVar[tuple] = ContextVar("asyncgpu_scopes", default=())
 _THREAD_SCOPES: tuple = ()  # scopes opened with all_threads=True: they also take work of threads with no scope
-_THREAD_SCOPES_LOCK = threading.Lock()
+_OPEN_COUNT = 0  # open scopes in the process: the launch observer is installed while there is one
+_STATE_LOCK = threading.Lock()
 _NEW, _OPEN, _DONE = 0, 1, 2
-_RELEASE_LAST = 1 << 62  # a deferred release queues behind every real wait of its stream
 
 class _Activity:
     __slots__ = ("device", "stream", "name", "kind", "start_raw", "end_raw", "refs", "duration_ms", "nvtx_id",
@@ -52,8 +52,8 @@ def _owners(scopes: tuple, device: Device, kind: str) -> list:
 
 def _begin(stream: Stream, name: str, kind: str, owners: list) -> _Activity:
     dev = stream.device
-    raw = dev._pool_t.take()
-    stream._bd.record(raw, stream._raw)
+    raw = dev.timing_pool.take()
+    stream.bd.record(raw, stream.raw)
     act = _Activity()
     act.device, act.stream, act.name, act.kind = dev, stream, name, kind
     act.start_raw, act.end_raw, act.refs, act.duration_ms = raw, None, len(owners), None
@@ -67,87 +67,58 @@ def _begin(stream: Stream, name: str, kind: str, owners: list) -> _Activity:
 
 def _end(act: _Activity) -> None:
     stream = act.stream
-    raw = act.device._pool_t.take()
-    stream._bd.record(raw, stream._raw)
+    raw = act.device.timing_pool.take()
+    stream.bd.record(raw, stream.raw)
     act.end_raw = raw
     if act.nvtx_id is not None:
         _nvtx.end(act.nvtx_id)
 
 
-def adopt_activity(stream: Stream, name: str, kind: str, start_raw: Any, end_raw: Any) -> bool:
-    """Hand a pair of pooled timing events, already enqueued on ``stream`` by someone else (a graph's event
-    nodes), to every open scope of this context that covers the stream's device and the kind. Returns False
-    (and takes nothing) when no scope wants it: the caller then keeps the events."""
-    scopes = _SCOPES.get() or _THREAD_SCOPES
-    owners = _owners(scopes, stream.device, kind) if scopes else None
-    if not owners:
-        return False
-    act = _Activity()
-    act.device, act.stream, act.name, act.kind = stream.device, stream, name, kind
-    act.start_raw, act.end_raw, act.refs, act.duration_ms = start_raw, end_raw, len(owners), None
-    act.nvtx_id = act.placed = None
-    for scope in owners:
-        scope._acts.append(act)
-    return True
+def current_scopes() -> tuple[Timer, ...]:
+    """The scopes open in this context (task, or thread), or, when it has none, the ``all_threads`` scopes."""
+    return _SCOPES.get() or _THREAD_SCOPES
 
 
-def attach_layer(device: Device, layer: Any) -> int:
-    """Hand ``layer`` (an object with ``trace_events(timeline, origin_ns, first_tid) -> (events, tids_used)``, see
-    `asyncgpu._export`: in-kernel records, handoffs) to every open scope of this context (or, with none, of ``all_threads`` scopes) that covers
-    ``device``; it goes into the scope's ``timeline.extra["layers"]`` and the trace. Returns how many took it."""
-    scopes = open_scopes(device)
-    for scope in scopes:
-        scope._layers.append(layer)
-    return len(scopes)
-
-
-def open_scopes(device: Device) -> list[Timer]:
-    """The open scopes of this context (or, with none, the ``all_threads`` scopes) that cover ``device``."""
-    scopes = _SCOPES.get() or _THREAD_SCOPES
-    return [s for s in scopes if s._state == _OPEN and device in s._devset] if scopes else []
-
-
-def scope_is_open(scope: Timer) -> bool:
+def is_open(scope: Timer) -> bool:
+    """Whether ``scope`` is between its entry and its exit."""
     return scope._state == _OPEN
 
 
-def run_timed(stream: Stream, name: str, kind: str, fn: Callable[..., Any], *args: Any) -> None:
-    """Call ``fn(*args)`` (which enqueues work on ``stream``), bracketed by events for every open scope that
-    covers the stream's device. The hot path of every built-in workload and launch. While the stream is being
-    captured into a graph, the capture takes the call instead (it times the part on every replay)."""
-    if stream._capture is not None:
-        stream._capture.timed(name, kind, fn, args)
-        return
-    timed_now(stream, name, kind, fn, args)
+class _Observer:
+    """How open scopes see launches, graph replays and layers (`asyncgpu._core.hooks.LaunchObserver`).
+    Installed while any scope of the process is open."""
 
+    def launch_begin(self, stream: Stream, name: str, kind: str, fn: Callable[..., Any], args: tuple) -> Any:
+        scopes = _SCOPES.get() or _THREAD_SCOPES
+        owners = _owners(scopes, stream.device, kind) if scopes else None
+        return _begin(stream, name, kind, owners) if owners else None
 
-def timed_now(stream: Stream, name: str, kind: str, fn: Callable[..., Any], args: tuple) -> None:
-    """`run_timed` without the capture check: bracket ``fn(*args)`` for the open scopes, or just call it.
-    While the kernel history is on (`asyncgpu._history`), the launch also gets a record there; when it is off,
-    that costs one attribute check."""
-    scopes = _SCOPES.get() or _THREAD_SCOPES
-    owners = _owners(scopes, stream.device, kind) if scopes else None
-    if not owners and not _history.ON:  # the hot path: nothing records this launch
-        fn(*args)
-        stream._tag = name
-        return
-    pending = _history.begin(stream, name, kind, fn, args) if _history.ON else None
-    try:
+    def launch_end(self, act: _Activity, ok: bool) -> None:
+        _end(act)
+
+    def wanted_kinds(self, device: Device, kinds: frozenset[str]) -> frozenset[str]:
+        scopes = _SCOPES.get() or _THREAD_SCOPES
+        return frozenset(k for k in kinds if _owners(scopes, device, k)) if scopes else frozenset()
+
+    def adopt(self, stream: Stream, name: str, kind: str, start_raw: Any, end_raw: Any) -> bool:
+        scopes = _SCOPES.get() or _THREAD_SCOPES
+        owners = _owners(scopes, stream.device, kind) if scopes else None
         if not owners:
-            fn(*args)
-        else:
-            act = _begin(stream, name, kind, owners)
-            try:
-                fn(*args)
-            finally:
-                _end(act)
-    except BaseException:
-        if pending is not None:
-            _history.drop(pending)
-        raise
-    if pending is not None:
-        _history.end(pending)
-    stream._tag = name
+            return False
+        act = _Activity()
+        act.device, act.stream, act.name, act.kind = stream.device, stream, name, kind
+        act.start_raw, act.end_raw, act.refs, act.duration_ms = start_raw, end_raw, len(owners), None
+        act.nvtx_id = act.placed = None
+        for scope in owners:
+            scope._acts.append(act)
+        return True
+
+    def attach(self, device: Device, key: Any, make_layer: Callable[[], Any], fence: Stream | None) -> list[Any]:
+        scopes = _SCOPES.get() or _THREAD_SCOPES
+        return [s._attach(key, make_layer, fence) for s in scopes if s._state == _OPEN and device in s._devset]
+
+
+_OBSERVER = _Observer()
 
 
 @final
@@ -178,7 +149,7 @@ class _ActivityBlock:
         act, self._act = self._act, None
         if act is not None:
             _end(act)
-            self._stream._tag = self._name
+            self._stream.tag = self._name
         timer = self._timer
         if timer._state == _OPEN:  # a plain tuple here (hot path); a HostRange when the scope ends
             timer._host_ranges.append((self._name, self._kind, self._t0_ns, time.perf_counter_ns(),
@@ -205,11 +176,14 @@ class Timer:
 
     def __init__(self, devices: Iterable[Device], label: str, synchronize: bool, nvtx: bool,
                  kinds: Iterable[str] | None = None, report_func: ReportFunc | None = None,
-                 max_clock_age_s: float = 0.25, subtract_overhead: bool = True, all_threads: bool = False) -> None:
+                 max_clock_age_s: float = CLOCK_MAX_AGE_S, subtract_overhead: bool = True,
+                 all_threads: bool = False) -> None:
         self.devices: tuple[Device, ...] = tuple(devices)
         self._all_threads = all_threads
-        self._layers: list[Any] = []
+        self._layers: dict[Any, Any] = {}  # live layers by key (asyncgpu._core.hooks.attach)
         self._fence_streams: dict[int, Stream] = {}  # more streams to wait for at exit (GPU-side handoff takes)
+        self._marks: list[CollectiveMark] = []
+        self._layer_lock = threading.Lock()
         self._devset = frozenset(self.devices)
         self.label = label
         self.synchronize = synchronize
@@ -221,7 +195,6 @@ class Timer:
         self._state = _NEW
         self._acts: list[_Activity] = []
         self._host_ranges: list[tuple] = []  # (name, kind, start_ns, end_ns, thread ident) per activity block
-        self._clocks: dict[Device, DeviceClock] = {}
         self._start_marks: dict[Device, Any] = {}  # Device -> Event on its marker stream
         self._token: Any = None
         self._nvtx_id: Any = None
@@ -229,12 +202,33 @@ class Timer:
         self._t0_ns = self._t1_ns = self._c0_ns = 0
         self._timeline: Timeline | None = None
         self._records: list[ActivityRecord] | None = None
-        self.host_ms: float | None = None  #: host wall time of the body (issuing the work)
-        self.wait_ms: float | None = None  #: host wall time the exit then waited for the devices
-        self.cpu_ms: float | None = None  #: CPU time of this process during the scope (all threads)
+        self.host_ms: float | None = None  #: host wall time of the body (issuing the work), ms
+        self.wait_ms: float | None = None  #: host wall time the exit then waited for the devices, ms
+        self.cpu_ms: float | None = None  #: CPU time of this process during the scope (all threads), ms
         self.device_span_ms: dict[str, float] = {}  #: per device: scope start to the end of its last activity
         self.error: str | None = None  #: what the body raised, if anything
         self.cancelled = False  #: the scope (or its wait at exit) was cancelled
+
+    # -- what features hand the scope (through asyncgpu._core.hooks and asyncgpu.ranks) -------------------
+    def _attach(self, key: Any, make_layer: Callable[[], Any], fence: Stream | None) -> Any:
+        """The live layer under ``key`` (made now if new; ``key=None``: always new); ``fence``: a stream to
+        wait for at exit. Any thread."""
+        with self._layer_lock:
+            if fence is not None:
+                self._fence_streams[id(fence)] = fence
+            if key is None:
+                key = object()
+            layer = self._layers.get(key)
+            if layer is None:
+                layer = self._layers[key] = make_layer()
+            return layer
+
+    def mark(self, name: str, host_ns: int, thread: str) -> None:
+        """Record a collective point (`asyncgpu.ranks.mark_collective`). Any thread; ScopeError once closed."""
+        if self._state != _OPEN:
+            raise ScopeError(f"mark({name!r}) on gpu_timer {self.label!r}, which is not open: mark inside the scope")
+        with self._layer_lock:
+            self._marks.append(CollectiveMark(str(name), host_ns, len(self._acts), thread))
 
     # -- activities ---------------------------------------------------------------------------------------
     def activity(self, name: str, device: Device | None = None, *, stream: Stream | None = None,
@@ -267,18 +261,17 @@ class Timer:
     async def __aexit__(self, et: Any, exc: BaseException | None, tb: Any) -> None:
         fences = self._stop(exc)
         try:
-            if not _is_cancellation(exc):
+            if not loops.is_cancellation(exc):
                 for ev in fences:
                     await ev.wait()
                 if self.synchronize:
                     await _synchronize_all(self.devices)
         except BaseException as wait_exc:
-            if _is_cancellation(wait_exc):
+            if loops.is_cancellation(wait_exc):
                 self.cancelled = True
             raise
         finally:
             self._finish(fences)
-            self.wait_ms = (time.perf_counter_ns() - self._t1_ns) / 1e6
         self._report()
 
     # -- blocking form (plain threads, scripts) -----------------------------------------------------------
@@ -295,13 +288,12 @@ class Timer:
         try:
             if not isinstance(exc, KeyboardInterrupt):
                 for ev in fences:
-                    ev.sync()
+                    ev.wait_sync()
                 if self.synchronize:
                     for d in self.devices:
                         d.synchronize()
         finally:
             self._finish(fences)
-            self.wait_ms = (time.perf_counter_ns() - self._t1_ns) / 1e6
         self._report()
 
     # -- the steps ----------------------------------------------------------------------------------------
@@ -311,18 +303,21 @@ class Timer:
         if not self.devices:
             raise ScopeError("gpu_timer() needs at least one device")
         for d in self.devices:
-            d._check_open()
+            d.check_open()
         self._state = _OPEN
 
     def _start(self) -> None:
-        self._start_marks = {d: d._mark() for d in self.devices}
+        self._start_marks = {d: d.mark_now() for d in self.devices}
         outer = _SCOPES.get()
         self._depth = len(outer)
         self._token = _SCOPES.set(outer + (self,))
-        if self._all_threads:
-            global _THREAD_SCOPES
-            with _THREAD_SCOPES_LOCK:
+        global _THREAD_SCOPES, _OPEN_COUNT
+        with _STATE_LOCK:
+            if self._all_threads:
                 _THREAD_SCOPES = _THREAD_SCOPES + (self,)
+            _OPEN_COUNT += 1
+            if _OPEN_COUNT == 1:
+                hooks.install(_OBSERVER)
         if self._nvtx:
             self._nvtx_id = _nvtx.start(self.label, "scope")
         self._t0_ns, self._c0_ns = time.perf_counter_ns(), time.process_time_ns()
@@ -337,21 +332,25 @@ class Timer:
             _SCOPES.reset(self._token)
         except ValueError:  # exited in another context than it was entered: remove it by hand
             _SCOPES.set(tuple(s for s in _SCOPES.get() if s is not self))
-        if self._all_threads:
-            global _THREAD_SCOPES
-            with _THREAD_SCOPES_LOCK:
+        global _THREAD_SCOPES, _OPEN_COUNT
+        with _STATE_LOCK:
+            if self._all_threads:
                 _THREAD_SCOPES = tuple(s for s in _THREAD_SCOPES if s is not self)
+            _OPEN_COUNT -= 1
+            if _OPEN_COUNT == 0:
+                hooks.uninstall(_OBSERVER)
         if self._nvtx_id is not None:
             _nvtx.end(self._nvtx_id)
         if exc is not None:
             self.error = f"{type(exc).__name__}: {exc}"
-            self.cancelled = _is_cancellation(exc)
+            self.cancelled = loops.is_cancellation(exc)
         streams = {id(a.stream): a.stream for a in self._acts}
         streams.update(self._fence_streams)
         return [s.record(tag="fence") for s in streams.values() if not s.device.closed]
 
     def _finish(self, fences: list) -> None:
         """Turn events into the timeline (never waits for the devices) and give every event back."""
+        self.wait_ms = (time.perf_counter_ns() - self._t1_ns) / 1e6
         acts = self._acts
         n = len(acts)
         dev_codes = {d: i for i, d in enumerate(self.devices)}
@@ -366,8 +365,7 @@ class Timer:
         dur_col = np.full(n, np.nan)
         for i, act in enumerate(acts):
             dev = act.device
-            code = dev_codes[dev]
-            device_col[i] = code
+            device_col[i] = dev_codes[dev]
             st = streams.get(act.stream)
             if st is None:
                 st = streams[act.stream] = len(streams)
@@ -377,40 +375,43 @@ class Timer:
                 nm = names[act.name] = len(names)
             name_col[i] = nm
             kind_col[i] = KIND_CODES[act.kind]
-            bd = dev._bd
             if act.duration_ms is None and act.end_raw is not None:
                 try:
-                    act.duration_ms = bd.elapsed_ms(act.start_raw, act.end_raw)
+                    act.duration_ms = dev.bd.elapsed_ms(act.start_raw, act.end_raw)
                 except NotReadyError:
                     pass
             if act.duration_ms is not None:
                 dur_col[i] = act.duration_ms * 1e6
-                anchor, anchor_ns, scale = placements[dev]
-                if act.placed is not None and act.placed[0] is anchor:
+                place = placements[dev]
+                if act.placed is not None and act.placed[0] is place.anchor:
                     start_col[i] = act.placed[1]
-                elif anchor is not None:
+                elif place.anchor is not None:
                     try:
-                        start_col[i] = anchor_ns + bd.elapsed_ms(anchor, act.start_raw) * 1e6 * scale
+                        start_col[i] = place.host_ns(act.start_raw)
                     except NotReadyError:
                         pass
                     else:
-                        act.placed = (anchor, start_col[i])
+                        act.placed = (place.anchor, start_col[i])
             act.refs -= 1
             if act.refs == 0:
                 _release_activity(act)
         for ev in (*self._start_marks.values(), *fences):
             ev.release()
-        clocks = tuple(self._clocks.pop(d) for d in self.devices)
-        _subtract_overheads(clocks, device_col, kind_col, start_col, dur_col)
+        for d, code in dev_codes.items():
+            placements[d].trim_columns(device_col == code, kind_col, start_col, dur_col)
+        with self._layer_lock:
+            live, self._layers = list(self._layers.values()), {}
+            marks, self._marks = tuple(self._marks), []
+        finished = tuple(ly for ly in (layer.finish() for layer in live) if ly is not None)
         self._timeline = Timeline(
             self.label, tuple(d.name for d in self.devices),
             tuple((dev_codes[s.device], s.label) for s in streams), tuple(names), device_col, stream_col, name_col,
-            kind_col, start_col, start_col + dur_col, dur_col, self._t0_ns, self._t1_ns, clocks,
+            kind_col, start_col, start_col + dur_col, dur_col, self._t0_ns, self._t1_ns,
+            tuple(placements[d].clock for d in self.devices),
             _host_ranges(self._host_ranges) + (HostRange(self.label, "scope", self._t0_ns, self._t1_ns,
                                                          threading.current_thread().name),),
-            tuple(d.description for d in self.devices), self.error, self.cancelled,
-            {"layers": tuple(self._layers)} if self._layers else {})
-        self._layers = []
+            tuple(d.description for d in self.devices), self.error, self.cancelled, self.host_ms, self.wait_ms,
+            self.cpu_ms, marks, (), finished)
         ends = self._timeline.end_ns
         spans = {}
         for d, code in dev_codes.items():
@@ -421,24 +422,13 @@ class Timer:
         self._host_ranges = []
         self._start_marks = {}
 
-    def _placement(self, dev: Device) -> tuple[Any, float, float]:
-        """``(anchor raw event, its host time in ns, device-to-host rate)`` to place this device's events on the
-        host time base; falls back to the scope's start mark (device-relative time) when the clock cannot be
-        aligned, and says why in the scope's `DeviceClock`."""
+    def _placement(self, dev: Device) -> Placement:
+        """Where this device's events go on the host time base; when its clock cannot be aligned, relative to
+        the scope's start mark (and its `DeviceClock` says why)."""
         mark = self._start_marks.get(dev)
-        try:
-            cal = dev.clock(max_age_s=self._max_clock_age_s)
-        except AsyncGPUError as exc:
-            reason = f"clock calibration failed ({exc})"
-        else:
-            overhead = cal.bracket_overhead_ns if self._subtract_overhead else 0.0
-            self._clocks[dev] = DeviceClock(dev.name, True, cal.bound_ns, cal.globaltimer_offset_ns, cal.drift_ppm,
-                                            overhead_ns=overhead)
-            return cal._anchor, float(cal.host_ns), cal.rate
-        self._clocks[dev] = DeviceClock(dev.name, False, float("nan"), reason=reason)
-        if mark is None or mark._raw is None:
-            return None, 0.0, 1.0
-        return mark._raw, float(self._t0_ns), 1.0
+        fallback = (mark.raw, float(self._t0_ns)) if mark is not None and mark.raw is not None else None
+        return placement(dev, max_age_s=self._max_clock_age_s, subtract_overhead=self._subtract_overhead,
+                         fallback=fallback)
 
     def _report(self) -> None:
         if self._report_func is not None:
@@ -499,17 +489,19 @@ class Timer:
         """The report as a rich renderable: the timeline in ``order`` (``"issue"`` or ``"time"``, the first
         ``limit`` activities; None for all), the summaries, the balance and a footer. ``rich.print(t)`` prints
         ``t.report()``."""
-        from ._report import timer_report
+        from ._report import timeline_report
 
-        return timer_report(self, limit=limit, order=order)
+        return timeline_report(self.timeline, limit=limit, order=order)
 
     def __rich_console__(self, console: Any, options: Any) -> Any:
-        yield self.report()
+        yield self.report() if self._timeline is not None else str(self)
 
     def __str__(self) -> str:
-        from ._report import render_text
+        from ._report import render
 
-        return render_text(self)
+        if self._timeline is None:
+            return f"gpu_timer {self.label!r}: no results yet (the scope has not ended)"
+        return render(self.report(), 100)
 
     def __repr__(self) -> str:
         state = ("new", "open", "done")[self._state]
@@ -518,7 +510,8 @@ class Timer:
 
 def gpu_timer(devices: Any = None, *, label: str = "scope", synchronize: bool = False, nvtx: bool = True,
               kinds: Iterable[str] | None = None, report_func: ReportFunc | None = None,
-              max_clock_age_s: float = 0.25, subtract_overhead: bool = True, all_threads: bool = False) -> Timer:
+              max_clock_age_s: float = CLOCK_MAX_AGE_S, subtract_overhead: bool = True,
+              all_threads: bool = False) -> Timer:
     """A timing scope over ``devices`` (a device, a list of devices or specs like ``"cuda:1"``; default: every
     device of the default backend).
 
@@ -538,7 +531,7 @@ def gpu_timer(devices: Any = None, *, label: str = "scope", synchronize: bool = 
     threads started inside the scope have a context of their own: ``all_threads=True`` makes the scope also
     record the work of threads that have no scope of their own (join them before the scope ends).
     """
-    from ._select import resolve_devices
+    from ._core.select import resolve_devices
 
     return Timer(resolve_devices(devices), label, synchronize, nvtx, kinds, report_func, max_clock_age_s,
                  subtract_overhead, all_threads)
@@ -547,22 +540,6 @@ def gpu_timer(devices: Any = None, *, label: str = "scope", synchronize: bool = 
 def _host_ranges(raw: list[tuple]) -> tuple[HostRange, ...]:
     names = {t.ident: t.name for t in threading.enumerate()}
     return tuple(HostRange(n, k, t0, t1, names.get(ident, f"thread {ident}")) for n, k, t0, t1, ident in raw)
-
-
-_LAUNCH_KINDS = np.array([KIND_CODES["kernel"], KIND_CODES["graph"]], np.int8)
-
-
-def _subtract_overheads(clocks: tuple, device_col: np.ndarray, kind_col: np.ndarray, start_col: np.ndarray,
-                        dur_col: np.ndarray) -> None:
-    """Take each device's measured event-pair overhead out of its kernel and graph activities (in place): half
-    of it from the start, all of it from the duration (never below zero)."""
-    launches = np.isin(kind_col, _LAUNCH_KINDS)
-    for code, clock in enumerate(clocks):
-        if clock.overhead_ns > 0:
-            m = launches & (device_col == code)
-            cut = np.minimum(dur_col[m], clock.overhead_ns)
-            start_col[m] += cut / 2
-            dur_col[m] -= cut
 
 
 def _check_kinds(kinds: Iterable[str] | None) -> frozenset[str]:
@@ -616,9 +593,9 @@ def timing_print(records: Iterable[ActivityRecord], indent: str = "") -> None:
 
 def _release_activity(act: _Activity) -> None:
     dev, key = act.device, act.stream.handle
-    dev._recycle(act.start_raw, True, key, _RELEASE_LAST)
+    dev.recycle_later(act.start_raw, key)
     if act.end_raw is not None:
-        dev._recycle(act.end_raw, True, key, _RELEASE_LAST)
+        dev.recycle_later(act.end_raw, key)
     act.start_raw = act.end_raw = None
 
 
@@ -627,12 +604,3 @@ async def _synchronize_all(devices: tuple) -> None:
 
     for d in devices:
         await anyio.to_thread.run_sync(d.synchronize, abandon_on_cancel=True)
-
-
-def _is_cancellation(exc: BaseException | None) -> bool:
-    if exc is None:
-        return False
-    if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt)):
-        return True
-    trio = sys.modules.get("trio")
-    return trio is not None and isinstance(exc, trio.Cancelled)

@@ -41,7 +41,7 @@ def _cuda() -> tuple[bool, str, int]:
     """(usable, why not, device count), probed once per session."""
     global _probe
     if _probe is None:
-        from asyncgpu._backend import load_backend
+        from asyncgpu._backends import load_backend
 
         backend = load_backend("cuda")
         ok, why = backend.available()

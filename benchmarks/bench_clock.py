@@ -43,7 +43,7 @@ def main() -> None:
             t0 = time.perf_counter_ns()
             cal = d.clock(refresh=True)
             costs.append((time.perf_counter_ns() - t0) / 1e6)
-        cals.append(cal.as_dict() | {"cost_ms_median": float(np.median(costs))})
+        cals.append(cal.to_dict() | {"cost_ms_median": float(np.median(costs))})
         kb = cal.kernel_anchor_bound_ns
         print(f"{d.name:8} {cal.bound_ns / 1e3:9.3f} {cal.anchor_source:>7} {(kb or float('nan')) / 1e3:10.3f} "
               f"{cal.globaltimer_bound_ns / 1e3:12.3f} {cal.naive_offset_ns - cal.globaltimer_offset_ns:14.1f} "

@@ -6,8 +6,8 @@
 Each rank's scope is a synthetic `Timeline` on its own host clock (an offset of seconds to the root's): every
 device runs its activities back to back on two streams (durations log-normal around 50 µs, later ranks a little
 slower), rows in issue order, with ``--marks`` collective marks spread over the scope. Every rank packs its
-payload (`asyncgpu._wire_ranks`): in a real run the ranks do that in parallel, so it is timed apart. Rank 0, the
-root, then does what `asyncgpu.gather` does there once the bytes arrive: pack its own payload, take each rank's
+payload (`asyncgpu.ranks.wire`): in a real run the ranks do that in parallel, so it is timed apart. Rank 0, the
+root, then does what `asyncgpu.ranks.gather` does there once the bytes arrive: pack its own payload, take each rank's
 payload in turn (a fresh copy, as a receive buffer would be) and merge it, finish the `RankTimeline`, make the
 cross-rank balance and render the report as text. The exchange itself (sockets) is not in the figure.
 
@@ -18,6 +18,8 @@ root's part, measured in a run of its own, and what the result holds (the merged
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import argparse
 import json
@@ -31,11 +33,11 @@ from typing import Any
 
 import numpy as np
 
-from asyncgpu._gather_report import rank_report
-from asyncgpu._ranks import Merger, RankTimeline
+from asyncgpu.ranks.report import rank_report
+from asyncgpu.ranks.merge import Merger, RankTimeline
 from asyncgpu._records import HostRange, Timeline
 from asyncgpu._report import render
-from asyncgpu._wire_ranks import HostRanges, Marks, timeline_to_payload
+from asyncgpu.ranks.wire import HostRanges, Marks, timeline_to_payload
 
 NAMES = ["gemm", "attention", "layernorm", "allreduce", "h2d batch", "optimizer step"]
 
@@ -152,7 +154,7 @@ def run_scale(ranks: int = 32, devices: int = 4, per_device: int = 10_000, marks
 
 def run_processes(k: int, devices: int, per_device: int, marks: int, timeout_s: float = 300) -> dict[str, Any]:
     """The same scopes gathered for real: ``k`` processes on this machine, torch.distributed gloo (a file store),
-    `asyncgpu.gather` called on every rank. Returns the root's seconds for the gather call (check-in, pings,
+    `asyncgpu.ranks.gather` called on every rank. Returns the root's seconds for the gather call (check-in, pings,
     payloads over sockets, merge) and for balance + report."""
     import subprocess
     import tempfile
@@ -178,12 +180,13 @@ def run_processes(k: int, devices: int, per_device: int, marks: int, timeout_s: 
 def _rank_main(rank: int, world: int, tmp: str, devices: int, per_device: int, marks: int) -> None:
     import torch.distributed as dist
 
-    from asyncgpu._gather import gather
+    from asyncgpu._records import CollectiveMark
+    from asyncgpu.ranks import gather
 
     dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=world)
     tl, mk, _ = make_rank(rank, devices, per_device, marks, 0)
-    tl.extra["collective_marks"] = [(mk.names[n], int(t), int(r), mk.threads[th])
-                                    for n, t, r, th in zip(mk.name, mk.ns, mk.row, mk.thread)]
+    tl = dataclasses.replace(tl, marks=tuple(CollectiveMark(mk.names[n], int(t), int(r), mk.threads[th])
+                                             for n, t, r, th in zip(mk.name, mk.ns, mk.row, mk.thread)))
     dist.barrier()
     t = time.perf_counter()
     result = gather(tl, timeout_s=120)

@@ -13,7 +13,7 @@ depth 2); the consumer takes it:
 * CPU per handoff = process CPU time (all threads) over the route / items.
 * handoffs per second: ``--small`` items with no GPU work between them (event record, put, take, done).
 
-Routes, host-side: baseline ``queue.Queue`` + ``Event.sync()`` (cuEventSynchronize; spins a core); Channel
+Routes, host-side: baseline ``queue.Queue`` + ``Event.wait_sync()`` (cuEventSynchronize; spins a core); Channel
 ``get()`` from a thread (woken by the waiter thread), Channel(spin=True) ``get()``, ``await get()`` on asyncio,
 uvloop and trio. GPU-side: baseline ``queue.Queue`` + sync + record on the consumer's stream; Channel
 ``get(stream=...)`` (cuStreamWaitEvent, no host wait).
@@ -79,7 +79,7 @@ def baseline(d0, d1, items: int, kernel_us: float, gpu_side: bool) -> dict:
             ev = q.get()
             if ev is None:
                 break
-            ev.sync()
+            ev.wait_sync()
             if gpu_side:
                 before = d1.stream.record()  # (kept alike the Channel route's two records)
                 running = d1.stream.record()
@@ -106,13 +106,13 @@ def channel_thread(d0, d1, items: int, kernel_us: float, gpu_side: bool, spin: b
         with ch:
             for _ in range(items):
                 d0.stream.spin_us(kernel_us)
-                ch.put(None, stream=d0.stream)
+                ch.put_sync(None, stream=d0.stream)
 
     def consume():
         if gpu_side:
             while True:
                 try:
-                    h = ch.get(stream=d1.stream)
+                    h = ch.get_sync(stream=d1.stream)
                 except asyncgpu.ClosedError:
                     break
                 h.done()
@@ -133,7 +133,7 @@ def channel_loop(d0, items: int, kernel_us: float, loop: str) -> dict:
         with ch:
             for _ in range(items):
                 d0.stream.spin_us(kernel_us)
-                ch.put(None, stream=d0.stream)
+                ch.put_sync(None, stream=d0.stream)
 
     async def consume_async():
         async for h in ch:
@@ -174,7 +174,7 @@ def small_items(d0, n: int) -> dict:
 
     def consume_q():
         while (ev := q.get()) is not None:
-            ev.sync()
+            ev.wait_sync()
             ev.release()
 
     cpu, wall = _run(produce_q, consume_q)
@@ -184,7 +184,7 @@ def small_items(d0, n: int) -> dict:
     def produce_ch():
         with ch:
             for _ in range(n):
-                ch.put(None, stream=d0.stream)
+                ch.put_sync(None, stream=d0.stream)
 
     def consume_ch():
         for h in ch:

@@ -25,10 +25,10 @@ import time
 import numpy as np
 
 import asyncgpu
-from asyncgpu._backend import load_backend
-from asyncgpu._kdecode import decode
-from asyncgpu._kformat import FORMAT as F
-from asyncgpu._kprofile import KernelProfiler
+from asyncgpu._backends import load_backend
+from asyncgpu.kernel.records import decode
+from asyncgpu._backends.kernels import FORMAT as F
+from asyncgpu.kernel.profiler import KernelProfiler
 
 M32 = 0xFFFFFFFF
 
@@ -38,7 +38,7 @@ def device_cost(regions: int, repeats: int) -> list[dict]:
     from cuda.core import LaunchConfig
 
     dev = asyncgpu.device(0)
-    bd = dev._bd
+    bd = dev.bd
     on, off = bd._kernel("asyncgpu_kp_bench"), bd._kernel("asyncgpu_kp_bench_off")
     from cuda.core import Device as CudaCoreDevice
 
@@ -56,14 +56,14 @@ def device_cost(regions: int, repeats: int) -> list[dict]:
                     for which, kernel in (("on", on), ("off", off)):
                         ptr = prof.arm(grid)
                         start = dev.stream.record()
-                        bd.launch(dev.stream._raw, kernel, cfg, (*args, ptr))
+                        bd.launch(dev.stream.raw, kernel, cfg, (*args, ptr))
                         end = dev.stream.record()
-                        end.sync()
+                        end.wait_sync()
                         times[which].append((end - start) * 1e6)
                         start.release()
                         end.release()
                         if which == "on":
-                            recs = prof.gather_sync()
+                            recs = prof.collect_sync()
                             assert len(recs) == grid * groups * regions, (len(recs), grid, groups, regions)
                 t_on, t_off = (float(np.median(times[k][2:])) for k in ("on", "off"))
                 per_region = (t_on - t_off) / regions

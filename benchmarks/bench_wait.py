@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 import asyncgpu
-from asyncgpu import _engine
+from asyncgpu._core import engine as _engine
 
 try:
     from cuda.bindings import driver as drv
@@ -94,7 +94,7 @@ async def _measure_raw(dev, iters, warmup, wait, flags=0):
     GPU time. Returns (excess list in ns, CPU ns per wait)."""
     s = dev.stream
     a, b = _raw_pair(flags)
-    sh = s._raw[1]
+    sh = s.raw[1]
     out, c0 = [], None
     try:
         for i in range(warmup + iters):
@@ -230,7 +230,7 @@ def lead_sweep(dev, iters, warmup, loops) -> list[dict]:
                 excess, cpu_ns = _run_on(loop_name, route_ours, dev, iters, warmup)
                 rows.append({"lead_us": margin_us, "loop": loop_name, **_stats(excess),
                              "cpu_us_per_wait": cpu_ns / 1e3,
-                             "learned_delivery_us": dev._engine.delivery_ns() / 1e3})
+                             "learned_delivery_us": dev.engine.delivery_ns() / 1e3})
     finally:
         _engine.LEAD_MARGIN_NS = saved
     return rows
@@ -330,7 +330,7 @@ def host_cost(dev, n) -> dict:
     """ns per call: raw cuEventRecord (binding and ctypes), one pooled record, one timed activity."""
     s = dev.stream
     ev = _raw_event(0)
-    sh = s._raw[1]
+    sh = s.raw[1]
     res = {}
     for _ in range(2):  # second pass is the measurement (warm caches, grown pools)
         t0 = _now()

@@ -10,7 +10,7 @@ import time
 import numpy as np
 
 import asyncgpu
-from asyncgpu import _engine
+from asyncgpu._core import engine as _engine
 
 _now = time.perf_counter_ns
 
@@ -22,7 +22,7 @@ async def run(devs, n, kernel_us, per_kernel, streams_per_device, head_ms=300):
     for di, d in enumerate(devs):
         for k, s in enumerate(streams[d]):
             s.spin_us(head_ms * 1000 + (di + k * len(devs)) * kernel_us / n_streams)
-        marks[d] = (d._mark(), _now())
+        marks[d] = (d.mark_now(), _now())
     for i in range(n):
         d = devs[i % len(devs)]
         j = i // len(devs)

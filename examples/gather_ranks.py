@@ -6,8 +6,8 @@
 Under torchrun with CUDA: NCCL, one GPU per process (``LOCAL_RANK``); without CUDA: gloo and the host backend
 (CPU worker threads), and it says so. Under mpirun: the MPI communicator, a GPU per rank when there are GPUs.
 Each step spins on the rank's device(s), rank r a little longer than rank r-1 (on purpose: rank 1 is the
-straggler), marks the all-reduce with `asyncgpu.mark_collective`, waits for its device and all-reduces.
-`asyncgpu.gather` then brings every rank's scope to rank 0 (clock offsets measured by ping-pong), which prints
+straggler), marks the all-reduce with `asyncgpu.ranks.mark_collective`, waits for its device and all-reduces.
+`asyncgpu.ranks.gather` then brings every rank's scope to rank 0 (clock offsets measured by ping-pong), which prints
 the report and writes one Perfetto trace: a process per (rank, device), host tracks per rank.
 """
 
@@ -85,11 +85,11 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(a.steps):
             for d in devices:
                 d.stream.spin_us(a.spin_us * (1 + 0.5 * rank))  # uneven on purpose
-            asyncgpu.mark_collective("allreduce")  # right before the collective, on every rank
+            asyncgpu.ranks.mark_collective("allreduce")  # right before the collective, on every rank
             for d in devices:
                 d.synchronize()
             collective()
-    result = asyncgpu.gather(t, group, timeout_s=60)  # every rank calls it; rank 0 gets the result
+    result = asyncgpu.ranks.gather(t, group, timeout_s=60)  # every rank calls it; rank 0 gets the result
     if rank == 0:
         print(result)
         result.write_trace(a.trace)

@@ -57,11 +57,11 @@ def producer_consumer(d0, d1) -> None:
                     handoffs[k].wait_done(stream=d0.stream)  # GPU-side: the consumer's copy is done with it
                 d0.stream.memset(ring[k], 0)
                 d0.stream.inc_loop(ring[k], i + 1)  # batch i holds i + 1 everywhere
-                handoffs[k] = ch.put(ring[k], stream=d0.stream)
+                handoffs[k] = ch.put_sync(ring[k], stream=d0.stream)
 
     def consume():
         for _ in range(BATCHES):
-            h = ch.get(stream=d1.stream)  # d1's stream waits for the batch on the GPU; returns at once
+            h = ch.get_sync(stream=d1.stream)  # d1's stream waits for the batch on the GPU; returns at once
             d1.stream.copy(mine, h.payload)  # peer to peer
             h.done(stream=d1.stream)  # the producer may reuse its buffer once this copy has run
             d1.stream.inc_loop(mine, 1000)  # process it on GPU 1
@@ -88,7 +88,7 @@ def make(d0, out: asyncgpu.Channel, n_items: int) -> None:
             a = d0.alloc(N)
             d0.stream.memset(a, 0)
             d0.stream.inc_loop(a, i)
-            out.put(a, stream=d0.stream)
+            out.put_sync(a, stream=d0.stream)
 
 
 def transform(d1, inp: asyncgpu.Channel, out: asyncgpu.Channel) -> None:
@@ -98,14 +98,14 @@ def transform(d1, inp: asyncgpu.Channel, out: asyncgpu.Channel) -> None:
             d1.stream.copy(b, h.payload)
             h.done(stream=d1.stream)
             d1.stream.inc_loop(b, 10)
-            out.put(b, stream=d1.stream)
+            out.put_sync(b, stream=d1.stream)
 
 
 def iter_gpu(ch: asyncgpu.Channel, stream):
     """GPU-side takes until the channel is closed."""
     while True:
         try:
-            yield ch.get(stream=stream)
+            yield ch.get_sync(stream=stream)
         except asyncgpu.ClosedError:
             return
 
@@ -165,7 +165,7 @@ def main() -> None:
         pipeline_threads(d0, d1)
         pipeline_trio(d0, d1)
     asyncgpu.write_trace(t, args.trace)
-    n = sum(len(layer.records()) for layer in t.timeline.extra.get("layers", ()))
+    n = sum(len(layer.records()) for layer in t.timeline.layers if hasattr(layer, "records"))
     rich.print(f"{n} handoffs drawn with flow arrows in {args.trace} (open it at https://ui.perfetto.dev)")
 
 

@@ -23,8 +23,8 @@ import anyio
 import numpy as np
 
 import asyncgpu
-from asyncgpu._kformat import HostLane
-from asyncgpu._kprofile import KernelProfiler
+from asyncgpu._backends.kernels import HostLane
+from asyncgpu.kernel.profiler import KernelProfiler
 
 STAGES = ("wait_empty", "load", "wait_full", "compute", "epilogue")
 TILE = 4096  # floats per tile (16 KiB of shared memory, two buffers)
@@ -155,9 +155,9 @@ async def run_device(d, ws_kernel, blocks: int, tiles: int, work: int, inc_n: in
                             np.int32(work), prof.arm(blocks), name="ws_sumsq")
         else:
             prof.arm(blocks)  # host-backend device memory is a numpy array: the host kernel works on it
-            d.stream.launch(host_ws_kernel, None, x._live(), out._live(), blocks, tiles, work, prof.array,
+            d.stream.launch(host_ws_kernel, None, x.live(), out.live(), blocks, tiles, work, prof.array,
                             name="ws_sumsq")
-        ws = await prof.gather()
+        ws = await prof.collect()
     got = out.to_numpy()
     if not np.all(got == tiles * TILE * work):
         raise SystemExit(f"{d.name}: ws_sumsq computed {got[:4]}..., expected {tiles * TILE * work}")
@@ -165,7 +165,7 @@ async def run_device(d, ws_kernel, blocks: int, tiles: int, work: int, inc_n: in
     d.stream.memset(a, 0)
     with KernelProfiler(d, max_tracks=8) as prof:
         prof.inc_loop(a, 500)
-        inc = await prof.gather()
+        inc = await prof.collect()
     return {"ws": ws, "inc": inc}
 
 

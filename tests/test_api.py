@@ -1,40 +1,85 @@
-"""The public surface stays small and consistent."""
+"""The public surface stays small and consistent, and the house keeps its layers."""
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import pathlib
 import pkgutil
+import warnings
+
+import pytest
 
 import asyncgpu
+
+PUBLIC_SUBMODULES = ("errors", "kernel", "ranks", "types")
 
 
 def test_all_matches_the_facade():
     public = {n for n in dir(asyncgpu) if not n.startswith("_") and not inspect.ismodule(getattr(asyncgpu, n))}
     assert set(asyncgpu.__all__) == public
-    assert len(asyncgpu.__all__) <= 60  # errors are a fifth of it
+    assert len(asyncgpu.__all__) <= 45  # the specialist parts live in public submodules
+
+
+def _modules():
+    for info in pkgutil.walk_packages(asyncgpu.__path__, "asyncgpu."):
+        if info.name in ("asyncgpu.__main__", "asyncgpu._backends.cuda"):  # cuda: checked in test_kernels
+            continue
+        yield importlib.import_module(info.name)
 
 
 def test_every_module_all_names_exist():
-    for info in pkgutil.iter_modules(asyncgpu.__path__):
-        if info.name in ("__main__", "_cuda"):  # _cuda imports cuda.core lazily; checked in test_kernels
-            continue
-        mod = importlib.import_module(f"asyncgpu.{info.name}")
+    for mod in _modules():
         for name in getattr(mod, "__all__", ()):
-            assert hasattr(mod, name), f"asyncgpu.{info.name}.__all__ names missing {name}"
+            assert hasattr(mod, name), f"{mod.__name__}.__all__ names missing {name}"
+
+
+def test_public_submodules_show_public_paths():
+    for sub in PUBLIC_SUBMODULES:
+        mod = importlib.import_module(f"asyncgpu.{sub}")
+        for name in mod.__all__:
+            obj = getattr(mod, name)
+            if isinstance(obj, type):
+                assert obj.__module__ in ("asyncgpu", f"asyncgpu.{sub}", "asyncgpu.errors"), (sub, name, obj.__module__)
+    for name in asyncgpu.__all__:
+        obj = getattr(asyncgpu, name)
+        if isinstance(obj, type):
+            assert obj.__module__ == ("asyncgpu.errors" if issubclass(obj, Exception) else "asyncgpu"), name
+
+
+def test_every_returned_type_has_a_public_home():
+    homes = {getattr(importlib.import_module(f"asyncgpu.{s}"), n) for s in PUBLIC_SUBMODULES
+             for n in importlib.import_module(f"asyncgpu.{s}").__all__}
+    homes |= {getattr(asyncgpu, n) for n in asyncgpu.__all__}
+    from asyncgpu.kernel.records import KernelRecords, StageSummary
+    from asyncgpu.ranks.merge import RankBalance, RankInfo
+
+    for t in (asyncgpu.types.LaunchRecord, asyncgpu.types.PoolStats, asyncgpu.types.ClockCalibration, KernelRecords,
+              StageSummary, RankBalance, RankInfo, asyncgpu.types.DeviceSummary):
+        assert t in homes
+
+
+def test_moved_names_still_work_with_a_deprecation_warning():
+    with pytest.warns(DeprecationWarning, match="asyncgpu.kernel.KernelProfiler"):
+        assert asyncgpu.KernelProfiler is asyncgpu.kernel.KernelProfiler
+    with pytest.warns(DeprecationWarning, match="profiler_range"):
+        assert asyncgpu.capture is asyncgpu.profiler_range
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+            asyncgpu.nothing  # noqa: B018
 
 
 def test_one_exception_root():
-    for name in asyncgpu.__all__:
-        obj = getattr(asyncgpu, name)
-        if isinstance(obj, type) and issubclass(obj, Exception):
-            assert issubclass(obj, asyncgpu.AsyncGPUError)
+    for mod in (asyncgpu, asyncgpu.errors):
+        for name in mod.__all__:
+            obj = getattr(mod, name)
+            if isinstance(obj, type) and issubclass(obj, Exception):
+                assert issubclass(obj, asyncgpu.AsyncGPUError)
 
 
 def test_cuda_imports_live_in_one_module():
-    import pathlib
-
     root = pathlib.Path(asyncgpu.__file__).parent
-    offenders = [p.name for p in root.glob("*.py")
-                 if p.name != "_cuda.py" and ("from cuda" in p.read_text() or "import cuda" in p.read_text())]
+    offenders = [str(p.relative_to(root)) for p in root.rglob("*.py")
+                 if p.name != "cuda.py" and ("from cuda" in p.read_text() or "import cuda" in p.read_text())]
     assert offenders == []

@@ -14,7 +14,8 @@ import pytest
 from rich.console import Console
 
 import asyncgpu
-from asyncgpu import UnknownDeviceError, _bench
+from asyncgpu import _bench
+from asyncgpu.errors import UnknownDeviceError
 from asyncgpu._bench import NOISE_MIN_REPEATS, BenchmarkError, BenchmarkResult, benchmark
 from asyncgpu._history import kernel_history
 from asyncgpu._report import render

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import asyncgpu
-from asyncgpu import ClockError, gpu_timer
+from asyncgpu import gpu_timer
+from asyncgpu.errors import ClockError
 
 pytestmark = pytest.mark.anyio
 
@@ -53,7 +54,7 @@ async def test_calibration_failure_falls_back_to_relative_time_and_says_so(two_d
     def refuse(raws, timeout_ns):
         raise ClockError("injected: the device did not answer")
 
-    monkeypatch.setattr(bad._bd, "calibrate_events", refuse)
+    monkeypatch.setattr(bad.bd, "calibrate_events", refuse)
     async with gpu_timer(two_devs) as t:
         for d in two_devs:
             d.stream.spin_us(1_000)
@@ -86,13 +87,13 @@ def test_cuda_calibration_bounds():
     for _ in range(5):
         h0 = time.perf_counter_ns()
         ev = dev.record(dev.streams[1])
-        ev.sync()
+        ev.wait_sync()
         h1 = time.perf_counter_ns()
-        placed = cal.host_ns + dev._bd.elapsed_ms(cal._anchor, ev._raw) * 1e6 * cal.rate
+        placed = cal.host_ns + dev.bd.elapsed_ms(cal.anchor, ev.raw) * 1e6 * cal.rate
         ev.release()
         assert h0 - cal.bound_ns - 1_000 <= placed <= h1 + cal.bound_ns, (h0, placed, h1)
     # a globaltimer stamp taken in a kernel converts to a host time inside its bracket
-    stamps, _ = dev._bd.calibrate_globaltimer(8, 5_000_000)
+    stamps, _ = dev.bd.calibrate_globaltimer(8, 5_000_000)
     host = cal.globaltimer_to_host_ns(stamps[:, 0])
     slack = cal.globaltimer_bound_ns + 1_000
     assert np.all(host >= stamps[:, 1] - slack) and np.all(host <= stamps[:, 2] + slack)

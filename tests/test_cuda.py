@@ -45,7 +45,7 @@ def test_our_stream_works_in_torch_and_cupy():
         tv = torch.as_tensor(view, device="cuda")
         tv.mul_(2.0)
     with s.record() as ev:
-        ev.sync()
+        ev.wait_sync()
     assert np.all(a.to_numpy() == 6.0)
 
 
@@ -85,7 +85,7 @@ async def test_wait_is_cancellable_on_gpu():
     ev = dev.record()
     with anyio.move_on_after(0.02):
         await ev.wait()
-    assert not ev.query() and dev._engine.pending == 0
+    assert not ev.query() and dev.engine.pending == 0
     ev.release()
     dev.synchronize()
 
@@ -96,7 +96,7 @@ def test_sticky_error_reaches_every_waiter():
         from cuda.core import Program, ProgramOptions, LaunchConfig
         dev = asyncgpu.device(0)
         src = 'extern "C" __global__ void bad(int* p) { p[threadIdx.x] = 1; }'
-        kernel = Program(src, "c++", ProgramOptions(arch="sm_" + dev._bd.arch)).compile("cubin").get_kernel("bad")
+        kernel = Program(src, "c++", ProgramOptions(arch="sm_" + dev.bd.arch)).compile("cubin").get_kernel("bad")
         async def main():
             dev.stream.spin_us(20_000)
             dev.stream.launch(kernel, LaunchConfig(grid=1, block=32), 16, name="bad")

@@ -10,8 +10,8 @@ import anyio
 import pytest
 
 import asyncgpu
-from asyncgpu import (BackendError, ClosedError, DeviceMismatchError, NotReadyError, NotRecordedError,
-                      PoolExhaustedError, ReleasedError, TimingDisabledError)
+from asyncgpu import BackendError, ClosedError, DeviceMismatchError, ReleasedError, TimingDisabledError
+from asyncgpu.errors import NotReadyError, NotRecordedError, PoolExhaustedError
 
 pytestmark = pytest.mark.anyio
 
@@ -65,7 +65,7 @@ async def test_cancelled_wait_returns_promptly_and_leaks_nothing(dev):
     with anyio.move_on_after(0.02):
         await ev.wait()
     assert time.perf_counter() - t0 < 0.15
-    assert dev._engine.pending == 0
+    assert dev.engine.pending == 0
     assert not ev.query()
     ev.release()  # deferred: the device has not passed it yet
     assert dev.pool_stats().in_use == 1
@@ -98,7 +98,7 @@ async def test_many_concurrent_waits_all_resume(dev):
         for ev in events:
             tg.start_soon(waiter, ev)
     assert len(done) == 200 and all(ev.query() for ev in events)
-    assert dev._engine.pending == 0
+    assert dev.engine.pending == 0
     waiter_threads = [t for t in threading.enumerate() if t.name == f"asyncgpu-{dev.name}-waiter"]
     assert len(waiter_threads) == 1
     for ev in events:
@@ -149,14 +149,14 @@ async def test_repeated_waits_learn_and_stay_correct(dev):
         with dev.record() as ev:
             await ev.wait()
             assert ev.query()
-    assert dev._engine.estimate_ns(dev.stream.handle, "spin") is not None
+    assert dev.engine.estimate_ns(dev.stream.handle, "spin") is not None
 
 
 def test_sync_blocks_until_done(dev):
     dev.stream.spin_us(20_000)
     with dev.record() as ev:
         t0 = time.perf_counter()
-        ev.sync()
+        ev.wait_sync()
         assert ev.query()
         assert time.perf_counter() - t0 > 0.01
 
@@ -166,15 +166,15 @@ def test_event_errors_name_the_fix(dev, two_devs):
     with pytest.raises(NotRecordedError, match="record"):
         fresh.query()
     with pytest.raises(NotRecordedError):
-        fresh.sync()
+        fresh.wait_sync()
     plain = dev.record(timing=False)
     timed = dev.record()
-    plain.sync()
+    plain.wait_sync()
     with pytest.raises(TimingDisabledError, match="timing=True"):
         plain.elapsed_ms(timed)
     a, b = (d.record() for d in two_devs)
-    a.sync()
-    b.sync()
+    a.wait_sync()
+    b.wait_sync()
     with pytest.raises(DeviceMismatchError, match="own clock"):
         b - a
     with pytest.raises(TypeError):
@@ -201,7 +201,7 @@ def test_elapsed_before_completion_raises_not_ready(dev):
     end = dev.record()
     with pytest.raises(NotReadyError, match="wait"):
         end - start
-    end.sync()
+    end.wait_sync()
     assert end - start > 90
     start.release()
     end.release()
@@ -213,7 +213,7 @@ def test_pool_recycles_in_steady_state(dev):
     created = dev.pool_stats().created
     for _ in range(2000):
         ev = dev.record()
-        ev.sync()
+        ev.wait_sync()
         ev.release()
     stats = dev.pool_stats()
     assert stats.created == created
@@ -319,21 +319,21 @@ async def test_engine_keeps_its_own_schedule_without_progress_kicks():
     """The waiter thread must not rely on host-stream kicks: on CUDA nobody kicks it. Repeated waits on a
     learned duration go through early wakes, finish, and the next wait must wake the sleeping thread."""
     dev = asyncgpu.device("host:0")
-    dev._bd.on_progress = None
+    dev.bd.on_progress = None
     for _ in range(40):
         dev.stream.spin_us(2_000)
         with dev.record() as ev:
             t0 = time.perf_counter()
             await ev.wait()
             assert time.perf_counter() - t0 < 0.1  # the safety-net sleep is 0.5 s
-    assert dev._engine.estimate_ns(dev.stream.handle, "spin") is not None
-    assert dev._engine._early == 0 and dev._engine.pending == 0
+    assert dev.engine.estimate_ns(dev.stream.handle, "spin") is not None
+    assert dev.engine._early == 0 and dev.engine.pending == 0
 
 
 def test_a_record_consumes_the_streams_work_tag(dev):
     """Back-to-back records must not teach the engine that the work before them takes no time."""
     dev.stream.spin_us(100)
     a, b = dev.record(), dev.record()
-    assert (a._tag, b._tag) == ("spin", None)
+    assert (a.tag, b.tag) == ("spin", None)
     a.release()
     b.release()

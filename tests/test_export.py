@@ -142,7 +142,7 @@ async def test_trace_of_host_scopes(two_devs, tmp_path):
     back = read_trace(path)
     assert back.label == "host scope + second" and len(back) == len(t.timeline) + 1
     assert back.devices == tuple(d.name for d in two_devs) and back.streams[-1] == (0, "s1")
-    assert [s["rows"] for s in back.extra["scopes"]] == [len(t.timeline), 1]
+    assert [s.rows for s in back.scopes] == [len(t.timeline), 1]
     assert [r.name for r in back.host_ranges if r.kind == "scope"] == ["host scope", "second"]
 
 

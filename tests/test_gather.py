@@ -1,4 +1,4 @@
-"""asyncgpu.gather across processes: real ranks (torch.distributed, gloo on CPU, host backend) spawned on this
+"""asyncgpu.ranks.gather across processes: real ranks (torch.distributed, gloo on CPU, host backend) spawned on this
 machine, MPI ranks when mpi4py and mpiexec are there, the payload format, the merge and the balance in process,
 and the scale figure (32 ranks x 4 devices x 10,000 activities, simulated in one process).
 
@@ -22,12 +22,13 @@ import numpy as np
 import pytest
 
 import asyncgpu
-from asyncgpu import _gather, _wire_ranks
-from asyncgpu._gather import GatherError, gather, mark_collective, offset_from_pings
-from asyncgpu._ranks import Merger, RankTimeline
+from asyncgpu.ranks import exchange as _gather
+from asyncgpu.ranks import wire as _wire_ranks
+from asyncgpu.ranks.exchange import GatherError, gather, mark_collective, offset_from_pings
+from asyncgpu.ranks.merge import Merger, RankTimeline
 from asyncgpu._records import Timeline
 from asyncgpu._report import render
-from asyncgpu._wire_ranks import Marks, timeline_to_payload, unpack
+from asyncgpu.ranks.wire import Marks, timeline_to_payload, unpack
 
 ROOT = Path(__file__).resolve().parent.parent
 WORLD = 3
@@ -58,13 +59,14 @@ def _shifted(tl: Timeline, marks: list, shift_ns: int) -> Timeline:
     """``tl`` as a host whose clock reads ``shift_ns`` more would have recorded it."""
     from asyncgpu._records import HostRange
 
-    out = Timeline(tl.label, tl.devices, tl.streams, tl.names, tl.device, tl.stream, tl.name, tl.kind,
-                   tl.start_ns + shift_ns, tl.end_ns + shift_ns, tl.duration_ns, tl.scope_start_ns + shift_ns,
-                   tl.scope_end_ns + shift_ns, tl.clocks,
-                   tuple(HostRange(r.name, r.kind, r.start_ns + shift_ns, r.end_ns + shift_ns, r.thread)
-                         for r in tl.host_ranges), tl.descriptions)
-    out.extra["collective_marks"] = [(n, t + shift_ns, row, th) for n, t, row, th in marks]
-    return out
+    from asyncgpu._records import CollectiveMark, HostRange
+
+    return Timeline(tl.label, tl.devices, tl.streams, tl.names, tl.device, tl.stream, tl.name, tl.kind,
+                    tl.start_ns + shift_ns, tl.end_ns + shift_ns, tl.duration_ns, tl.scope_start_ns + shift_ns,
+                    tl.scope_end_ns + shift_ns, tl.clocks,
+                    tuple(HostRange(r.name, r.kind, r.start_ns + shift_ns, r.end_ns + shift_ns, r.thread)
+                          for r in tl.host_ranges), tl.descriptions,
+                    marks=tuple(CollectiveMark(n, t + shift_ns, row, th) for n, t, row, th in marks))
 
 
 def _outcome(fn) -> dict:
@@ -97,7 +99,7 @@ def _worker(rank: int, world: int, store: str, out: str) -> None:
     results["uninit"] = _outcome(lambda: gather(tl0, timeout_s=2))
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     t = _steps(asyncgpu.devices("host", count=2), rank, dist.barrier)
-    marks = list(_gather._MARKS[t])
+    marks = [(m.name, m.host_ns, m.row, m.thread) for m in t.timeline.marks]
     tl = t.timeline
     g = dist.group.WORLD
     results["ok"] = _outcome(lambda: _summary(gather(t, g, to_all=True, timeout_s=20)))

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import asyncgpu
-from asyncgpu import Channel, ClosedError, DeviceMismatchError, NotRecordedError, ReleasedError
+from asyncgpu import Channel, ClosedError, DeviceMismatchError, ReleasedError
+from asyncgpu.errors import NotRecordedError
 
 pytestmark = pytest.mark.anyio
 
@@ -57,7 +58,7 @@ def test_thread_to_thread_in_order_after_the_work(two_devs):
         with ch:
             for i in range(n):
                 d0.stream.inc_loop(a, 3)
-                ch.put(i, stream=d0.stream)
+                ch.put_sync(i, stream=d0.stream)
 
     seen = []
 
@@ -84,7 +85,7 @@ def test_each_item_is_taken_exactly_once_by_many_consumers(backend):
         with ch:
             for i in range(n):
                 dev.stream.spin_us(5)
-                ch.put(i, stream=dev.stream)
+                ch.put_sync(i, stream=dev.stream)
 
     got = [[] for _ in range(4)]
 
@@ -104,19 +105,19 @@ def test_each_item_is_taken_exactly_once_by_many_consumers(backend):
 def test_backpressure_blocks_a_full_channel_and_times_out(dev):
     ch = Channel(2)
     before = _in_use(dev)
-    ch.put("a", stream=dev.stream)
-    ch.put("b", stream=dev.stream)
+    ch.put_sync("a", stream=dev.stream)
+    ch.put_sync("b", stream=dev.stream)
     t0 = time.perf_counter()
     with pytest.raises(TimeoutError, match="full"):
-        ch.put("c", stream=dev.stream, timeout=0.05)
+        ch.put_sync("c", stream=dev.stream, timeout_s=0.05)
     assert time.perf_counter() - t0 >= 0.045
     assert ch.qsize() == 2
     dev.synchronize()
     assert _in_use(dev) - before == 2  # the failed put gave its event back
     # a get makes room for a blocked producer
-    join = _in_thread(lambda: ch.put("c", stream=dev.stream, timeout=5))
+    join = _in_thread(lambda: ch.put_sync("c", stream=dev.stream, timeout_s=5))
     time.sleep(0.02)
-    assert [ch.get().payload for _ in range(3)] == ["a", "b", "c"]
+    assert [ch.get_sync().payload for _ in range(3)] == ["a", "b", "c"]
     join()
     ch.drop()
 
@@ -124,13 +125,13 @@ def test_backpressure_blocks_a_full_channel_and_times_out(dev):
 def test_get_waits_for_the_gpu_and_a_timeout_puts_the_item_back(dev):
     ch = Channel(1)
     dev.stream.spin_us(300_000)
-    ch.put("slow", stream=dev.stream)
+    ch.put_sync("slow", stream=dev.stream)
     t0 = time.perf_counter()
     with pytest.raises(TimeoutError, match="back in the channel"):
-        ch.get(timeout=0.05)
+        ch.get_sync(timeout_s=0.05)
     assert 0.045 <= time.perf_counter() - t0 < 0.25
     assert ch.qsize() == 1
-    with ch.get(timeout=5) as h:
+    with ch.get_sync(timeout_s=5) as h:
         assert h.payload == "slow"
         assert h.event.query()
 
@@ -138,34 +139,34 @@ def test_get_waits_for_the_gpu_and_a_timeout_puts_the_item_back(dev):
 def test_get_on_an_empty_channel_times_out_and_loses_nothing(dev):
     ch = Channel(1)
     with pytest.raises(TimeoutError, match="nothing came"):
-        ch.get(timeout=0.02)
-    ch.put(1, stream=dev.stream)
-    assert ch.get(timeout=5).payload == 1
+        ch.get_sync(timeout_s=0.02)
+    ch.put_sync(1, stream=dev.stream)
+    assert ch.get_sync(timeout_s=5).payload == 1
 
 
 def test_close_semantics(dev):
     ch = Channel(2, name="c")
-    ch.put(1, stream=dev.stream)
+    ch.put_sync(1, stream=dev.stream)
     ch.close()
     with pytest.raises(ClosedError, match="closed"):
-        ch.put(2, stream=dev.stream)
-    assert ch.get().payload == 1  # items already in stay available
+        ch.put_sync(2, stream=dev.stream)
+    assert ch.get_sync().payload == 1  # items already in stay available
     with pytest.raises(ClosedError, match="closed and empty"):
-        ch.get()
+        ch.get_sync()
     assert list(ch) == []
 
 
 def test_close_wakes_blocked_getters_and_putters(dev):
     ch = Channel(1)
-    getter = _in_thread(lambda: ch.get(timeout=5))
+    getter = _in_thread(lambda: ch.get_sync(timeout_s=5))
     time.sleep(0.02)
     ch.close()
     with pytest.raises(ClosedError):
         getter()
     ch2 = Channel(1)
-    ch2.put(0, stream=dev.stream)
+    ch2.put_sync(0, stream=dev.stream)
     before = _in_use(dev)
-    putter = _in_thread(lambda: ch2.put(1, stream=dev.stream, timeout=5))
+    putter = _in_thread(lambda: ch2.put_sync(1, stream=dev.stream, timeout_s=5))
     time.sleep(0.02)
     ch2.close()
     with pytest.raises(ClosedError):
@@ -180,14 +181,14 @@ def test_a_producer_that_dies_closes_with_its_error(dev):
 
     def produce():
         with ch:
-            ch.put(1, stream=dev.stream)
+            ch.put_sync(1, stream=dev.stream)
             raise RuntimeError("disk on fire")
 
     with pytest.raises(RuntimeError):
         _in_thread(produce)()
-    assert ch.get().payload == 1  # what it put before dying still arrives
+    assert ch.get_sync().payload == 1  # what it put before dying still arrives
     with pytest.raises(ClosedError, match="producer that failed") as info:
-        ch.get()
+        ch.get_sync()
     assert isinstance(info.value.__cause__, RuntimeError)
     with pytest.raises(ClosedError):
         list(ch)  # iteration does not hide the failure
@@ -196,10 +197,10 @@ def test_a_producer_that_dies_closes_with_its_error(dev):
 def test_lifetime_the_event_is_held_until_done(dev):
     ch = Channel(2)
     before = _in_use(dev)
-    ph = ch.put("x", stream=dev.stream)
+    ph = ch.put_sync("x", stream=dev.stream)
     with pytest.raises(ReleasedError, match="not been taken"):
         ph.done()
-    h = ch.get()
+    h = ch.get_sync()
     assert h is ph
     dev.synchronize()
     assert _in_use(dev) == before + 1  # the consumer still holds it
@@ -217,22 +218,22 @@ def test_wait_done_protects_the_producers_buffer(two_devs):
     src = d0.alloc(1 << 16)
     dst = d1.alloc(1 << 16)
     d0.stream.memset(src, 1)
-    h = ch.put(src, stream=d0.stream)
+    h = ch.put_sync(src, stream=d0.stream)
 
     def consume():
-        g = ch.get(stream=d1.stream)
+        g = ch.get_sync(stream=d1.stream)
         d1.stream.spin_us(30_000)  # the consumer's use takes a while...
         d1.stream.copy(dst, g.payload)
         g.done(stream=d1.stream)
 
     _in_thread(consume)()
-    h.wait_done(stream=d0.stream)  # ...so the producer's stream waits for it before overwriting
+    h.wait_done_sync(stream=d0.stream)  # ...so the producer's stream waits for it before overwriting
     d0.stream.memset(src, 2)
     d0.synchronize()
     d1.synchronize()
     assert set(np.unique(dst.to_numpy().view(np.uint8)).tolist()) == {1}
     with pytest.raises(TimeoutError, match="not done"):
-        ch.put(src, stream=d0.stream).wait_done(timeout=0.02)
+        ch.put_sync(src, stream=d0.stream).wait_done_sync(timeout_s=0.02)
     ch.drop()
 
 
@@ -247,9 +248,9 @@ def test_gpu_side_take_orders_the_consumer_stream(two_devs):
     d0.synchronize()
     d0.stream.spin_us(20_000)  # the producer's work is still running when the consumer enqueues
     d0.stream.inc_loop(a, 7)
-    ch.put(a, stream=d0.stream)
+    ch.put_sync(a, stream=d0.stream)
     t0 = time.perf_counter()
-    h = ch.get(stream=d1.stream)
+    h = ch.get_sync(stream=d1.stream)
     assert time.perf_counter() - t0 < 0.015  # returns at once: no host wait for the GPU
     d1.stream.copy(b, h.payload)
     h.done(stream=d1.stream)
@@ -269,19 +270,19 @@ def test_gpu_side_take_orders_the_consumer_stream(two_devs):
 def test_bad_input(dev):
     ch = Channel(2, name="bad")
     with pytest.raises(TypeError, match="stream= .* or event="):
-        ch.put(1)
+        ch.put_sync(1)
     with pytest.raises(TypeError, match="not both"):
-        ch.put(1, stream=dev.stream, event=dev.record())
+        ch.put_sync(1, stream=dev.stream, event=dev.record())
     ev = dev.create_event()
     with pytest.raises(NotRecordedError):
-        ch.put(1, event=ev)
+        ch.put_sync(1, event=ev)
     ev.release()
     with pytest.raises(TypeError, match="asyncgpu Stream"):
-        ch.get(stream="s0")
+        ch.get_sync(stream="s0")
     with pytest.raises(ValueError, match="maxsize"):
         Channel(0)
     with pytest.raises(TypeError, match="Event"):
-        ch.put(1, event=object())
+        ch.put_sync(1, event=object())
     assert ch.qsize() == 0
 
 
@@ -289,14 +290,14 @@ def test_drop_reports_what_nobody_took(dev):
     ch = Channel(4, name="left")
     before = _in_use(dev)
     for i in range(3):
-        ch.put(i, stream=dev.stream)
+        ch.put_sync(i, stream=dev.stream)
     assert ch.drop() == [0, 1, 2]
     dev.synchronize()
     assert _in_use(dev) == before
     assert ch.closed
 
     ch2 = Channel(4, name="forgotten")
-    ch2.put(0, stream=dev.stream)
+    ch2.put_sync(0, stream=dev.stream)
     with pytest.warns(ResourceWarning, match="1 item"):
         del ch2
         gc.collect()
@@ -311,7 +312,7 @@ def test_handoffs_appear_on_the_timeline_with_flow_arrows(two_devs, tmp_path):
             with ch:
                 for i in range(4):
                     d0.stream.spin_us(500)
-                    ch.put(i, stream=d0.stream)
+                    ch.put_sync(i, stream=d0.stream)
 
         def consume():
             for h in ch:
@@ -321,9 +322,9 @@ def test_handoffs_appear_on_the_timeline_with_flow_arrows(two_devs, tmp_path):
         jp(), jc()
         ch2 = Channel(2, name="gpuflow")
         d0.stream.spin_us(500)
-        ch2.put(0, stream=d0.stream)
-        ch2.get(stream=d1.stream).done(stream=d1.stream)
-    (layer1, layer2) = t.timeline.extra["layers"]
+        ch2.put_sync(0, stream=d0.stream)
+        ch2.get_sync(stream=d1.stream).done(stream=d1.stream)
+    (layer1, layer2) = t.timeline.layers
     assert len(layer1.records()) == 4 and len(layer2.records()) == 1
     path = tmp_path / "h.json"
     asyncgpu.write_trace(t, path)
@@ -351,7 +352,7 @@ async def test_await_get_from_a_loop_with_a_thread_producer(dev):
         with ch:
             for i in range(20):
                 dev.stream.spin_us(200)
-                ch.put(i, stream=dev.stream)
+                ch.put_sync(i, stream=dev.stream)
 
     join = _in_thread(produce)
     got = []
@@ -406,7 +407,7 @@ async def test_cancelled_consumer_loses_no_item(dev):
         await ch.get()  # cancelled while waiting for the GPU
     assert scope.cancelled_caught
     assert ch.qsize() == 1
-    h = await ch.get(timeout=5)
+    h = await ch.get(timeout_s=5)
     assert h.payload == "slow"
     h.done()
     # cancelled while parked on an empty channel: the next item goes to the next getter
@@ -414,21 +415,21 @@ async def test_cancelled_consumer_loses_no_item(dev):
         await ch.get()
     assert scope.cancelled_caught
     await ch.put("next", stream=dev.stream)
-    assert (await ch.get(timeout=5)).payload == "next"
+    assert (await ch.get(timeout_s=5)).payload == "next"
 
 
 async def test_async_timeouts(dev):
     ch = Channel(1)
     with pytest.raises(TimeoutError):
-        await ch.get(timeout=0.02)
+        await ch.get(timeout_s=0.02)
     await ch.put(0, stream=dev.stream)
     with pytest.raises(TimeoutError):
-        await ch.put(1, stream=dev.stream, timeout=0.02)
+        await ch.put(1, stream=dev.stream, timeout_s=0.02)
     h = await ch.get()
     with pytest.raises(TimeoutError):
-        await h.wait_done(timeout=0.02)
+        await h.wait_done(timeout_s=0.02)
     h.done()
-    await h.wait_done(timeout=1)
+    await h.wait_done(timeout_s=1)
 
 
 async def test_async_gpu_side_take_and_wait_done(two_devs):
@@ -451,13 +452,13 @@ def test_events_of_two_backends_are_refused():
     cuda = asyncgpu.device(0)
     host = asyncgpu.device(0, backend="host")
     ch = Channel(2, name="mixed")
-    ch.put(1, stream=host.stream)
+    ch.put_sync(1, stream=host.stream)
     with pytest.raises(DeviceMismatchError, match="one channel per backend"):
-        ch.put(2, stream=cuda.stream)
+        ch.put_sync(2, stream=cuda.stream)
     with pytest.raises(DeviceMismatchError, match="take it on the host"):
-        ch.get(stream=cuda.stream)
+        ch.get_sync(stream=cuda.stream)
     assert ch.qsize() == 1  # nothing lost
-    ch.get().done()
+    ch.get_sync().done()
 
 
 @pytest.mark.gpu
@@ -466,8 +467,8 @@ def test_cuda_handoff_latency_is_measured():
     ch = Channel(1, name="lat")
     for i in range(20):
         dev.stream.spin_us(200)
-        ch.put(i, stream=dev.stream)
-        ch.get().done()
+        ch.put_sync(i, stream=dev.stream)
+        ch.get_sync().done()
     lat = ch.latencies_ns()
     assert lat.shape == (20,) and np.all(np.isfinite(lat))
     assert np.median(lat) < 1e6  # GPU ready to consumer running: well under a millisecond

@@ -10,7 +10,8 @@ import pytest
 
 import asyncgpu
 from asyncgpu import _history
-from asyncgpu._history import KernelRecord, kernel_history
+from asyncgpu._history import kernel_history
+from asyncgpu.types import LaunchRecord
 
 
 @pytest.fixture(autouse=True)
@@ -43,7 +44,7 @@ def test_records_each_launch_with_duration_and_absolute_start(dev):
     recs = kernel_history()
     assert [r.name for r in recs] == ["memset", "spin", "inc_loop", "copy_to_host"]
     assert [r.kind for r in recs] == ["memset", "kernel", "kernel", "memcpy"]
-    assert all(isinstance(r, KernelRecord) and r.device == dev.name and r.stream == "s0" for r in recs)
+    assert all(isinstance(r, LaunchRecord) and r.device == dev.name and r.stream == "s0" for r in recs)
     assert [r.seq for r in recs] == sorted(r.seq for r in recs)
     spin = recs[1]
     assert 2.9 < spin.duration_ms < 30

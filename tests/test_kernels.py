@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncgpu import _cuda
+from asyncgpu._backends import cuda as _cuda
 
 
 @pytest.mark.parametrize("arch", ["80", "90"])

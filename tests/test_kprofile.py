@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 import asyncgpu
-from asyncgpu import _cuda
+from asyncgpu._backends import cuda as _cuda
 from asyncgpu._errors import DeviceMismatchError, KernelRecordsError, KernelRecordsOverflowError
 from asyncgpu._export import trace_dict
-from asyncgpu._kdecode import KernelRecords, decode, decode_tirx
-from asyncgpu._kformat import FORMAT, HostLane, format_path, parse_format
-from asyncgpu._kprofile import INC_LOOP_STAGES, KernelLayer, KernelProfiler
+from asyncgpu.kernel.records import KernelRecords, decode, decode_tirx
+from asyncgpu._backends.kernels import FORMAT, HostLane, format_path, parse_format
+from asyncgpu.kernel.profiler import INC_LOOP_STAGES, KernelLayer, KernelProfiler
 from asyncgpu._records import Timeline
 
 F = FORMAT
@@ -208,7 +208,7 @@ def test_host_time_placement_is_affine_and_exact():
 
 @pytest.mark.parametrize("seed", range(8))
 def test_fast_and_general_paths_match_a_reference_decoder(seed, monkeypatch):
-    from asyncgpu import _kdecode
+    from asyncgpu.kernel import records as _kdecode
 
     paths = []
     fast = _kdecode._decode_pairs
@@ -425,7 +425,7 @@ def test_profiler_arguments_and_states():
     with pytest.raises(KernelRecordsError, match="not armed"):
         prof.pointer
     with pytest.raises(KernelRecordsError, match="nothing to gather"):
-        prof.gather_sync()
+        prof.collect_sync()
     with pytest.raises(ValueError, match="grid"):
         prof.arm((4, 0))
     prof.close()
@@ -455,12 +455,12 @@ async def test_inc_loop_records_land_inside_the_kernel_on_every_device(two_devs)
             d.stream.memset(a, 0)
             with KernelProfiler(d, max_tracks=2) as prof:
                 prof.inc_loop(a, 5)
-                out[d.name] = await prof.gather()
+                out[d.name] = await prof.collect()
             assert np.all(a.to_numpy() == 5)
         async with anyio.create_task_group() as tg:
             for d in two_devs:
                 tg.start_soon(one, d)
-    blocks = two_devs[0]._bd.inc_loop_profiled_blocks(n)
+    blocks = two_devs[0].bd.inc_loop_profiled_blocks(n)
     for d in two_devs:
         recs = out[d.name]
         assert recs.aligned and recs.stages == INC_LOOP_STAGES and len(recs) == 3 * blocks
@@ -520,7 +520,7 @@ def test_a_users_host_kernel_with_two_groups_handing_over():
     with KernelProfiler(dev, stages=stages, groups=2, capacity=64, name="ws") as prof:
         prof.arm(blocks)
         dev.stream.launch(kernel, None, prof.array, name="ws")
-        recs = prof.gather_sync()
+        recs = prof.collect_sync()
     assert np.allclose(out, [np.sum(x[b * tiles * 1000:(b + 1) * tiles * 1000] ** 2) for b in range(blocks)])
     s = recs.summary()
     assert s.names == stages[:4] and s.count.tolist() == [tiles * blocks] * 4 and s.blocks.tolist() == [2] * 4
@@ -538,13 +538,13 @@ def test_rearming_reuses_or_grows_the_buffer_and_each_gather_is_one_launch():
         dev.stream.memset(a, 0)
     with KernelProfiler(dev) as prof:
         prof.inc_loop(small, 1)
-        assert len(prof.gather_sync()) == 3
+        assert len(prof.collect_sync()) == 3
         first_buffer = prof.array
         prof.inc_loop(big, 2)
-        assert len(prof.gather_sync()) == 3 * 5 and prof.array is not first_buffer
+        assert len(prof.collect_sync()) == 3 * 5 and prof.array is not first_buffer
         grown = prof.array
         prof.inc_loop(small, 1)
-        assert len(prof.gather_sync()) == 3 and prof.array is grown  # re-zeroed: nothing of the earlier launch
+        assert len(prof.collect_sync()) == 3 and prof.array is grown  # re-zeroed: nothing of the earlier launch
 
 
 @pytest.mark.anyio
@@ -554,9 +554,9 @@ async def test_a_cancelled_gather_can_be_gathered_again():
         prof.arm(1)
         dev.stream.launch(lambda buf: (time.sleep(0.3), HostLane(buf, 0, blocks=1).finalize()), None, prof.array)
         with anyio.move_on_after(0.02) as scope:
-            await prof.gather()
+            await prof.collect()
         assert scope.cancelled_caught
-        recs = await prof.gather()
+        recs = await prof.collect()
         assert recs.lanes_started == 1 and len(recs) == 0
 
 
@@ -578,7 +578,7 @@ def _compile_user_kernel(dev, body: str, switch: str = ""):
     from cuda.core import Program, ProgramOptions
 
     src = switch + '\n#include "asyncgpu_profile.cuh"\n' + body
-    opts = ProgramOptions(arch=f"sm_{dev._bd.arch}", std="c++17", include_path=[KernelProfiler.include_dir()])
+    opts = ProgramOptions(arch=f"sm_{dev.bd.arch}", std="c++17", include_path=[KernelProfiler.include_dir()])
     return Program(src, "c++", opts).compile("cubin")
 
 
@@ -607,10 +607,10 @@ async def test_gpu_inc_loop_records_are_aligned_inside_the_kernel():
     dev.stream.memset(a, 0)
     with KernelProfiler(dev, max_tracks=4) as prof:
         prof.inc_loop(a, 1)  # the first launch also loads the module (lazy loading): not in the scope
-        await prof.gather()
+        await prof.collect()
         async with asyncgpu.gpu_timer(dev) as t:
             prof.inc_loop(a, 300)
-            recs = await prof.gather()
+            recs = await prof.collect()
     assert np.all(a.to_numpy() == 301)
     blocks = n // 256
     assert recs.aligned, recs.time_base
@@ -634,16 +634,16 @@ def test_gpu_user_kernel_groups_overflow_and_a_small_buffer():
     dev.stream.memset(x, 0)
     with KernelProfiler(dev, stages=("g0", "g1", "done"), groups=2, capacity=64) as prof:
         dev.stream.launch(kernel, LaunchConfig(grid=8, block=128), x.ptr, np.int32(10), prof.arm(8))
-        recs = prof.gather_sync()
+        recs = prof.collect_sync()
         assert len(recs) == 8 * 2 * 10 and sorted(set(recs.group.tolist())) == [0, 1]
         assert recs.instant_ns.size == 16 and np.all(recs.duration_ns > 0)
         dev.stream.launch(kernel, LaunchConfig(grid=8, block=128), x.ptr, np.int32(40), prof.arm(8))
         with pytest.raises(KernelRecordsOverflowError, match="capacity="):
-            prof.gather_sync()
+            prof.collect_sync()
         dev.stream.launch(kernel, LaunchConfig(grid=8, block=128), x.ptr, np.int32(2), prof.arm(3))
         with pytest.raises(KernelRecordsOverflowError, match=r"10 \(block, group\) lanes found no room"):
-            prof.gather_sync()
-        assert len(prof.gather_sync(strict=False)) == 3 * 2 * 2
+            prof.collect_sync()
+        assert len(prof.collect_sync(strict=False)) == 3 * 2 * 2
     dev.synchronize()  # no sticky error: nothing was written out of bounds
 
 
@@ -657,7 +657,7 @@ def test_gpu_switch_off_writes_nothing():
     dev.stream.memset(x, 0)
     with KernelProfiler(dev, groups=2) as prof:
         dev.stream.launch(kernel, LaunchConfig(grid=1, block=128), x.ptr, np.int32(5), prof.arm(1))
-        recs = prof.gather_sync()
+        recs = prof.collect_sync()
     assert recs.lanes_started == 0 and len(recs) == 0 and recs.problems == ()
 
 
@@ -674,7 +674,7 @@ async def test_gpu_two_devices_records_on_each_process():
             d.stream.memset(a, 0)
             with KernelProfiler(d, max_tracks=2) as prof:
                 prof.inc_loop(a, 200)
-                results[d.name] = await prof.gather()
+                results[d.name] = await prof.collect()
         async with anyio.create_task_group() as tg:
             for d in devs:
                 tg.start_soon(one, d)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from asyncgpu import KINDS, ScopeError, _nvtx
-from asyncgpu._nvtx import capture
+from asyncgpu import profiler_range
 
 pytestmark = pytest.mark.anyio
 
@@ -16,7 +16,7 @@ def calls(two_devs, monkeypatch):
     log: list[tuple[str, str]] = []
     for d in two_devs:
         for what in ("profiler_start", "profiler_stop"):
-            monkeypatch.setattr(d._bd, what, lambda what=what, name=d.name: log.append((what, name)))
+            monkeypatch.setattr(d.bd, what, lambda what=what, name=d.name: log.append((what, name)))
     ranges: dict[object, str] = {}
 
     def sink(what, arg):
@@ -39,7 +39,7 @@ def test_colours_cover_every_kind():
 
 def test_capture_starts_and_stops_once_in_order(two_devs, calls):
     a, b = two_devs
-    with capture(two_devs):
+    with profiler_range(two_devs):
         calls.append(("body", ""))
     assert calls == [("profiler_start", a.name), ("profiler_start", b.name), ("nvtx start", "capture"),
                      ("body", ""), ("nvtx end", "capture"), ("profiler_stop", b.name), ("profiler_stop", a.name)]
@@ -47,7 +47,7 @@ def test_capture_starts_and_stops_once_in_order(two_devs, calls):
 
 async def test_capture_stops_when_the_body_raises(two_devs, calls):
     with pytest.raises(RuntimeError, match="boom"):
-        async with capture(two_devs[1]):
+        async with profiler_range(two_devs[1]):
             raise RuntimeError("boom")
     name = two_devs[1].name
     assert calls == [("profiler_start", name), ("nvtx start", "capture"), ("nvtx end", "capture"),
@@ -56,10 +56,10 @@ async def test_capture_stops_when_the_body_raises(two_devs, calls):
 
 def test_inactive_capture_does_nothing(two_devs, calls, monkeypatch):
     for step in range(3):
-        with capture(two_devs[0], active=(step == 1)):
+        with profiler_range(two_devs[0], active=(step == 1)):
             pass
     monkeypatch.setenv("ASYNCGPU_BACKEND", "no-such-backend")
-    with capture(active=False):  # resolves no device: the default backend would raise
+    with profiler_range(active=False):  # resolves no device: the default backend would raise
         pass
     name = two_devs[0].name
     assert calls == [("profiler_start", name), ("nvtx start", "capture"), ("nvtx end", "capture"),
@@ -70,15 +70,15 @@ def test_a_failed_start_stops_the_devices_already_started(two_devs, calls, monke
     def fail():
         raise RuntimeError("no profiler")
 
-    monkeypatch.setattr(two_devs[1]._bd, "profiler_start", fail)
-    with pytest.raises(RuntimeError, match="no profiler"), capture(two_devs):
+    monkeypatch.setattr(two_devs[1].bd, "profiler_start", fail)
+    with pytest.raises(RuntimeError, match="no profiler"), profiler_range(two_devs):
         pass
     name = two_devs[0].name
     assert calls == [("profiler_start", name), ("profiler_stop", name)]
 
 
 def test_capture_is_one_block_at_a_time(dev):
-    c = capture(dev)  # the host backend's profiler calls are no-ops
+    c = profiler_range(dev)  # the host backend's profiler calls are no-ops
     with c, pytest.raises(ScopeError, match="new capture"):
         c.__enter__()
     with c:  # reusable once closed

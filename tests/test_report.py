@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import time
 import types
 
@@ -10,7 +12,7 @@ import pytest
 
 from asyncgpu import gpu_timer
 from asyncgpu._records import DeviceClock, Timeline
-from asyncgpu._report import balance_renderable, records_report, render, render_text, timeline_table, timer_report
+from asyncgpu._report import balance_renderable, records_report, render, timeline_report, timeline_table
 from asyncgpu._summary import balance
 
 MS = 1_000_000
@@ -22,9 +24,9 @@ def plain(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.splitlines())
 
 
-def fake_timer(tl: Timeline, host_ms=1.25, wait_ms=7.75, cpu_ms=3.5) -> types.SimpleNamespace:
-    """What `timer_report` reads from a finished Timer."""
-    return types.SimpleNamespace(label=tl.label, timeline=tl, host_ms=host_ms, wait_ms=wait_ms, cpu_ms=cpu_ms)
+def fake_timer(tl: Timeline, host_ms=1.25, wait_ms=7.75, cpu_ms=3.5) -> Timeline:
+    """A finished scope's timeline: the report reads the host times from it, never from a live Timer."""
+    return dataclasses.replace(tl, host_ms=host_ms, wait_ms=wait_ms, cpu_ms=cpu_ms)
 
 
 def step_timeline() -> Timeline:
@@ -218,21 +220,25 @@ scope 'idle': host 0.500 ms issuing + 0.000 ms waiting for the devices, CPU 0.25
 """
 
 
+def render_text_of(tl: Timeline) -> str:
+    return render(timeline_report(tl))
+
+
 @pytest.mark.parametrize("make, expected", [
-    (lambda: render_text(step_timer()), STEP_REPORT),
+    (lambda: render_text_of(step_timer()), STEP_REPORT),
     (lambda: render(balance_renderable(balance(step_timeline(), {"cuda:0": 64, "cuda:1": 64}))),
      STEP_BALANCE_WITH_UNITS),
-    (lambda: render_text(hard_timer()), HARD_REPORT),
+    (lambda: render_text_of(hard_timer()), HARD_REPORT),
     (lambda: render(timeline_table(step_timeline(), order="time", limit=3)), TIME_ORDER_LIMITED),
     (lambda: render(records_report(step_timeline().records()[:3], "    ")), RECORDS_INDENTED),
-    (lambda: render_text(empty_timer()), EMPTY_REPORT),
+    (lambda: render_text_of(empty_timer()), EMPTY_REPORT),
 ], ids=["step", "balance-units", "hard", "time-limited", "records", "empty"])
 def test_golden(make, expected):
     assert plain(make()) == expected.rstrip("\n")
 
 
 def test_render_is_plain_text_of_the_given_width():
-    text = render(timer_report(step_timer()), width=60)
+    text = render(timeline_report(step_timer()), width=60)
     assert "\x1b[" not in text
     assert max(len(line) for line in text.splitlines()) <= 60
 

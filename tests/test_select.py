@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 import asyncgpu
-from asyncgpu import ClosedError, DeviceMismatchError, NoDeviceError, UnknownDeviceError
-from asyncgpu._backend import load_backend
+from asyncgpu import ClosedError, DeviceMismatchError, NoDeviceError
+from asyncgpu.errors import UnknownDeviceError
+from asyncgpu._backends import load_backend
 
 from .conftest import CUDA_OK
 

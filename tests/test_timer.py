@@ -197,7 +197,7 @@ async def test_timer_over_default_devices_uses_env_backend(monkeypatch):
 
 
 def test_unknown_devices_in_timer():
-    with pytest.raises(asyncgpu.UnknownDeviceError):
+    with pytest.raises(asyncgpu.errors.UnknownDeviceError):
         gpu_timer(["host:0", "gpu:3"])
     with pytest.raises(TypeError):
         gpu_timer(3.5)

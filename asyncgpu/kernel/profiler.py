@@ -1,41 +1,45 @@
-"""`KernelProfiler`: in-kernel records of one device — arm a buffer, hand its pointer to a kernel, gather it,
+"""`KernelProfiler`: in-kernel records of one device — arm a buffer, hand its pointer to a kernel, collect it,
 decode it, and place it on the scope's timeline.
 
     prof = asyncgpu.KernelProfiler(dev, stages=("load", "compute"), groups=2, capacity=64)
     ptr = prof.arm(grid)                      # zero + header on the stream, before the launch
     dev.stream.launch(kernel, config, ..., ptr, name="my_kernel")   # the kernel includes asyncgpu_profile.cuh
-    recs = await prof.gather()                # async copy on the same stream, awaited; decoded with numpy
+    recs = await prof.collect()               # async copy on the same stream, awaited; decoded with numpy
     print(recs.summary())
 
 Placement: CUDA stamps (``%globaltimer``) go to the host time base through the device's clock calibration
 (`Device.clock`); when it cannot be calibrated the records keep relative times and say so (``aligned``,
-``time_base``), and the trace marks their tracks. Host-backend records are host stamps already. Each gather
+``time_base``), and the trace marks their tracks. Host-backend records are host stamps already. Each collect
 hands a layer to the open ``gpu_timer`` scopes of the calling context that cover the device: the trace then
 draws the records on the device's process, one track per (block, group) for the first ``max_tracks`` lanes.
 
 Threads: a profiler belongs to one device and may be used from any thread, one call at a time (arm, launch,
-gather, in that order, then again). ``gather`` is a checkpoint; cancelling it withdraws the wait (the copy still
-lands; gather again or arm again).
+collect, in that order, then again). ``await collect()`` is a checkpoint; cancelling it withdraws the wait (the
+copy still lands; collect again or arm again). ``collect_sync()`` blocks the calling thread instead.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from typing import TYPE_CHECKING, Any, Sequence, final
 
 import numpy as np
 
-from ._errors import AsyncGPUError, ClockError, DeviceMismatchError, KernelRecordsError
-from ._kdecode import KernelRecords, decode
-from ._kformat import FORMAT
-from ._memory import DeviceArray
-from ._timer import attach_layer, run_timed
+from .._backends.kernels import FORMAT, kernels_dir
+from .._core import hooks
+from .._core.clock import placement
+from .._core.memory import DeviceArray
+from .._errors import ClockError, DeviceMismatchError, KernelRecordsError
+from .._trace import device_pid
+from .._trace import lanes as nesting_lanes
+from .records import KernelRecords, decode
 
 if TYPE_CHECKING:
-    from ._device import Device
-    from ._stream import Stream
+    from .._core.device import Device
+    from .._core.stream import Stream
 
-__all__ = ["INC_LOOP_STAGES", "KernelLayer", "KernelProfiler"]
+__all__ = ["INC_LOOP_STAGES", "KernelLayer", "KernelProfiler", "include_dir"]
 
 INC_LOOP_STAGES = ("load", "add", "store")
 _MAX_U32 = 0xFFFFFFFF
@@ -60,7 +64,7 @@ class KernelProfiler:
                              f"not {len(stages)}")
         if max_tracks < 0:
             raise ValueError(f"max_tracks must be >= 0, not {max_tracks}")
-        device._check_open()
+        device.check_open()
         self.device = device
         self.stages, self.groups, self.capacity = tuple(stages), groups, capacity
         self.name, self.max_tracks = name, max_tracks
@@ -92,15 +96,15 @@ class KernelProfiler:
         """Prepare the buffer for one launch of ``grid`` blocks (an int or up to three dimensions): enqueue on
         ``stream`` (default: the device's) a zeroing of the buffer and the writing of its header, allocating a
         larger buffer when needed. Returns `pointer`. Never blocks; arm again before every launch."""
-        self._check_open()
+        self.check_open()
         blocks = _blocks(grid)
         lanes = blocks * self.groups
         if lanes > _MAX_U32:
             raise ValueError(f"{blocks} blocks x {self.groups} groups = {lanes} lanes: at most {_MAX_U32}")
         if self._state == "gathering":
-            raise KernelRecordsError("a gather() of this profiler is still running: await it before arming again "
+            raise KernelRecordsError("a collect() of this profiler is still running: await it before arming again "
                                      "(or use one profiler per concurrent launch)")
-        s = self.device._stream_of(stream)
+        s = self.device.stream_of(stream)
         prev = self._stream
         if prev is not None and prev is not s:  # the old stream's use of the buffer (a gather's copy) comes first
             with prev.record(timing=False) as done:
@@ -110,9 +114,9 @@ class KernelProfiler:
             if self._buf is not None:
                 self._buf.free()
             self._buf = self.device.alloc(words, np.uint64, stream=s)
-        bd, raw = self.device._bd, self._buf._live()
-        bd.memset(s._raw, raw, 8 * words, 0)
-        bd.write_words32(s._raw, raw, FORMAT.header(self.groups, lanes, self.capacity)[:_HOST_FIELDS])
+        bd, raw = self.device.bd, self._buf.live()
+        bd.memset(s.raw, raw, 8 * words, 0)
+        bd.write_words32(s.raw, raw, FORMAT.header(self.groups, lanes, self.capacity)[:_HOST_FIELDS])
         self._stream, self._words, self._state = s, words, "armed"
         self._launch = (self.name, self.stages)
         return self._buf.ptr
@@ -121,7 +125,7 @@ class KernelProfiler:
     def inc_loop(self, array: DeviceArray, iterations: int, *, stream: Stream | None = None) -> None:
         """Arm, then launch the built-in ``inc_loop`` with in-kernel records on ``stream``: one lane per block
         (256 elements on CUDA, 65536 on the host backend), stages ``load``, ``add``, ``store`` (unless this
-        profiler names its own). Timed as a kernel activity ``inc_loop`` in open scopes. `gather` afterwards."""
+        profiler names its own). Timed as a kernel activity ``inc_loop`` in open scopes. `collect` afterwards."""
         if self.groups != 1:
             raise ValueError("the built-in inc_loop has one leader per block: use KernelProfiler(..., groups=1)")
         if not isinstance(array, DeviceArray):
@@ -131,17 +135,17 @@ class KernelProfiler:
                                       "use a profiler of the array's device")
         if array.dtype != np.float32:
             raise TypeError(f"inc_loop works on float32 arrays, not {array.dtype}")
-        s = self.device._stream_of(stream)
-        bd = self.device._bd
+        s = self.device.stream_of(stream)
+        bd = self.device.bd
         self.arm(bd.inc_loop_profiled_blocks(array.size), stream=s)
         self._launch = (self.name if self.name != "kernel" else "inc_loop", self.stages or INC_LOOP_STAGES)
         bd.prepare("inc_loop_profiled")
         assert self._buf is not None
-        run_timed(s, "inc_loop", "kernel", bd.inc_loop_profiled, s._raw, array._live(), array.size, int(iterations),
-                  self._buf._live())
+        hooks.launch(s, "inc_loop", "kernel", bd.inc_loop_profiled, s.raw, array.live(), array.size, int(iterations),
+                  self._buf.live())
 
-    # -- gathering ------------------------------------------------------------------------------------------------
-    async def gather(self, *, strict: bool = True) -> KernelRecords:
+    # -- collecting -----------------------------------------------------------------------------------------------
+    async def collect(self, *, strict: bool = True) -> KernelRecords:
         """Copy the buffer back after the work enqueued on its stream (the kernel), await it (the loop keeps
         running), decode and place the records, and hand them to the open scopes covering the device. A
         checkpoint. Raises `KernelRecordsError` (`KernelRecordsOverflowError` for dropped records) as
@@ -156,11 +160,11 @@ class KernelProfiler:
             ev.release()
         return self._finish(strict)
 
-    def gather_sync(self, *, strict: bool = True) -> KernelRecords:
-        """`gather`, blocking the calling thread (GIL released while it waits)."""
+    def collect_sync(self, *, strict: bool = True) -> KernelRecords:
+        """`collect`, blocking the calling thread (GIL released while it waits)."""
         ev = self._start_gather()
         try:
-            ev.sync()
+            ev.wait_sync()
         except BaseException:
             self._state = "armed"
             raise
@@ -169,17 +173,17 @@ class KernelProfiler:
         return self._finish(strict)
 
     def _start_gather(self) -> Any:
-        self._check_open()
+        self.check_open()
         if self._state == "gathering":
-            raise KernelRecordsError("a gather() of this profiler is already running: await it first")
+            raise KernelRecordsError("a collect() of this profiler is already running: await it first")
         if self._state not in ("armed", "gathered"):
             raise KernelRecordsError("nothing to gather: arm() the profiler, launch the kernel with its pointer, "
-                                     "then gather()")
+                                     "then collect()")
         s, buf = self._stream, self._buf
         assert s is not None and buf is not None
         if self._host is None or self._host.size < self._words:
             self._host = self.device.alloc_pinned(self._words, np.uint64)
-        self.device._bd.copy_to_host(s._raw, buf._live(), self._host, 8 * self._words)
+        self.device.bd.copy_to_host(s.raw, buf.live(), self._host, 8 * self._words)
         self._state = "gathering"
         return s.record(timing=False, tag="kernel records")
 
@@ -190,20 +194,22 @@ class KernelProfiler:
         name, stages = self._launch
         recs = decode(self._host[: self._words], stages, strict=strict, to_host=to_host, time_base=time_base,
                       name=name, device=self.device.name)
-        attach_layer(self.device, KernelLayer(recs, self.max_tracks))
+        hooks.attach(self.device, lambda: KernelLayer(recs, self.max_tracks))
         return recs
 
     def _placement(self) -> tuple[Any, str]:
         """How this device's stamps become host time, and the words that say so."""
         if self.device.backend == "host":
             return (lambda t: np.asarray(t, np.float64)), "host time (host-backend records are perf_counter_ns stamps)"
+        place = placement(self.device)
         try:
-            cal = self.device.clock(max_age_s=1.0)
-            cal.globaltimer_to_host_ns(0)  # raises ClockError without a %globaltimer calibration
-        except (ClockError, AsyncGPUError) as exc:
+            place.globaltimer_to_host_ns(0)  # raises ClockError without a %globaltimer calibration
+        except ClockError as exc:
             return None, (f"relative: ns from the kernel's first stamp ({self.device.name}'s %globaltimer could not "
                           f"be aligned to the host clock: {exc})")
-        return cal.globaltimer_to_host_ns, f"host time (%globaltimer aligned within ±{cal.globaltimer_bound_ns:.0f} ns)"
+        assert place.calibration is not None
+        return place.globaltimer_to_host_ns, ("host time (%globaltimer aligned within "
+                                              f"±{place.calibration.globaltimer_bound_ns:.0f} ns)")
 
     # -- lifetime --------------------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -221,10 +227,10 @@ class KernelProfiler:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
         if self._state == "closed":
             raise KernelRecordsError("this KernelProfiler is closed: make a new one")
-        self.device._check_open()
+        self.device.check_open()
 
     def _armed_buffer(self) -> DeviceArray:
         if self._buf is None or self._state == "new":
@@ -233,15 +239,33 @@ class KernelProfiler:
 
     @staticmethod
     def include_dir() -> str:
-        """The directory holding ``asyncgpu_profile.cuh`` (and its format header): add it to the include path
-        when compiling your own kernel (NVRTC ``include_path``, nvcc ``-I``)."""
-        from ._cuda import kernels_dir
+        """`asyncgpu.kernel.include_dir`."""
+        return include_dir()
 
-        return str(kernels_dir())
+    async def gather(self, *, strict: bool = True) -> KernelRecords:
+        """Deprecated name of `collect` (``asyncgpu.ranks.gather`` gathers across ranks)."""
+        _deprecated("gather", "collect")
+        return await self.collect(strict=strict)
+
+    def gather_sync(self, *, strict: bool = True) -> KernelRecords:
+        """Deprecated name of `collect_sync`."""
+        _deprecated("gather_sync", "collect_sync")
+        return self.collect_sync(strict=strict)
 
     def __repr__(self) -> str:
         return (f"<asyncgpu.KernelProfiler {self.device.name} {self._state} groups={self.groups} "
                 f"capacity={self.capacity}>")
+
+
+def include_dir() -> str:
+    """The directory holding ``asyncgpu_profile.cuh`` (and its format header): add it to the include path when
+    compiling your own kernel (NVRTC ``include_path``, nvcc ``-I``)."""
+    return str(kernels_dir())
+
+
+def _deprecated(old: str, new: str) -> None:
+    warnings.warn(f"KernelProfiler.{old}() is now KernelProfiler.{new}() (the old name goes in the next release)",
+                  DeprecationWarning, stacklevel=3)
 
 
 def _blocks(grid: int | Sequence[int]) -> int:
@@ -252,7 +276,7 @@ def _blocks(grid: int | Sequence[int]) -> int:
 
 
 class KernelLayer:
-    """The records of one gather as a layer of a timeline's trace (see `asyncgpu._export`, "Layers"): on the
+    """The records of one collect as a layer of a timeline's trace (see `asyncgpu._export`, "Layers"): on the
     device's process, one track per (block, group) for the first ``max_tracks`` lanes that have records (the
     first track's name says how many exist), regions as complete events (a second track per lane where regions
     overlap without nesting), instants as instant events."""
@@ -260,13 +284,16 @@ class KernelLayer:
     def __init__(self, records: KernelRecords, max_tracks: int) -> None:
         self.records, self.max_tracks = records, max_tracks
 
+    def finish(self) -> KernelLayer:
+        """The records are data already: the scope keeps this layer as it is."""
+        return self
+
     def trace_events(self, timeline: Any, origin_ns: int, first_tid: int) -> tuple[list[dict], int]:
-        from ._export import _lanes
 
         r = self.records
         if r.device not in timeline.devices:
             return [], 0
-        pid = 2 + timeline.devices.index(r.device)
+        pid = device_pid(timeline.devices.index(r.device))
         lanes = np.union1d(r.lane, r.instant_block.astype(np.int64) * r.groups + r.instant_group)
         shown = lanes[: self.max_tracks]
         # Relative records start at the scope's start: never mixed silently with host times (track names say so).
@@ -286,7 +313,7 @@ class KernelLayer:
                 label += f" [first {len(shown)} of {len(lanes)} lanes]"
             rows = np.flatnonzero(lane_col == lane)  # (a mask: no assumption on the row order)
             s_ns, e_ns = s_all[rows], e_all[rows]
-            sub = _lanes(s_ns, e_ns)
+            sub = nesting_lanes(s_ns, e_ns)
             n_sub = int(sub.max()) + 1 if sub.size else 1
             for j in range(n_sub):
                 events.append({"ph": "M", "pid": pid, "tid": tid + j, "ts": 0, "name": "thread_name",

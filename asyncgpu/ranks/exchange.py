@@ -52,25 +52,23 @@ import socket
 import sys
 import threading
 import time
-import weakref
 import zlib
 from datetime import timedelta
 from typing import Any
 
 import numpy as np
 
-from . import _timer
-from . import _wire_ranks as wire
-from ._errors import ScopeError
-from ._ranks import Merger, RankTimeline
-from ._records import Timeline
-from ._timer import Timer
-from ._wire_ranks import GatherError, Marks
+from .. import _timer
+from .._errors import GatherError, ScopeError
+from .._records import Timeline
+from .._timer import Timer
+from . import wire
+from .merge import Merger, RankTimeline
+from .wire import Marks
 
-__all__ = ["GatherError", "RankTimeline", "gather", "mark_collective"]
+__all__ = ["gather", "mark_collective", "offset_from_pings"]
 
 _now_ns = time.perf_counter_ns  # the clock of every rank's times (tests shift it to play another host)
-_MARKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Timer -> [(name, host ns, row, thread)]
 _LOCK = threading.Lock()
 _SEQ: dict[Any, int] = {}  # per group: how many gathers this process began on it
 
@@ -81,21 +79,19 @@ def mark_collective(name: str, timer: Timer | None = None) -> None:
     one ``name`` across ranks and reports who arrived last and how long the others waited (`RankTimeline.balance`).
     Costs a clock read and a list append; any thread."""
     now = _now_ns()
-    scopes = [timer] if timer is not None else list(_timer._SCOPES.get() or _timer._THREAD_SCOPES)
-    scopes = [s for s in scopes if _timer.scope_is_open(s)]
+    scopes = [timer] if timer is not None else list(_timer.current_scopes())
+    scopes = [s for s in scopes if _timer.is_open(s)]
     if not scopes:
         raise ScopeError(f"mark_collective({name!r}) outside a timing scope: call it inside `async with "
                          "gpu_timer(...) as t:` (or pass timer=t while t is open)")
     thread = threading.current_thread().name
-    with _LOCK:
-        for s in scopes:
-            _MARKS.setdefault(s, []).append((str(name), now, len(s._acts), thread))
+    for s in scopes:
+        s.mark(name, now, thread)
 
 
 def gather(source: Timer | Timeline, group: Any = None, *, root: int = 0, to_all: bool = False,
            timeout_s: float = 60.0, strict: bool = True, clock_samples: int = 16) -> RankTimeline | None:
-    """Gather a finished scope (a `Timer`, or a `Timeline` whose ``extra["collective_marks"]`` may hold
-    ``(name, host_ns, row, thread)`` marks) from every rank of ``group`` onto ``root`` (every rank with
+    """Gather a finished scope (a `Timer`, or a `Timeline`, with its collective ``marks``) from every rank of ``group`` onto ``root`` (every rank with
     ``to_all``). Returns the `RankTimeline` there, None elsewhere. Call it on every rank, in the same order.
 
     ``group``: a ``torch.distributed`` process group (any backend; None: the default group) or an ``mpi4py``
@@ -175,20 +171,17 @@ def _as_root(tr: Any, payload: np.ndarray, verdict: dict, root: int, to_all: boo
 def _scope(source: Any) -> tuple[Timeline, Marks, str]:
     if isinstance(source, Timer):
         tl = source.timeline  # ScopeError (naming the fix) while the scope is open
-        with _LOCK:
-            marks = list(_MARKS.get(source, ()))
         backend = "+".join(sorted({d.backend for d in source.devices}))
     elif isinstance(source, Timeline):
         tl = source
-        marks = list(source.extra.get("collective_marks", ()))
         backend = "+".join(sorted({d.split(":", 1)[0] for d in tl.devices}))
     else:
         raise TypeError(f"gather a Timer (after its scope) or a Timeline, not {type(source).__name__}")
-    return tl, Marks.from_tuples(marks), backend
+    return tl, Marks.from_tuples([(m.name, m.host_ns, m.row, m.thread) for m in tl.marks]), backend
 
 
 def _version() -> str:
-    from . import __version__
+    from .._version import __version__
 
     return __version__
 

@@ -33,8 +33,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._errors import AsyncGPUError
-from ._records import DeviceClock, HostRange, Timeline
+from .._errors import GatherError
+from .._records import DeviceClock, HostRange, ScopeInfo, Timeline
 
 __all__ = ["MAGIC", "WIRE_VERSION", "GatherError", "HostRanges", "Marks", "pack", "payload_to_timeline",
            "timeline_to_payload", "unpack"]
@@ -44,16 +44,6 @@ WIRE_VERSION = 1
 _PREFIX = struct.Struct("<8sII")
 ROW_COLUMNS = (("device", "<i2"), ("stream", "<i4"), ("name", "<i4"), ("kind", "|i1"), ("start_ns", "<f8"),
                ("end_ns", "<f8"), ("duration_ns", "<f8"))
-
-
-class GatherError(AsyncGPUError):
-    """`asyncgpu.gather` failed: ranks that disagree (scope label, device count, backend, asyncgpu version),
-    ranks that did not reach the gather in time (``missing_ranks``), no usable process group, or a payload that
-    is not one this version reads. The same error is raised on every rank that reached the gather."""
-
-    def __init__(self, message: str, missing_ranks: tuple[int, ...] = ()) -> None:
-        super().__init__(message)
-        self.missing_ranks = tuple(missing_ranks)  #: ranks that never checked in (timeouts), in the group's numbering
 
 
 class Marks:
@@ -200,7 +190,7 @@ def payload_to_timeline(header: dict, cols: dict[str, np.ndarray]) -> tuple[Time
                       tuple(header["names"]), *(cols[n] for n, _ in ROW_COLUMNS), int(header["scope_start_ns"]),
                       int(header["scope_end_ns"]), tuple(_clock(c) for c in header["clocks"]), (),
                       tuple(header["descriptions"]), header["error"], bool(header["cancelled"]),
-                      dict(header.get("extra") or {}))
+                      scopes=tuple(ScopeInfo(**sc) for sc in header.get("scopes", ())))
         marks = Marks(header["mark_names"], header["mark_threads"], cols["mk_name"], cols["mk_thread"],
                       cols["mk_ns"], cols["mk_row"], cols.get("mk_rank"))
     except (KeyError, TypeError, ValueError, IndexError) as exc:
@@ -209,11 +199,10 @@ def payload_to_timeline(header: dict, cols: dict[str, np.ndarray]) -> tuple[Time
 
 
 def _tables(tl: Timeline) -> dict:
-    clocks = [tl.clocks[d] if d < len(tl.clocks) else DeviceClock(n, False, math.nan, reason="no clock information")
-              for d, n in enumerate(tl.devices)]
+    clocks = tl.clocks
     return {"label": tl.label, "devices": list(tl.devices), "streams": [[d, s] for d, s in tl.streams],
             "names": list(tl.names),
-            "descriptions": [tl.descriptions[d] if d < len(tl.descriptions) else "" for d in range(len(tl.devices))],
+            "descriptions": list(tl.descriptions),
             "clocks": [[c.device, c.aligned, _finite(c.bound_ns), c.offset_ns, _finite(c.drift_ppm), c.reason,
                         float(c.overhead_ns)] for c in clocks]}
 

@@ -14,18 +14,18 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import Any, final
+from typing import Any, Callable, final
 
 import numpy as np
 
-from ._backend import BackendDevice
-from ._clock import DEFAULT_SAMPLES, ClockCalibration, calibrate
-from ._engine import KIND_RELEASE, Engine
-from ._errors import BackendError, ClosedError, DeviceMismatchError
-from ._event import Event
-from ._memory import DeviceArray
-from ._pool import EventPool, PoolStats
-from ._stream import Stream
+from .._backends.contract import BackendDevice
+from .clock import CLOCK_MAX_AGE_S, DEFAULT_SAMPLES, ClockCalibration, calibrate
+from .engine import KIND_RELEASE, RELEASE_LAST, Engine
+from .._errors import BackendError, ClosedError, DeviceMismatchError
+from .event import Event
+from .memory import DeviceArray
+from .pool import EventPool, PoolStats
+from .stream import Stream
 
 __all__ = ["Device"]
 
@@ -38,25 +38,29 @@ class Device:
         raise TypeError("open devices with asyncgpu.device(...) or asyncgpu.devices()")
 
     @classmethod
-    def _open(cls, bd: BackendDevice, *, streams: int, max_events: int) -> Device:
+    def _open(cls, bd: BackendDevice, *, streams: int, max_events: int,
+              on_close: Callable[[Device], None] | None = None) -> Device:
+        """Open the worker of ``bd``. ``on_close(device)`` runs first thing in `close` (the registry of open
+        workers, `asyncgpu._core.select`, forgets it there)."""
         if streams < 1:
             raise ValueError(f"a device needs at least one stream, got streams={streams}")
         self = object.__new__(cls)
-        self._bd = bd
+        self.bd = bd
         self.name: str = bd.name  #: ``"cuda:0"``, ``"host:1"``
         self.index: int = bd.index
         self.backend: str = bd.backend  #: ``"cuda"`` or ``"host"``
         self.description: str = bd.description
         self.options = {"streams": streams, "max_events": max_events}
+        self._on_close = on_close
         self._closed = False
         self._lock = threading.Lock()
-        self._engine = Engine(bd)
-        self._pool_t = EventPool(bd, timing=True, max_events=max_events, reclaim=self._reclaim)
-        self._pool_nt = EventPool(bd, timing=False, max_events=max_events, reclaim=self._reclaim)
+        self.engine = Engine(bd)
+        self.timing_pool = EventPool(bd, timing=True, max_events=max_events, reclaim=self._reclaim)
+        self.plain_pool = EventPool(bd, timing=False, max_events=max_events, reclaim=self._reclaim)
         self._graveyard: deque = deque()
-        self._owned: list[Stream] = []
-        self._adopted: dict[int, Stream] = {}
-        self._graphs: weakref.WeakSet = weakref.WeakSet()  # graphs captured here (asyncgpu._graph), closed with it
+        self.owned_streams: list[Stream] = []
+        self.adopted_streams: dict[int, Stream] = {}
+        self.graphs: weakref.WeakSet = weakref.WeakSet()  # graphs captured here (asyncgpu._graph), closed with it
         self.streams: tuple[Stream, ...] = tuple(self._new_stream() for _ in range(streams))
         self.stream: Stream = self.streams[0]  #: the default stream
         self._mark_seqs = itertools.count()
@@ -64,96 +68,105 @@ class Device:
         self._clock: ClockCalibration | None = None
         self._clock_ref: ClockCalibration | None = None  # the oldest with a %globaltimer point: drift baseline
         self._clock_retired: Any = None  # the previous anchor event, reused one refresh later
-        self._clock_events: list = []  # raw timing events of the calibrations (not from the pools)
+        self.clock_events: list = []  # raw timing events of the calibrations (not from the pools)
         return self
 
     # -- clock --------------------------------------------------------------------------------------------
-    def clock(self, *, refresh: bool = False, max_age_s: float = 1.0, samples: int = DEFAULT_SAMPLES
+    def clock(self, *, refresh: bool = False, max_age_s: float = CLOCK_MAX_AGE_S, samples: int = DEFAULT_SAMPLES
               ) -> ClockCalibration:
         """This device's clock calibration against the host clock (``time.perf_counter_ns()``): the anchor
         that places its events on the host time base, its error bound, the ``%globaltimer`` offset and drift.
         Re-measured when older than ``max_age_s`` (or when ``refresh``): that blocks the calling thread about
         0.1 ms. Raises `ClockError` when the device does not answer (see `asyncgpu._clock`)."""
-        self._check_open()
+        self.check_open()
         with self._clock_lock:
             cal = self._clock
             if cal is None or refresh or time.perf_counter_ns() - cal.taken_ns > max_age_s * 1e9:
                 cal = calibrate(self, samples, previous=self._clock_ref)
-                if self._clock_ref is None and cal._gt_point is not None:
+                if self._clock_ref is None and cal.gt_point is not None:
                     self._clock_ref = cal
                 if self._clock is not None:
                     if self._clock_retired is not None:
-                        self._clock_events.append(self._clock_retired)
-                    self._clock_retired = self._clock._anchor
+                        self.clock_events.append(self._clock_retired)
+                    self._clock_retired = self._clock.anchor
                 self._clock = cal
             return cal
+
+    def last_clock(self) -> ClockCalibration | None:
+        """The latest clock calibration, however old, without measuring (None before the first). Never blocks."""
+        return self._clock
 
     # -- events -------------------------------------------------------------------------------------------
     def record(self, stream: Stream | Any | None = None, *, timing: bool = True, tag: Any = None) -> Event:
         """Record a pooled event on ``stream`` (default: `stream`; a foreign ``__cuda_stream__`` object is
         adopted) and return it. Never blocks. Release it with ``event.release()`` or a ``with`` block."""
         if self._closed:
-            self._check_open()
+            self.check_open()
         if self._graveyard:
             self._drain_graveyard()
-        pool = self._pool_t if timing else self._pool_nt
+        pool = self.timing_pool if timing else self.plain_pool
         raw = pool.take()
         ev = Event._create(self, raw, timing)
         try:
             ev.record(stream, tag=tag)
         except BaseException:
-            ev._raw = None
+            ev.raw = None
             pool.give(raw)
             raise
         return ev
 
     def create_event(self, *, timing: bool = True) -> Event:
         """A pooled event that is not recorded yet: record it with ``event.record(stream)``."""
-        self._check_open()
-        return Event._create(self, (self._pool_t if timing else self._pool_nt).take(), timing)
+        self.check_open()
+        return Event._create(self, (self.timing_pool if timing else self.plain_pool).take(), timing)
 
-    def _mark(self) -> Event:
+    def mark_now(self) -> Event:
         """A timing event at the present moment of the device's clock (scope starts and ends)."""
-        self._check_open()
-        raw = self._pool_t.take()
+        self.check_open()
+        raw = self.timing_pool.take()
         ev = Event._create(self, raw, True)
         try:
-            ev._key = self._bd.mark(raw)
+            ev.key = self.bd.mark(raw)
         except BaseException:
-            ev._raw = None
-            self._pool_t.give(raw)
+            ev.raw = None
+            self.timing_pool.give(raw)
             raise
-        ev._seq, ev._record_ns, ev._tag = next(self._mark_seqs), time.perf_counter_ns(), "mark"
+        ev.seq, ev.record_ns, ev.tag = next(self._mark_seqs), time.perf_counter_ns(), "mark"
         return ev
 
     def pool_stats(self, timing: bool = True) -> PoolStats:
         """Counters of the pool of timing (or non-timing) events."""
-        return (self._pool_t if timing else self._pool_nt).stats()
+        return (self.timing_pool if timing else self.plain_pool).stats()
 
-    def _recycle(self, raw: Any, timing: bool, key: int | None, seq: int) -> None:
+    def recycle(self, raw: Any, timing: bool, key: int | None, seq: int) -> None:
         """Give ``raw`` back to its pool once the device can no longer touch it."""
-        pool = self._pool_t if timing else self._pool_nt
+        pool = self.timing_pool if timing else self.plain_pool
         try:
-            done = key is None or self._closed or self._bd.query(raw)
+            done = key is None or self._closed or self.bd.query(raw)
         except BackendError:
-            self._bd.destroy_event(raw)  # a failed device: never reuse its events
+            self.bd.destroy_event(raw)  # a failed device: never reuse its events
             return
         if done:
             pool.give(raw)
             return
         try:
-            self._engine.add(raw, key, seq, None, 0, KIND_RELEASE, None, pool.give)
+            self.engine.add(raw, key, seq, None, 0, KIND_RELEASE, None, pool.give)
         except ClosedError:
             pool.give(raw)  # the pool is closed too: this destroys it (CUDA frees it once the device passes it)
 
-    def _bury(self, raw: Any, timing: bool, key: int | None, seq: int) -> None:
+    def recycle_later(self, raw: Any, key: int) -> None:
+        """Give the timing event ``raw``, recorded on the stream with handle ``key``, back to its pool once the
+        device has passed it (queued behind every real wait of that stream)."""
+        self.recycle(raw, True, key, RELEASE_LAST)
+
+    def bury(self, raw: Any, timing: bool, key: int | None, seq: int) -> None:
         """From ``Event.__del__`` (any thread, maybe inside the engine's lock): recycle later, lock-free."""
         self._graveyard.append((raw, timing, key, seq))
 
     def _reclaim(self) -> None:
         """A pool is at its bound: recycle collected events and the deferred releases the device has passed."""
         self._drain_graveyard()
-        self._engine.collect_now()
+        self.engine.collect_now()
 
     def _drain_graveyard(self) -> None:
         while True:
@@ -161,37 +174,37 @@ class Device:
                 item = self._graveyard.popleft()
             except IndexError:
                 return
-            self._recycle(*item)
+            self.recycle(*item)
 
     # -- streams ------------------------------------------------------------------------------------------
     def _new_stream(self) -> Stream:
-        s = Stream._create(self, self._bd.create_stream(), f"s{len(self._owned)}", True)
-        self._owned.append(s)
+        s = Stream._create(self, self.bd.create_stream(), f"s{len(self.owned_streams)}", True)
+        self.owned_streams.append(s)
         return s
 
     def create_stream(self) -> Stream:
         """A new non-blocking stream owned by this worker (closed with it)."""
-        self._check_open()
+        self.check_open()
         with self._lock:
             return self._new_stream()
 
     def adopt_stream(self, obj: Any) -> Stream:
         """Wrap a framework's stream (any object with ``__cuda_stream__``: torch, CuPy, cuda.core) so asyncgpu
         can record and launch on it. asyncgpu never closes an adopted stream."""
-        self._check_open()
+        self.check_open()
         if isinstance(obj, Stream):
             if obj.device is not self:
                 raise DeviceMismatchError(f"that stream belongs to {obj.device.name}, not {self.name}")
             return obj
-        raw = self._bd.adopt_stream(obj)
-        handle = self._bd.stream_handle(raw)
+        raw = self.bd.adopt_stream(obj)
+        handle = self.bd.stream_handle(raw)
         with self._lock:
-            s = self._adopted.get(handle)
+            s = self.adopted_streams.get(handle)
             if s is None:
-                s = self._adopted[handle] = Stream._create(self, raw, f"x{len(self._adopted)}", False)
+                s = self.adopted_streams[handle] = Stream._create(self, raw, f"x{len(self.adopted_streams)}", False)
             return s
 
-    def _stream_of(self, stream: Any) -> Stream:
+    def stream_of(self, stream: Any) -> Stream:
         if stream is None:
             return self.stream
         if isinstance(stream, Stream):
@@ -206,29 +219,29 @@ class Device:
     # -- memory -------------------------------------------------------------------------------------------
     def alloc(self, n: int, dtype: Any = np.float32, *, stream: Stream | None = None) -> DeviceArray:
         """``n`` elements of device memory, allocated in order on ``stream`` (contents undefined)."""
-        self._check_open()
+        self.check_open()
         if n < 0:
             raise ValueError(f"cannot allocate {n} elements")
         dt = np.dtype(dtype)
-        return DeviceArray._create(self, self._bd.alloc(n, dt, self._stream_of(stream)._raw), n, dt)
+        return DeviceArray._create(self, self.bd.alloc(n, dt, self.stream_of(stream).raw), n, dt)
 
     def alloc_pinned(self, n: int, dtype: Any = np.float32) -> np.ndarray:
         """A numpy array of ``n`` elements in page-locked host memory (plain memory on the host backend)."""
-        self._check_open()
-        return self._bd.alloc_pinned(n, np.dtype(dtype))
+        self.check_open()
+        return self.bd.alloc_pinned(n, np.dtype(dtype))
 
     # -- lifetime -----------------------------------------------------------------------------------------
     def synchronize(self) -> None:
         """Block the calling thread (GIL released) until all work on this device is done. For async code,
         ``await device.record().wait()`` per stream, or a ``gpu_timer(..., synchronize=True)``."""
-        self._check_open()
-        self._bd.sync_device()
+        self.check_open()
+        self.bd.sync_device()
 
     @property
     def closed(self) -> bool:
         return self._closed
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
         if self._closed:
             raise ClosedError(f"{self.name}'s worker is closed: open it again with asyncgpu.device({self.name!r})")
 
@@ -239,24 +252,23 @@ class Device:
             if self._closed:
                 return
             self._closed = True
-        from ._select import _forget
-
-        _forget(self)
-        for graph in list(self._graphs):
+        if self._on_close is not None:
+            self._on_close(self)
+        for graph in list(self.graphs):
             graph.close()
-        self._engine.close()
+        self.engine.close()
         self._drain_graveyard()
         with self._clock_lock:
-            for raw in (self._clock._anchor if self._clock else None, self._clock_retired, *self._clock_events):
+            for raw in (self._clock.anchor if self._clock else None, self._clock_retired, *self.clock_events):
                 if raw is not None:
-                    self._bd.destroy_event(raw)
+                    self.bd.destroy_event(raw)
             self._clock = self._clock_ref = self._clock_retired = None
-            self._clock_events = []
-        for s in self._owned:
-            self._bd.close_stream(s._raw)
-        self._bd.close()
-        self._pool_t.close()
-        self._pool_nt.close()
+            self.clock_events = []
+        for s in self.owned_streams:
+            self.bd.close_stream(s.raw)
+        self.bd.close()
+        self.timing_pool.close()
+        self.plain_pool.close()
 
     def __repr__(self) -> str:
         return f"<asyncgpu.Device {self.name} {self.description}{' closed' if self._closed else ''}>"

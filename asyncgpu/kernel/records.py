@@ -1,6 +1,6 @@
 """Decoding in-kernel records: numpy only, no Python loop per record (nor per lane).
 
-Two formats: asyncgpu's own (``kernels/asyncgpu_profile_format.h``, read through `asyncgpu._kformat`) and the
+Two formats: asyncgpu's own (``kernels/asyncgpu_profile_format.h``, read through `asyncgpu._backends.kernels`) and the
 one TVM TIRx, flashinfer and warpscope write (`decode_tirx`), so their traces can be read too.
 
 Wrap: a record keeps the low 32 bits of ``%globaltimer`` (4 bytes, not 8: a record is one 8-byte store), and
@@ -23,8 +23,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ._errors import KernelRecordsError, KernelRecordsOverflowError
-from ._kformat import FORMAT
+from .._errors import KernelRecordsError, KernelRecordsOverflowError
+from .._backends.kernels import FORMAT
 
 __all__ = ["KernelRecords", "StageSummary", "decode", "decode_tirx"]
 

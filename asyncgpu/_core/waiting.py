@@ -16,7 +16,8 @@ import threading
 import time
 from typing import Any, Callable
 
-from ._engine import EARLY, KIND_ASYNCIO, KIND_THREAD, KIND_TRIO, Engine, Waiter, _fresh_error
+from . import loops
+from .engine import EARLY, KIND_ASYNCIO, KIND_THREAD, KIND_TRIO, Engine, Waiter
 
 __all__ = ["await_completion", "block_until_complete"]
 
@@ -26,10 +27,11 @@ _now = time.perf_counter_ns
 async def await_completion(engine: Engine, query: Callable[[Any], bool], raw: Any, key: int, seq: int, tag: Any,
                            record_ns: int) -> None:
     """Resume the calling task once ``query(raw)`` is true. Always a checkpoint. Raises what the engine failed."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        return await _await_trio(engine, query, raw, key, seq, tag, record_ns)
+    kind, loop = loops.current()
+    if kind == loops.TRIO:
+        return await _await_trio(loop, engine, query, raw, key, seq, tag, record_ns)
+    if kind != loops.ASYNCIO:
+        raise RuntimeError("await event.wait() needs a running asyncio (or uvloop) or trio event loop")
     if query(raw):  # already complete: still a checkpoint, without a round trip through the waiter thread
         await asyncio.sleep(0)
         return
@@ -60,14 +62,8 @@ async def _poll_asyncio(engine: Engine, w: Waiter, query: Callable[[Any], bool])
         await sleep(0)
 
 
-async def _await_trio(engine: Engine, query: Callable[[Any], bool], raw: Any, key: int, seq: int, tag: Any,
-                      record_ns: int) -> None:
-    try:
-        import trio
-    except ImportError:
-        trio = None
-    if trio is None or not _in_trio(trio):
-        raise RuntimeError("await event.wait() needs a running asyncio (or uvloop) or trio event loop")
+async def _await_trio(trio: Any, engine: Engine, query: Callable[[Any], bool], raw: Any, key: int, seq: int,
+                      tag: Any, record_ns: int) -> None:
     lowlevel = trio.lowlevel
     if query(raw):
         await lowlevel.checkpoint()
@@ -150,14 +146,6 @@ def block_until_complete(engine: Engine, query: Callable[[Any], bool], raw: Any,
         raise
 
 
-def _in_trio(trio: Any) -> bool:
-    try:
-        trio.lowlevel.current_task()
-    except RuntimeError:
-        return False
-    return True
-
-
 def _raise_if_failed(w: Waiter) -> None:
     if w.error is not None:
-        raise _fresh_error(w.error)
+        raise loops.fresh_error(w.error)

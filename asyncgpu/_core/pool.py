@@ -12,8 +12,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ._backend import BackendDevice
-from ._errors import PoolExhaustedError
+from .._backends.contract import BackendDevice
+from .._errors import PoolExhaustedError
 
 __all__ = ["EventPool", "PoolStats"]
 

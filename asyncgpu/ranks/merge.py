@@ -33,16 +33,16 @@ from typing import Any, Sequence, final
 
 import numpy as np
 
-from ._records import DeviceClock, Timeline
-from ._summary import DeviceSummary, _Plain, _suggest, device_summary
-from ._wire_ranks import ROW_COLUMNS, GatherError, HostRanges, Marks, payload_to_timeline, timeline_to_payload, unpack
+from .._records import DeviceClock, ScopeInfo, Timeline
+from .._summary import DeviceSummary, Plain, suggest_split, device_summary
+from .wire import ROW_COLUMNS, GatherError, HostRanges, Marks, payload_to_timeline, timeline_to_payload, unpack
 
 __all__ = ["CollectivePoint", "RankBalance", "RankDeviceRow", "RankInfo", "RankRow", "RankTimeline"]
 
 
 @final
 @dataclass(frozen=True, slots=True)
-class RankInfo(_Plain):
+class RankInfo(Plain):
     """One rank of a gather: where it ran and how its host clock maps to the root's."""
 
     rank: int  #: in the group's numbering
@@ -108,7 +108,7 @@ class CollectivePoint:
 
 @final
 @dataclass(frozen=True, slots=True)
-class RankBalance(_Plain):
+class RankBalance(Plain):
     """How evenly the work was spread across ranks, and a re-split of it (see the module docstring). Make one
     with `RankTimeline.balance`."""
 
@@ -129,7 +129,7 @@ class RankBalance(_Plain):
     notes: tuple[str, ...]
 
     def __rich_console__(self, console: Any, options: Any) -> Any:
-        from ._gather_report import balance_group
+        from .report import balance_group
 
         yield balance_group(self)
 
@@ -178,8 +178,7 @@ class RankTimeline:
             raise IndexError(f"rank {r} is not in this gather (ranks 0..{self.world - 1})")
         tl, s = self._records, slice(int(self._rows[r]), int(self._rows[r + 1]))
         return dataclasses.replace(tl, device=tl.device[s], stream=tl.stream[s], name=tl.name[s], kind=tl.kind[s],
-                                   start_ns=tl.start_ns[s], end_ns=tl.end_ns[s], duration_ns=tl.duration_ns[s],
-                                   extra=dict(tl.extra))
+                                   start_ns=tl.start_ns[s], end_ns=tl.end_ns[s], duration_ns=tl.duration_ns[s])
 
     def device_summary(self) -> DeviceSummary:
         """`asyncgpu.device_summary` of the merged timeline: one row per (rank, device), over the merged window."""
@@ -195,14 +194,14 @@ class RankTimeline:
     def write_trace(self, path: str | os.PathLike) -> None:
         """One Perfetto trace: a process per (rank, device), host tracks ``r{rank}/<thread>``, collective marks
         as zero-length host ranges. Same format as `asyncgpu.write_trace` (`asyncgpu.read_trace` reads it)."""
-        from ._export import write_trace
+        from .._export import write_trace
 
         write_trace(self.timeline, path)
 
     def report(self, limit: int = 64, work_units: Any = None) -> Any:
         """The report as a rich renderable: the ranks and their clocks, then the balance (at most ``limit``
         device rows)."""
-        from ._gather_report import rank_report
+        from .report import rank_report
 
         return rank_report(self, self.balance(work_units), limit)
 
@@ -217,7 +216,7 @@ class RankTimeline:
         yield self.report()
 
     def __str__(self) -> str:
-        from ._report import render
+        from .._report import render
 
         return render(self.report())
 
@@ -230,7 +229,7 @@ class RankTimeline:
     def _to_payload(self) -> np.ndarray:
         info = {"kind": "merged", "root": self.root, "ranks": [r.to_dict() for r in self.ranks],
                 "row_bounds": self._rows.tolist(), "device_bounds": self._devs.tolist(),
-                "extra": {"scopes": self._records.extra.get("scopes", [])}}
+                "scopes": [dataclasses.asdict(sc) for sc in self._records.scopes]}
         return timeline_to_payload(self._records, self.marks, info, self._hr)
 
     @classmethod
@@ -262,7 +261,7 @@ class Merger:
         self.names: dict[str, int] = {}
         self.hr_tables: tuple[dict[str, int], ...] = ({}, {"collective": 0}, {})  # names, kinds, threads
         self.hr_parts: list[tuple[np.ndarray, ...]] = []
-        self.scopes: list[dict] = []
+        self.scopes: list[ScopeInfo] = []
         self.infos: list[RankInfo] = []
         self.mark_names: dict[str, int] = {}
         self.mark_threads: dict[str, int] = {}
@@ -318,8 +317,7 @@ class Merger:
         start, end = tl.scope_start_ns - off, tl.scope_end_ns - off
         self.scope_start = start if self.scope_start is None else min(self.scope_start, start)
         self.scope_end = end if self.scope_end is None else max(self.scope_end, end)
-        self.scopes.append({"label": f"r{rank}: {tl.label}", "start_ns": int(start), "end_ns": int(end),
-                            "rows": len(tl), "error": tl.error, "cancelled": tl.cancelled})
+        self.scopes.append(ScopeInfo(f"r{rank}: {tl.label}", int(start), int(end), len(tl), tl.error, tl.cancelled))
         self.labels.append(tl.label)
         if tl.error:
             self.errors.append(f"r{rank}: {tl.error}")
@@ -338,7 +336,7 @@ class Merger:
                       tuple(self.names), c["device"], c["stream"], c["name"], c["kind"], c["start_ns"], c["end_ns"],
                       c["duration_ns"], int(self.scope_start or 0), int(self.scope_end or 0), tuple(self.clocks),
                       (), tuple(self.descriptions), "; ".join(self.errors) or None, self.cancelled,
-                      {"scopes": self.scopes})
+                      scopes=tuple(self.scopes))
         return RankTimeline(tl, hr, self.infos, marks, self.root, self.bounds, np.array(self.dev_bounds, np.int64))
 
 
@@ -369,7 +367,7 @@ def _balance(rt: RankTimeline, work_units: Any) -> RankBalance:
     units = _rank_units(world, work_units)
     measured = (rank_busy > 0) & (units > 0)
     throughput = np.where(measured, units / np.where(rank_busy > 0, rank_busy, 1.0), 0.0)
-    share, amount = _suggest(units, throughput, measured, integral=work_units is not None)
+    share, amount = suggest_split(units, throughput, measured, integral=work_units is not None)
     predicted = float((amount[measured] / throughput[measured]).max()) if throughput.any() else None
     straggler = int(rank_busy.argmax()) if rank_busy.any() else None
     have_points = bool(points)
@@ -409,7 +407,7 @@ def _arrivals(rt: RankTimeline, dev_rank: np.ndarray) -> tuple[dict[str, np.ndar
     ``K`` = the fewest times any rank made that mark; and the notes on what was left out."""
     tl, mk = rt._records, rt.marks
     nd, world = len(tl.devices), rt.world
-    aligned = np.array([c.aligned for c in tl.clocks] + [True] * (nd - len(tl.clocks)))
+    aligned = np.array([c.aligned for c in tl.clocks])
     counts = np.zeros((len(mk.names), world), np.int64)
     np.add.at(counts, (mk.name, mk.rank), 1)
     out: dict[str, np.ndarray] = {}

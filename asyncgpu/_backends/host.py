@@ -10,6 +10,7 @@ every later query, sync or record on it raises `BackendError` chained to the ori
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -18,8 +19,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ._backend import Backend, BackendDevice
-from ._errors import BackendError, NotReadyError, UnknownDeviceError
+from .contract import Backend, BackendDevice
+from .._errors import BackendError, NotReadyError, ScopeError, UnknownDeviceError
 
 __all__ = ["HostBackend", "HostDevice", "backend_class"]
 
@@ -169,11 +170,19 @@ class HostDevice(BackendDevice):
 
     def sync_stream(self, raw_stream: _HostStream) -> None:
         if raw_stream.capture is not None:
-            raise BackendError(f"cannot synchronize a stream of {self.name} while it is being captured (nothing on "
+            raise ScopeError(f"cannot synchronize a stream of {self.name} while it is being captured (nothing on "
                                "it runs until the graph is launched): synchronize after the capture block")
         marker = _HostEvent(False)
         self.record(marker, raw_stream)
         self.sync_event(marker)
+
+    def memory_info(self) -> tuple[int, int] | None:
+        """The host RAM the host devices share."""
+        try:
+            page = os.sysconf("SC_PAGE_SIZE")
+            return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
+        except (AttributeError, ValueError, OSError):
+            return None
 
     def sync_device(self) -> None:
         for s in list(self._streams):
@@ -279,7 +288,7 @@ _PROFILED_BLOCK = 1 << 16  # elements per block (record lane) of the host inc_lo
 
 def _inc_loop_profiled(a: np.ndarray, iterations: int, records: np.ndarray) -> None:
     """inc_loop in blocks of `_PROFILED_BLOCK` elements, each block's stages recorded as a GPU leader would."""
-    from ._kformat import HostLane
+    from .kernels import HostLane
 
     blocks = max(1, -(-a.size // _PROFILED_BLOCK))
     for b in range(blocks):

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any, final
 
 import numpy as np
 
-from ._errors import ReleasedError
+from .._errors import ReleasedError
 
 if TYPE_CHECKING:
-    from ._device import Device
+    from .device import Device
 
 __all__ = ["DeviceArray"]
 
@@ -45,12 +45,12 @@ class DeviceArray:
     @property
     def ptr(self) -> int:
         """The device address (CUDA) or the host address (host backend)."""
-        buf = self._live()
+        buf = self.live()
         return int(buf.handle) if self.device.backend == "cuda" else int(buf.ctypes.data)
 
     def to_numpy(self) -> np.ndarray:
         """A synchronous copy into a new numpy array (waits for the device; for tests and examples)."""
-        return self.device._bd.to_numpy(self._live(), self.size, self.dtype)
+        return self.device.bd.to_numpy(self.live(), self.size, self.dtype)
 
     @property
     def __cuda_array_interface__(self) -> dict:
@@ -69,7 +69,7 @@ class DeviceArray:
         if buf is not None and hasattr(buf, "close"):
             buf.close()
 
-    def _live(self) -> Any:
+    def live(self) -> Any:
         if self._buf is None:
             raise ReleasedError("this array was freed: allocate a new one with device.alloc()")
         return self._buf

@@ -22,12 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from ._backend import Backend, BackendDevice
-from ._errors import BackendError, ClockError, DeviceMismatchError, NoDeviceError, NotReadyError, UnknownDeviceError
+from .contract import Backend, BackendDevice
+from .kernels import kernels_dir
+from .._errors import BackendError, ClockError, DeviceMismatchError, NoDeviceError, NotReadyError, UnknownDeviceError
 
 __all__ = ["CudaBackend", "CudaDevice", "backend_class"]
 
-_KERNEL_SOURCE = "workloads.cu"
 _KERNEL_SOURCES = {"asyncgpu_spin": "workloads.cu", "asyncgpu_inc_loop": "workloads.cu",
                    "asyncgpu_clock_pingpong": "clock.cu", "asyncgpu_clock_bracket": "clock.cu",
                    "asyncgpu_inc_loop_profiled": "profiled.cu", "asyncgpu_kp_bench": "profiled.cu",
@@ -39,15 +39,6 @@ _W_FLAG_E, _W_ACK_E, _W_FLAG_K, _W_STARTED_K, _W_ACK_K, _W_ACK_A = 0, 1, 2, 3, 4
 _STAMPS_OFFSET, _MAX_STAMPS = 64, 63
 _PAGE = 4096
 _START_TIMEOUT_NS = 20_000_000  # a calibration kernel that has not started by then: the device is busy
-
-
-def kernels_dir() -> Path:
-    """Where the CUDA sources live: ``asyncgpu/_kernels`` in a wheel, ``<repo>/kernels`` in a checkout."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "_kernels", here.parent / "kernels"):
-        if (candidate / _KERNEL_SOURCE).is_file():
-            return candidate
-    raise FileNotFoundError(f"asyncgpu's CUDA sources ({_KERNEL_SOURCE}) are missing: reinstall asyncgpu")
 
 
 def compile_source(source: str, arch: str, include_path: list[str] | None = None) -> Any:
@@ -367,6 +358,21 @@ class CudaDevice(BackendDevice):
                 self.destroy_event(a)
                 self.destroy_event(b)
         return float(np.median(elapsed - spans))
+
+    def memory_info(self) -> tuple[int, int] | None:
+        """``cuMemGetInfo`` of this device's context."""
+        self._current()  # cuMemGetInfo answers for the current context
+        err, free, total = self._drv.d.cuMemGetInfo()
+        if err is not self._drv.SUCCESS:
+            return None
+        return int(free), int(total)
+
+    def workload_shape(self, workload: str, n: int) -> tuple[tuple[int, int, int], tuple[int, int, int]] | None:
+        if workload == "spin":
+            return (1, 1, 1), (1, 1, 1)
+        if workload == "inc_loop":
+            return (max(1, (n + _INC_BLOCK - 1) // _INC_BLOCK), 1, 1), (_INC_BLOCK, 1, 1)
+        return None
 
     def profiler_start(self) -> None:
         self._current()

@@ -11,11 +11,12 @@ import os
 import threading
 from typing import Any, Iterable
 
-from ._backend import BACKEND_NAMES, load_backend
-from ._device import Device
-from ._errors import NoDeviceError, UnknownDeviceError
+from .._backends import BACKEND_NAMES, load_backend
+from .device import Device
+from .._errors import NoDeviceError, UnknownDeviceError
 
-__all__ = ["device", "devices", "default_backend", "resolve_devices", "close_all", "DEFAULT_STREAMS", "DEFAULT_MAX_EVENTS"]
+__all__ = ["DEFAULT_MAX_EVENTS", "DEFAULT_STREAMS", "backend_available", "close_all", "default_backend", "device", "devices",
+           "resolve_devices"]
 
 DEFAULT_STREAMS = 2
 DEFAULT_MAX_EVENTS = 1 << 21  #: per pool: a bound that catches leaks, far above any steady state
@@ -31,6 +32,11 @@ def default_backend() -> str:
     if name not in BACKEND_NAMES:
         raise UnknownDeviceError(f"ASYNCGPU_BACKEND={name!r} is not a backend: use one of {', '.join(BACKEND_NAMES)}")
     return name
+
+
+def backend_available(name: str) -> tuple[bool, str]:
+    """Whether devices of backend ``name`` can be opened, and why not (probes once; never hangs)."""
+    return load_backend(name).available()
 
 
 def _parse(spec: Any, backend: str | None) -> tuple[str, int]:
@@ -56,7 +62,7 @@ def device(spec: Any = 0, *, backend: str | None = None, streams: int | None = N
     open worker for other values raises `ValueError` (close it first).
     """
     if isinstance(spec, Device):
-        spec._check_open()
+        spec.check_open()
         return spec
     name, index = _parse(spec, backend)
     with _lock:
@@ -64,7 +70,7 @@ def device(spec: Any = 0, *, backend: str | None = None, streams: int | None = N
         if dev is None:
             bd = load_backend(name).open_device(index)
             dev = Device._open(bd, streams=DEFAULT_STREAMS if streams is None else streams,
-                               max_events=DEFAULT_MAX_EVENTS if max_events is None else max_events)
+                               max_events=DEFAULT_MAX_EVENTS if max_events is None else max_events, on_close=_forget)
             _open[(name, index)] = dev
             return dev
     for key, want in (("streams", streams), ("max_events", max_events)):

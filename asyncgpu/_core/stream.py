@@ -1,7 +1,8 @@
 """`Stream`: an in-order queue of work on one device, and the built-in workloads launched on it.
 
-Every launch through a `Stream` (the built-in workloads and `launch`) is recorded as an activity of each
-enclosing `gpu_timer` scope that covers the stream's device (two pooled events, no host wait).
+Every launch through a `Stream` (the built-in workloads and `launch`) goes through `asyncgpu._core.hooks.launch`:
+the installed observers (an open `gpu_timer` scope covering the stream's device, the kernel history) record it
+(two pooled events, no host wait).
 
 CUDA streams speak ``__cuda_stream__`` both ways: hand one to PyTorch (``torch.cuda.ExternalStream``), CuPy
 (``cupy.cuda.ExternalStream``) or cuda.core, or adopt theirs with `Device.adopt_stream`.
@@ -17,14 +18,14 @@ from typing import TYPE_CHECKING, Any, final
 
 import numpy as np
 
-from ._errors import DeviceMismatchError
-from ._event import Event
-from ._memory import DeviceArray
-from ._timer import run_timed
+from .._errors import DeviceMismatchError
+from .event import Event
+from .hooks import launch as run_timed
+from .memory import DeviceArray
 
 if TYPE_CHECKING:
-    from ._device import Device
-    from ._graph import GraphCapture
+    from .device import Device
+    from .graph import GraphCapture
 
 __all__ = ["Stream"]
 
@@ -33,7 +34,7 @@ __all__ = ["Stream"]
 class Stream:
     """One stream of a device. Get them from `Device.streams`, `Device.create_stream` or `Device.adopt_stream`."""
 
-    __slots__ = ("device", "label", "handle", "owned", "_bd", "_raw", "_seqs", "_tag", "_capture")
+    __slots__ = ("device", "label", "handle", "owned", "bd", "raw", "seqs", "tag", "capture_hook")
 
     def __init__(self) -> None:
         raise TypeError("streams come from device.streams, device.create_stream() or device.adopt_stream()")
@@ -43,18 +44,18 @@ class Stream:
         self = object.__new__(cls)
         self.device = device
         self.label = label  #: ``s0``, ``s1``… for the worker's streams, ``x0``… for adopted ones
-        self._capture = None  # the graph capture in progress on this stream (asyncgpu._graph), if any
+        self.capture_hook = None  # the graph capture in progress on this stream (asyncgpu._graph), if any
         self.owned = owned  #: False for an adopted stream (asyncgpu never closes it)
-        self._bd = device._bd
-        self._raw = raw
-        self.handle = self._bd.stream_handle(raw)  #: the ``cudaStream_t`` address on CUDA
-        self._seqs = itertools.count()
-        self._tag: Any = None
+        self.bd = device.bd
+        self.raw = raw
+        self.handle = self.bd.stream_handle(raw)  #: the ``cudaStream_t`` address on CUDA
+        self.seqs = itertools.count()
+        self.tag: Any = None
         return self
 
     def __cuda_stream__(self) -> tuple[int, int]:
         """The CUDA stream protocol: ``(0, cudaStream_t address)``. Host streams are not CUDA streams."""
-        if self._bd.backend != "cuda":
+        if self.bd.backend != "cuda":
             raise TypeError(f"{self.device.name}'s streams are host threads, not CUDA streams")
         return (0, self.handle)
 
@@ -71,16 +72,16 @@ class Stream:
         """Make this stream wait, on the device, for ``event`` (also an event of another GPU). No host wait."""
         if not isinstance(event, Event):
             raise TypeError(f"stream.wait() takes an asyncgpu Event, not {type(event).__name__}")
-        if event.device._bd.backend != self._bd.backend:
+        if event.device.bd.backend != self.bd.backend:
             raise DeviceMismatchError(
-                f"a {self._bd.backend} stream cannot wait on a {event.device._bd.backend} event: wait on the host "
+                f"a {self.bd.backend} stream cannot wait on a {event.device.bd.backend} event: wait on the host "
                 "with `await event.wait()` instead"
             )
-        self._bd.wait_event(self._raw, event._checked())
+        self.bd.wait_event(self.raw, event.checked())
 
     def sync(self) -> None:
         """Block the calling thread (GIL released) until everything enqueued here has run."""
-        self._bd.sync_stream(self._raw)
+        self.bd.sync_stream(self.raw)
 
     # -- graphs -------------------------------------------------------------------------------------------
     def capture(self) -> GraphCapture:
@@ -88,7 +89,7 @@ class Stream:
         a `Graph` (a CUDA graph; a list of the submitted work on the host backend) instead of running it;
         ``graph.launch()`` replays it, timing the graph and each captured part in open `gpu_timer` scopes.
         Enter and exit the block in one thread, without ``await`` inside (see `asyncgpu._graph`)."""
-        from ._graph import GraphCapture
+        from .graph import GraphCapture
 
         return GraphCapture(self)
 
@@ -97,29 +98,29 @@ class Stream:
         """Enqueue a kernel: a cuda.core ``Kernel`` with a ``LaunchConfig`` on CUDA; a callable with
         ``config=None`` on the host backend. Recorded as a ``kernel`` activity called ``name``."""
         label = name or getattr(kernel, "__name__", None) or "kernel"
-        run_timed(self, label, "kernel", self._bd.launch, self._raw, kernel, config, args)
+        run_timed(self, label, "kernel", self.bd.launch, self.raw, kernel, config, args)
 
     def spin_us(self, duration_us: float) -> None:
         """Busy-wait ``duration_us`` microseconds on the device (one thread on CUDA, on ``%globaltimer``)."""
         if duration_us < 0:
             raise ValueError(f"duration_us must be >= 0, got {duration_us}")
-        self._bd.prepare("spin")
-        run_timed(self, "spin", "kernel", self._bd.spin, self._raw, int(duration_us * 1000))
+        self.bd.prepare("spin")
+        run_timed(self, "spin", "kernel", self.bd.spin, self.raw, int(duration_us * 1000))
 
     def inc_loop(self, array: DeviceArray, iterations: int) -> None:
         """Warp's ``inc_loop``: add 1.0 to every element of a float32 ``array``, ``iterations`` times."""
         self._check_array(array)
         if array.dtype != np.float32:
             raise TypeError(f"inc_loop works on float32 arrays, not {array.dtype}")
-        self._bd.prepare("inc_loop")
-        run_timed(self, "inc_loop", "kernel", self._bd.inc_loop, self._raw, array._live(), array.size, int(iterations))
+        self.bd.prepare("inc_loop")
+        run_timed(self, "inc_loop", "kernel", self.bd.inc_loop, self.raw, array.live(), array.size, int(iterations))
 
     def memset(self, array: DeviceArray, byte: int = 0) -> None:
         """Set every byte of ``array`` to ``byte`` (0..255)."""
         self._check_array(array)
         if not 0 <= byte <= 255:
             raise ValueError(f"byte must be in 0..255, got {byte}")
-        run_timed(self, "memset", "memset", self._bd.memset, self._raw, array._live(), array.nbytes, byte)
+        run_timed(self, "memset", "memset", self.bd.memset, self.raw, array.live(), array.nbytes, byte)
 
     def copy_to_host(self, array: DeviceArray, out: np.ndarray) -> None:
         """Copy ``array`` into the numpy array ``out`` (page-locked: `Device.alloc_pinned`) asynchronously.
@@ -128,7 +129,7 @@ class Stream:
         if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or out.nbytes < array.nbytes:
             raise ValueError(f"out must be a C-contiguous numpy array of at least {array.nbytes} bytes "
                              "(make one with device.alloc_pinned(n, dtype))")
-        run_timed(self, "copy_to_host", "memcpy", self._bd.copy_to_host, self._raw, array._live(), out, array.nbytes)
+        run_timed(self, "copy_to_host", "memcpy", self.bd.copy_to_host, self.raw, array.live(), out, array.nbytes)
 
     def copy(self, dst: DeviceArray, src: DeviceArray) -> None:
         """Copy ``src`` into ``dst`` (same size in bytes or larger). ``dst`` must be on this stream's device;
@@ -141,7 +142,7 @@ class Stream:
                                       "host array (copy_to_host) between backends")
         if dst.nbytes < src.nbytes:
             raise ValueError(f"dst holds {dst.nbytes} bytes, src {src.nbytes}: allocate a large enough dst")
-        run_timed(self, "copy", "memcpy", self._bd.copy, self._raw, dst._live(), src._live(), src.nbytes)
+        run_timed(self, "copy", "memcpy", self.bd.copy, self.raw, dst.live(), src.live(), src.nbytes)
 
     def _check_array(self, array: DeviceArray) -> None:
         if not isinstance(array, DeviceArray):

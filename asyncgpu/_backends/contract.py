@@ -1,7 +1,7 @@
-"""The contract every backend implements, and lazy loading of backends by name.
+"""The contract every backend implements.
 
-A backend is a module (``_cuda``, ``_host``) whose ``backend_class`` implements `Backend`. The core
-(devices, pools, the completion engine, scopes) only talks to these methods; it never imports CUDA.
+A backend is a module of `asyncgpu._backends` (``cuda``, ``host``) whose ``backend_class`` implements `Backend`.
+The core (devices, pools, the completion engine, graphs) only talks to these methods; it never imports CUDA.
 
 Raw objects (``raw_event``, ``raw_stream``) are whatever the backend chooses; the core stores and passes them
 back. Methods marked *hot* are called once per record or query and must stay cheap.
@@ -9,14 +9,10 @@ back. Methods marked *hot* are called once per record or query and must stay che
 
 from __future__ import annotations
 
-import importlib
-import threading
 from abc import ABC, abstractmethod
 from typing import Any, Callable
 
-__all__ = ["Backend", "BackendDevice", "load_backend", "BACKEND_NAMES"]
-
-BACKEND_NAMES = ("cuda", "host")
+__all__ = ["Backend", "BackendDevice"]
 
 
 class BackendDevice(ABC):
@@ -141,6 +137,15 @@ class BackendDevice(ABC):
         latency), in ns; 0 where it cannot be told apart (the host backend)."""
         return 0.0
 
+    def memory_info(self) -> tuple[int, int] | None:
+        """``(free, total)`` bytes of the memory this device's allocations come from, or None if unknown."""
+        return None
+
+    def workload_shape(self, workload: str, n: int) -> tuple[tuple[int, int, int], tuple[int, int, int]] | None:
+        """``(grid, block)`` with which the built-in ``workload`` (``"spin"``, ``"inc_loop"``) runs on ``n``
+        elements, or None where there is no launch grid (the host backend)."""
+        return None
+
     def profiler_start(self) -> None:  # noqa: B027 - optional: no profiler to drive on most backends
         """Start a profiler capture range (``cuProfilerStart``)."""
 
@@ -215,21 +220,3 @@ class Backend(ABC):
 
     @abstractmethod
     def open_device(self, index: int) -> BackendDevice: ...
-
-
-_loaded: dict[str, Backend] = {}
-_lock = threading.Lock()
-
-
-def load_backend(name: str) -> Backend:
-    """Import ``asyncgpu._<name>`` on first use and return its single `Backend` instance."""
-    if name not in BACKEND_NAMES:
-        from ._errors import UnknownDeviceError
-
-        raise UnknownDeviceError(f"unknown backend {name!r}: use one of {', '.join(BACKEND_NAMES)}")
-    with _lock:
-        backend = _loaded.get(name)
-        if backend is None:
-            module = importlib.import_module(f"asyncgpu._{name}")
-            backend = _loaded[name] = module.backend_class()
-        return backend

@@ -20,7 +20,7 @@ No Python ever runs on a CUDA driver callback thread. The waiter thread works li
   other waits are pending: each needless wake-up costs the event loop a GIL hand-over.
 * Woken tasks are resumed through their loop's own thread-safe entry point, batched per loop: asyncio (and
   uvloop) ``loop.call_soon_threadsafe``; trio ``TrioToken.run_sync_soon`` + ``reschedule``. A plain thread
-  blocked in a wait (``Event.sync(timeout=...)``, a channel's ``get``) is woken by releasing the lock it blocks
+  blocked in a wait (``Event.wait_sync(timeout_s=...)``, a channel's ``get``) is woken by releasing the lock it blocks
   on; it is woken early too, and polls with ``sched_yield`` between queries.
 * A backend error (a sticky CUDA error) reaches every pending waiter as `BackendError`; nothing hangs.
 
@@ -37,13 +37,16 @@ import threading
 import time
 from typing import Any
 
-from ._backend import BackendDevice
-from ._errors import BackendError, ClosedError
+from .._backends.contract import BackendDevice
+from .._errors import BackendError, ClosedError
+from . import loops
 
 __all__ = ["Engine", "Waiter"]
 
 PENDING, EARLY, FIRED, CANCELLED = 0, 1, 2, 3
-KIND_ASYNCIO, KIND_TRIO, KIND_THREAD, KIND_RELEASE = 0, 1, 2, 3
+KIND_ASYNCIO, KIND_TRIO, KIND_THREAD = loops.ASYNCIO, loops.TRIO, loops.THREAD  # who waits: a loop's task, a thread
+KIND_RELEASE = 3  #: a deferred release: the target is called with the raw event on the waiter thread
+RELEASE_LAST = 1 << 62  #: the ``seq`` of a deferred release that queues behind every real wait of its stream
 
 MIN_POLL_NS = 8_000
 MAX_POLL_NS = 1_000_000
@@ -397,34 +400,4 @@ class Engine:
                 entry = by_loop[id(w.loop)] = (w.loop, w.kind, [])
             entry[2].append((w.target, early, w.error))
         for loop, kind, items in by_loop.values():
-            try:
-                if kind == KIND_ASYNCIO:
-                    loop.call_soon_threadsafe(_resolve_asyncio, items)
-                else:
-                    loop.run_sync_soon(_resolve_trio, items)
-            except RuntimeError:
-                pass  # that loop has closed: nobody is left to wake (trio's RunFinishedError is a RuntimeError)
-
-
-def _fresh_error(err: BaseException) -> BaseException:
-    """One exception instance per waiting task, so their tracebacks do not pile up on a shared object."""
-    clone = type(err)(*err.args)
-    clone.__cause__ = err.__cause__ or err
-    return clone
-
-
-def _resolve_asyncio(items: list) -> None:
-    for fut, early, err in items:
-        if not fut.done():
-            if err is None:
-                fut.set_result(early)
-            else:
-                fut.set_exception(_fresh_error(err))
-
-
-def _resolve_trio(items: list) -> None:
-    import outcome
-    import trio
-
-    for task, early, err in items:
-        trio.lowlevel.reschedule(task, outcome.Value(early) if err is None else outcome.Error(_fresh_error(err)))
+            loops.deliver(kind, loop, items)

@@ -9,7 +9,7 @@
             graph.launch()                  # per replay: a "graph" record, and one record per part
     graph.close()
 
-How parts are timed. During the capture, each launch through the stream (`asyncgpu._timer.run_timed` hands it
+How parts are timed. During the capture, each launch through the stream (`asyncgpu._core.hooks.launch` hands it
 to the capture) and each `Graph.part` is bracketed by two event-record nodes (CUDA:
 ``cuEventRecordWithFlags(..., CU_EVENT_RECORD_EXTERNAL)``; a plain record would only join streams inside the
 capture). Each node records a placeholder event of its own, owned by the graph, and is found after
@@ -17,7 +17,7 @@ instantiation by the event it records, so the mapping does not depend on the ord
 nodes. A replay inside a `gpu_timer` scope takes fresh timing events from the device's pool for the parts the
 open scopes want, points those nodes at them (``cuGraphExecEventRecordNodeSetEvent``: replays already enqueued
 keep theirs), records a pair around the launch for the whole graph, and hands each pair to the scopes
-(`asyncgpu._timer.adopt_activity`); the scopes give them back to the pool once the device has passed them. A
+(`asyncgpu._core.hooks.adopt`); the scopes give them back to the pool once the device has passed them. A
 replay outside any scope points the nodes back at the placeholders (the pooled events may be in use elsewhere
 by then) and only launches.
 
@@ -27,7 +27,7 @@ replay, completing the part events in between, so the same code and tests run on
 Rules: one capture per device at a time. Begin and end it in one thread and do not ``await`` inside it: CUDA
 captures in thread-local mode (other threads are free, but a capture-unsafe call in the capturing thread, such
 as a synchronize, invalidates the capture). A workload the capturing task launches on another stream of the
-device would run at once, outside the graph: it raises `BackendError`. Use `Graph.part`, not ``t.activity()``,
+device would run at once, outside the graph: it raises `ScopeError`. Use `Graph.part`, not ``t.activity()``,
 to time a group of launches inside a capture. Replays of one graph run one after another, even on two streams.
 
 Threads and cancellation: `Graph.launch` and `Graph.close` may be called from any thread. Neither waits for
@@ -42,12 +42,12 @@ import weakref
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, final
 
-from ._errors import BackendError, ClosedError, DeviceMismatchError, ScopeError
-from ._stream import Stream
-from ._timer import _RELEASE_LAST, _SCOPES, _owners, adopt_activity, timed_now
+from .._errors import ClosedError, DeviceMismatchError, ScopeError
+from .stream import Stream
+from . import hooks
 
 if TYPE_CHECKING:
-    from ._device import Device
+    from .device import Device
 
 __all__ = ["Graph", "GraphCapture"]
 
@@ -93,7 +93,7 @@ class Graph:
     `launch` and `close` may be called from any thread; see the module docstring for the rules of capture.
     """
 
-    __slots__ = ("device", "stream", "_bd", "_state", "_why", "_capture", "_res", "_parts", "_nodes", "_pointed",
+    __slots__ = ("device", "stream", "bd", "_state", "_why", "_capture", "_res", "_parts", "_nodes", "_pointed",
                  "_kinds", "_lock", "_finalizer", "__weakref__")
 
     def __init__(self) -> None:
@@ -104,10 +104,10 @@ class Graph:
         self = object.__new__(cls)
         self.device: Device = stream.device
         self.stream = stream  #: the stream it was captured on: where `launch` replays it by default
-        self._bd = stream._bd
+        self.bd = stream.bd
         self._state, self._why = _CAPTURING, ""
         self._capture: GraphCapture | None = capture
-        self._res = _Resources(self._bd)
+        self._res = _Resources(self.bd)
         self._parts: tuple = ()  # (name, kind, start node index, end node index), in capture order
         self._nodes: list = []  # the backend's event-record nodes, one per placeholder event
         self._pointed: list = []  # the raw event each node records now (None: unknown)
@@ -139,7 +139,7 @@ class Graph:
     def _finish_capture(self, raw: Any, parts: list) -> None:
         """The capture ended with ``raw``: find the event nodes and get ready to launch. Holds ``_lock``."""
         self._res.raw = raw
-        self._nodes = self._bd.graph_event_nodes(raw, self._res.events)
+        self._nodes = self.bd.graph_event_nodes(raw, self._res.events)
         self._pointed = list(self._res.events)
         self._parts = tuple(p for p in parts if p is not None)
         self._kinds = frozenset({"graph", *(kind for _, kind, _, _ in self._parts)})
@@ -168,30 +168,29 @@ class Graph:
             s = stream
         else:
             s = dev.adopt_stream(stream)
-        hook = s._capture
+        hook = s.capture_hook
         if hook is not None:
             hook.refuse_graph(s)
-        scopes = _SCOPES.get()
-        wanted = frozenset(k for k in self._kinds if _owners(scopes, dev, k)) if scopes else _NO_KINDS
+        wanted = hooks.wanted_kinds(dev, self._kinds) if hooks.OBSERVERS else _NO_KINDS
         with self._lock:
             if self._state != _READY:
                 raise self._unusable()
             if not wanted:
                 self._point(self._res.events)
-                self._bd.launch_graph(self._res.raw, s._raw)
-                s._tag = name
+                self.bd.launch_graph(self._res.raw, s.raw)
+                s.tag = name
                 return
             pairs = self._launch_timed(s, name, wanted)
-        s._tag = name
+        s.tag = name
         for act_name, kind, start_raw, end_raw in pairs:
-            if not adopt_activity(s, act_name, kind, start_raw, end_raw):  # no scope left that wants it
-                dev._recycle(start_raw, True, s.handle, _RELEASE_LAST)
-                dev._recycle(end_raw, True, s.handle, _RELEASE_LAST)
+            if not hooks.adopt(s, act_name, kind, start_raw, end_raw):  # no scope left that wants it
+                dev.recycle_later(start_raw, s.handle)
+                dev.recycle_later(end_raw, s.handle)
 
     def _launch_timed(self, s: Stream, name: str, wanted: frozenset) -> list:
         """Point the wanted parts' nodes at pooled events and launch between two more. Holds ``_lock``.
         Returns ``[(name, kind, start_raw, end_raw)]``, the whole graph first."""
-        dev, bd, pool = self.device, self._bd, self.device._pool_t
+        dev, bd, pool = self.device, self.bd, self.device.timing_pool
         events = list(self._res.events)
         taken: list = []
         pairs: list = []
@@ -208,16 +207,16 @@ class Graph:
             if whole:
                 start = pool.take()
                 taken.append(start)
-                bd.record(start, s._raw)
-            bd.launch_graph(self._res.raw, s._raw)
+                bd.record(start, s.raw)
+            bd.launch_graph(self._res.raw, s.raw)
             if whole:
                 end = pool.take()
                 taken.append(end)
-                bd.record(end, s._raw)
+                bd.record(end, s.raw)
                 pairs.insert(0, (name, "graph", start, end))
         except BaseException:
             for raw in taken:  # back to the pool once the device has passed them (at once if never enqueued)
-                dev._recycle(raw, True, s.handle, _RELEASE_LAST)
+                dev.recycle_later(raw, s.handle)
             raise
         return pairs
 
@@ -228,7 +227,7 @@ class Graph:
         if not changed:
             return
         try:
-            self._bd.set_graph_events(self._res.raw, [self._nodes[k] for k in changed], [events[k] for k in changed])
+            self.bd.set_graph_events(self._res.raw, [self._nodes[k] for k in changed], [events[k] for k in changed])
         except BaseException:
             for k in changed:
                 pointed[k] = None  # unknown now: set again next time
@@ -288,7 +287,7 @@ class _PartBlock:
 
 @final
 class GraphCapture:
-    """The context manager of `Stream.capture`. While open it is the stream's capture hook: `run_timed` hands it
+    """The context manager of `Stream.capture`. While open it is the stream's capture hook: `hooks.launch` hands it
     every workload launched on the stream. Single use. Enter and exit it in one thread (see the module)."""
 
     __slots__ = ("stream", "graph", "_parts", "_guarded", "_token")
@@ -303,25 +302,25 @@ class GraphCapture:
     def __enter__(self) -> Graph:
         stream = self.stream
         dev = stream.device
-        dev._check_open()
+        dev.check_open()
         if self.graph is not None:
             raise ScopeError("this capture was already used: call stream.capture() again for a new graph")
         graph = self.graph = Graph._create(stream, self)
         with _active_lock:
             _check_free(stream)
             _active[dev] = self
-            stream._capture = self
-            for other in (*dev._owned, *dev._adopted.values()):
-                if other is not stream and other._capture is None:
-                    other._capture = _OtherStream(self, other)
+            stream.capture_hook = self
+            for other in (*dev.owned_streams, *dev.adopted_streams.values()):
+                if other is not stream and other.capture_hook is None:
+                    other.capture_hook = _OtherStream(self, other)
                     self._guarded.append(other)
         try:
-            stream._bd.begin_capture(stream._raw)
+            stream.bd.begin_capture(stream.raw)
         except BaseException:
             self._unhook()
             graph._discard("its capture could not begin")
             raise
-        dev._graphs.add(graph)
+        dev.graphs.add(graph)
         self._token = _current.set(self)
         return graph
 
@@ -332,27 +331,27 @@ class GraphCapture:
             _current.set(None)
         graph, stream = self.graph, self.stream
         assert graph is not None
-        bd = stream._bd
+        bd = stream.bd
         with graph._lock:
             closed_meanwhile = graph._state != _CAPTURING
             if not closed_meanwhile:
                 self._unhook()
                 if exc is not None:
-                    bd.abort_capture(stream._raw)
+                    bd.abort_capture(stream.raw)
                     graph._discard(f"its capture block raised {type(exc).__name__}")
                     return
                 try:
-                    graph._finish_capture(bd.end_capture(stream._raw), self._parts)
+                    graph._finish_capture(bd.end_capture(stream.raw), self._parts)
                 except BaseException:
                     graph._discard("its capture failed")
                     raise
         if closed_meanwhile:
-            if not stream.device.closed and stream._capture is None:
-                bd.abort_capture(stream._raw)  # closed from another thread, which could not end the capture
+            if not stream.device.closed and stream.capture_hook is None:
+                bd.abort_capture(stream.raw)  # closed from another thread, which could not end the capture
             if exc is None:
                 raise ClosedError(f"the graph was closed during its capture ({graph._why}): capture it again")
 
-    # -- the hook `run_timed` calls -----------------------------------------------------------------------
+    # -- the hook `hooks.launch` calls -----------------------------------------------------------------------
     def timed(self, name: str, kind: str, fn: Any, args: tuple) -> None:
         """Capture ``fn(*args)`` between two event-record nodes: a part of the graph."""
         start = self._event_node()
@@ -367,11 +366,11 @@ class GraphCapture:
         """Add an event-record node with a placeholder event of its own; returns its index."""
         assert self.graph is not None
         stream, res = self.stream, self.graph._res
-        raw = stream._bd.create_event(True)  # like the pooled events that replace it: nodes keep one kind
+        raw = stream.bd.create_event(True)  # like the pooled events that replace it: nodes keep one kind
         try:
-            stream._bd.record_in_capture(raw, stream._raw)
+            stream.bd.record_in_capture(raw, stream.raw)
         except BaseException:
-            stream._bd.destroy_event(raw)
+            stream.bd.destroy_event(raw)
             raise
         res.events.append(raw)
         return len(res.events) - 1
@@ -380,12 +379,12 @@ class GraphCapture:
         """Stop taking launches: the stream and the device's other streams run work again. Idempotent."""
         stream = self.stream
         with _active_lock:
-            if stream._capture is self:
-                stream._capture = None
+            if stream.capture_hook is self:
+                stream.capture_hook = None
             for other in self._guarded:
-                hook = other._capture
+                hook = other.capture_hook
                 if isinstance(hook, _OtherStream) and hook.capture is self:
-                    other._capture = None
+                    other.capture_hook = None
             self._guarded = []
             if _active.get(stream.device) is self:
                 del _active[stream.device]
@@ -394,7 +393,7 @@ class GraphCapture:
         """`Graph.close` during the capture: stop it and end it (CUDA refuses from another thread: then the
         block's exit ends it)."""
         self._unhook()
-        self.stream._bd.abort_capture(self.stream._raw)
+        self.stream.bd.abort_capture(self.stream.raw)
 
 
 @final
@@ -411,13 +410,13 @@ class _OtherStream:
     def _refuse(self, what: str) -> None:
         if _current.get() is self.capture:
             s, captured = self.stream, self.capture.stream
-            raise BackendError(f"{what} was launched on {s.label} of {s.device.name} while {captured.label} is "
+            raise ScopeError(f"{what} was launched on {s.label} of {s.device.name} while {captured.label} is "
                                "being captured: it would run at once, outside the graph. Launch it on the "
                                f"captured stream ({captured.label}), or after the `with stream.capture()` block")
 
     def timed(self, name: str, kind: str, fn: Any, args: tuple) -> None:
         self._refuse(repr(name))
-        timed_now(self.stream, name, kind, fn, args)
+        hooks.launch_now(self.stream, name, kind, fn, args)
 
     def refuse_graph(self, stream: Stream) -> None:
         self._refuse("a graph")
@@ -426,7 +425,7 @@ class _OtherStream:
 def _check_free(stream: Stream) -> None:
     """Raise `ScopeError` unless a capture may begin on ``stream``. Holds ``_active_lock``."""
     dev = stream.device
-    if isinstance(stream._capture, GraphCapture):
+    if isinstance(stream.capture_hook, GraphCapture):
         raise ScopeError(f"{stream.label} of {dev.name} is already being captured: captures do not nest; end that "
                          "`with stream.capture()` block first")
     other = _active.get(dev)

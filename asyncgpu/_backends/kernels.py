@@ -1,4 +1,5 @@
-"""The wire format of in-kernel records, read from its one definition, and its host-side writer.
+"""The CUDA sources asyncgpu compiles (`kernels_dir`), the wire format of in-kernel records read from its one
+definition, and that format's host-side writer. Imports no CUDA: ``import asyncgpu`` reads the format from here.
 
 ``kernels/asyncgpu_profile_format.h`` defines the layout (a diagram heads that file); this module parses its
 ``#define AGK_<NAME> <integer>`` lines at import, so Python never restates a value, and derives the masks.
@@ -13,19 +14,29 @@ import re
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 
-__all__ = ["FORMAT", "HostLane", "format_path", "parse_format", "words_of"]
+__all__ = ["FORMAT", "HostLane", "format_path", "kernels_dir", "parse_format", "words_of"]
+
+_KERNEL_SOURCE = "workloads.cu"  # a file every kernels directory has
 
 _DEFINE = re.compile(r"^\s*#\s*define\s+(AGK_[A-Z0-9_]+)\s+(\S+)\s*$")
 
 
-def format_path() -> Any:
-    """The path of ``asyncgpu_profile_format.h`` (next to the CUDA sources)."""
-    from ._cuda import kernels_dir
+def kernels_dir() -> Path:
+    """Where the CUDA sources live: ``asyncgpu/_kernels`` in a wheel, ``<repo>/kernels`` in a checkout."""
+    package = Path(__file__).resolve().parent.parent
+    for candidate in (package / "_kernels", package.parent / "kernels"):
+        if (candidate / _KERNEL_SOURCE).is_file():
+            return candidate
+    raise FileNotFoundError(f"asyncgpu's CUDA sources ({_KERNEL_SOURCE}) are missing: reinstall asyncgpu")
 
+
+def format_path() -> Path:
+    """The path of ``asyncgpu_profile_format.h`` (next to the CUDA sources)."""
     return kernels_dir() / "asyncgpu_profile_format.h"
 
 
@@ -92,11 +103,11 @@ FORMAT = _Format(parse_format(format_path().read_text()))
 def words_of(buffer: Any) -> np.ndarray:
     """The uint64 words of a host buffer: a numpy array (any dtype, C-contiguous, whole words) or a
     host-backend `DeviceArray`. No copy."""
-    if hasattr(buffer, "_live") and getattr(buffer, "device", None) is not None:
+    if hasattr(buffer, "live") and getattr(buffer, "device", None) is not None:
         if buffer.device.backend != "host":
             raise TypeError(f"that array lives on {buffer.device.name}: only the kernel writes a GPU buffer (include "
                             "asyncgpu_profile.cuh); HostLane writes host-backend buffers")
-        buffer = buffer._live()
+        buffer = buffer.live()
     if not isinstance(buffer, np.ndarray) or not buffer.flags.c_contiguous or buffer.nbytes % 8:
         raise TypeError("records live in a C-contiguous numpy array of whole uint64 words (or a host DeviceArray), "
                         f"not {type(buffer).__name__}")

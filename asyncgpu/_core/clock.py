@@ -23,19 +23,23 @@ are all busy, in which case it gives up with `ClockError` and scopes fall back t
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, final
 
 import numpy as np
 
-from ._errors import AsyncGPUError, ClockError
+from .._errors import AsyncGPUError, ClockError
+from .._records import KIND_CODES, DeviceClock
 
 if TYPE_CHECKING:
-    from ._device import Device
+    from .device import Device
 
-__all__ = ["ClockCalibration", "calibrate", "check_alignment"]
+__all__ = ["CLOCK_MAX_AGE_S", "ClockCalibration", "Placement", "calibrate", "check_alignment", "placement"]
 
+#: The one age policy: a calibration older than this (seconds) is measured again before it places events.
+CLOCK_MAX_AGE_S = 0.25
 DEFAULT_SAMPLES = 16
 TIMEOUT_NS = 5_000_000
 _MIN_DRIFT_SPAN_NS = 1_000_000_000
@@ -58,8 +62,8 @@ class ClockCalibration:
     anchor_source: str = "pings"  #: ``pings`` (the stream's own pings) or ``kernel`` (the event after the kernel)
     kernel_anchor_bound_ns: float | None = None  #: the bound the event after the kernel would have had
     bracket_overhead_ns: float = 0.0  #: what a pair of events adds to one kernel's time (ns), measured once
-    _anchor: Any = field(default=None, repr=False)  # the anchor's raw event (owned by the device)
-    _gt_point: tuple[int, float] | None = field(default=None, repr=False)  # (stamp, host midpoint) of the best
+    anchor: Any = field(default=None, repr=False)  # the anchor's raw event (owned by the device)
+    gt_point: tuple[int, float] | None = field(default=None, repr=False)  # (stamp, host midpoint) of the best
 
     @property
     def rate(self) -> float:
@@ -68,13 +72,13 @@ class ClockCalibration:
 
     def globaltimer_to_host_ns(self, stamps_ns: Any) -> np.ndarray:
         """Convert ``%globaltimer`` stamps (ns, int or array) to host time (float64 ns)."""
-        if self._gt_point is None:
+        if self.gt_point is None:
             raise ClockError(f"{self.device} has no %globaltimer calibration (the host backend has no such clock, "
                              "or the calibration kernel could not run)")
-        g0, h0 = self._gt_point
+        g0, h0 = self.gt_point
         return h0 + (np.asarray(stamps_ns, dtype=np.int64) - g0).astype(np.float64) * self.rate
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {"device": self.device, "host_ns": self.host_ns, "bound_ns": self.bound_ns, "samples": self.samples,
                 "rtt_ns": self.rtt_ns, "taken_ns": self.taken_ns, "globaltimer_offset_ns": self.globaltimer_offset_ns,
                 "globaltimer_bound_ns": self.globaltimer_bound_ns, "naive_offset_ns": self.naive_offset_ns,
@@ -83,13 +87,89 @@ class ClockCalibration:
                 "bracket_overhead_ns": self.bracket_overhead_ns}
 
 
+_LAUNCH_KINDS = ("kernel", "graph")  # kinds whose event pairs lose the bracket overhead
+_LAUNCH_CODES = np.array([KIND_CODES[k] for k in _LAUNCH_KINDS], np.int8)
+
+
+@final
+class Placement:
+    """The one answer to "where on the host time base is this event of this device": made by `placement` for
+    one pass over a device's finished events (a scope's end, a read of the kernel history, a handoff), so that
+    every feature places and trims alike.
+
+    ``clock`` says how: aligned (host time, within ``clock.bound_ns``), or not (``clock.reason``), in which case
+    events are placed relative to a fallback anchor (a scope's start mark) or not at all (NaN).
+    """
+
+    __slots__ = ("device", "anchor", "anchor_ns", "rate", "overhead_ns", "clock", "calibration")
+
+    def __init__(self, device: Device, anchor: Any, anchor_ns: float, rate: float, overhead_ns: float,
+                 clock: DeviceClock, calibration: ClockCalibration | None) -> None:
+        self.device, self.anchor, self.anchor_ns, self.rate = device, anchor, anchor_ns, rate
+        self.overhead_ns, self.clock, self.calibration = overhead_ns, clock, calibration
+
+    def host_ns(self, raw_event: Any) -> float:
+        """The host time (ns) of a completed timing event of the device (NaN without an anchor). Raises
+        `NotReadyError` while the event is pending. Any thread."""
+        if self.anchor is None:
+            return math.nan
+        return self.anchor_ns + self.device.bd.elapsed_ms(self.anchor, raw_event) * 1e6 * self.rate
+
+    def trim(self, kind: str, start_ns: float, duration_ns: float) -> tuple[float, float]:
+        """What the event pair added, taken out of a kernel or graph activity: half from the start, all of it
+        from the duration (never below zero). Other kinds are returned as they are."""
+        if self.overhead_ns <= 0 or kind not in _LAUNCH_KINDS:
+            return start_ns, duration_ns
+        cut = min(duration_ns, self.overhead_ns)
+        return start_ns + cut / 2, duration_ns - cut
+
+    def trim_columns(self, rows: np.ndarray, kind_col: np.ndarray, start_col: np.ndarray,
+                     dur_col: np.ndarray) -> None:
+        """`trim`, in place, on the rows of the columns selected by the boolean mask ``rows``."""
+        if self.overhead_ns <= 0:
+            return
+        m = rows & np.isin(kind_col, _LAUNCH_CODES)
+        cut = np.minimum(dur_col[m], self.overhead_ns)
+        start_col[m] += cut / 2
+        dur_col[m] -= cut
+
+    def globaltimer_to_host_ns(self, stamps_ns: Any) -> np.ndarray:
+        """``%globaltimer`` stamps (ns) as host time; `ClockError` when the device has no such calibration."""
+        if self.calibration is None:
+            raise ClockError(f"{self.device.name}'s clock is not aligned: {self.clock.reason}")
+        return self.calibration.globaltimer_to_host_ns(stamps_ns)
+
+
+def placement(device: Device, *, max_age_s: float = CLOCK_MAX_AGE_S, subtract_overhead: bool = True,
+              fallback: tuple[Any, float] | None = None, refresh: bool = True) -> Placement:
+    """The `Placement` of ``device``'s events now: through its clock calibration (re-measured when older than
+    ``max_age_s``; that blocks the calling thread about 0.1 ms; ``refresh=False`` never measures and uses the
+    last calibration, for threads that must not block, such as the waiter thread). When the clock cannot be
+    aligned, events are placed relative to ``fallback`` = ``(raw timing event, host ns it stands for)`` (a
+    scope's start mark), or not at all, and the placement's `DeviceClock` says why. ``subtract_overhead``
+    False keeps raw event times (no `Placement.trim`)."""
+    try:
+        cal = device.clock(max_age_s=max_age_s) if refresh else device.last_clock()
+        if cal is None:
+            raise ClockError(f"{device.name} has no clock calibration yet")
+    except AsyncGPUError as exc:
+        clock = DeviceClock(device.name, False, math.nan, reason=f"clock calibration failed ({exc})")
+        anchor, anchor_ns = fallback if fallback is not None else (None, 0.0)
+        return Placement(device, anchor, float(anchor_ns), 1.0, 0.0, clock, None)
+    overhead = cal.bracket_overhead_ns if subtract_overhead else 0.0
+    clock = DeviceClock(device.name, True, cal.bound_ns, cal.globaltimer_offset_ns, cal.drift_ppm,
+                        overhead_ns=overhead)
+    return Placement(device, cal.anchor, float(cal.host_ns), cal.rate, overhead, clock,
+                     cal if cal.gt_point is not None else None)
+
+
 def calibrate(device: Device, samples: int = DEFAULT_SAMPLES, *, previous: ClockCalibration | None = None,
               timeout_ns: int = TIMEOUT_NS) -> ClockCalibration:
     """Measure ``device``'s clocks against the host (see the module docstring). ``previous`` (an older
     calibration of the same device) gives the drift. Raises `ClockError` if the device does not answer."""
     if samples < 1:
         raise ValueError(f"a calibration needs at least one sample, not {samples}")
-    bd, spare = device._bd, device._clock_events
+    bd, spare = device.bd, device.clock_events
     raws = [spare.pop() if spare else bd.create_event(True) for _ in range(samples)]
     try:
         brackets = bd.calibrate_events(raws, timeout_ns)
@@ -117,8 +197,8 @@ def calibrate(device: Device, samples: int = DEFAULT_SAMPLES, *, previous: Clock
         gt_offset, gt_bound = int(pings[b, 0] - mid[b]), float(g_rtt[b]) / 2
         naive = int(pings[0, 0] - mid[0])
         gt_point = (int(pings[b, 0]), float(mid[b]))
-        if previous is not None and previous._gt_point is not None:
-            pg, ph = previous._gt_point
+        if previous is not None and previous.gt_point is not None:
+            pg, ph = previous.gt_point
             span = gt_point[1] - ph
             drift = ((gt_point[0] - pg) / span - 1.0) * 1e6 if span >= _MIN_DRIFT_SPAN_NS else previous.drift_ppm
         # The event right after the kernel lies between the kernel's last stamp and the host seeing the write
@@ -157,14 +237,14 @@ def check_alignment(devices: Iterable[Device], trials: int = 30, samples: int = 
     devs = list(devices)
     if len(devs) < 2 or any(d.backend != "cuda" for d in devs):
         raise AsyncGPUError("check_alignment needs two or more CUDA devices (the host backend has one clock)")
-    bds = [d._bd for d in devs]
+    bds = [d.bd for d in devs]
     page = bds[0].alloc_mapped(4096)
     words = page.words
     streams = [bd.create_stream() for bd in bds]
     flag_off = 0  # the one word every device's kernel spins on
     per = 64  # bytes per device: started, ack, ev_ack words and one stamp
     rows: dict[str, list] = {k: [] for k in ("raw", "aligned", "naive", "events_aligned")}
-    events = [d._pool_t.take() for d in devs]
+    events = [d.timing_pool.take() for d in devs]
     try:
         for trial in range(1, trials + 1):
             cals = [calibrate(d, samples) for d in devs]
@@ -185,7 +265,7 @@ def check_alignment(devices: Iterable[Device], trials: int = 30, samples: int = 
                                for i in range(len(devs))], dtype=np.int64)
             aligned = [cals[i].globaltimer_to_host_ns(stamps[i]) for i in range(len(devs))]
             naive = [stamps[i] - cals[i].naive_offset_ns for i in range(len(devs))]
-            ev_host = [c.host_ns + bds[i].elapsed_ms(c._anchor, events[i]) * 1e6 * c.rate
+            ev_host = [c.host_ns + bds[i].elapsed_ms(c.anchor, events[i]) * 1e6 * c.rate
                        for i, c in enumerate(cals)]
             for i in range(1, len(devs)):
                 rows["raw"].append(float(stamps[0] - stamps[i]))
@@ -193,14 +273,14 @@ def check_alignment(devices: Iterable[Device], trials: int = 30, samples: int = 
                 rows["naive"].append(float(naive[0] - naive[i]))
                 rows["events_aligned"].append(float(ev_host[0] - ev_host[i]))
             for d, c in zip(devs, cals):
-                d._clock_events.append(c._anchor)
+                d.clock_events.append(c.anchor)
     finally:
         words[flag_off // 4] = trials + 1
         for bd, s in zip(bds, streams):
             bd.sync_stream(s)
             bd.close_stream(s)
         for d, raw in zip(devs, events):
-            d._pool_t.give(raw)
+            d.timing_pool.give(raw)
         page.free()
     out: dict[str, Any] = {k: np.asarray(v) for k, v in rows.items()}
     out["summary"] = {k: {"median_abs_ns": float(np.median(np.abs(v))), "max_abs_ns": float(np.max(np.abs(v))),

@@ -10,14 +10,15 @@ Threads: every method may be called from any thread; ``await wait()`` from any a
 from __future__ import annotations
 
 import time
+import warnings
 from typing import TYPE_CHECKING, Any, final
 
-from ._errors import DeviceMismatchError, NotRecordedError, ReleasedError, TimingDisabledError
-from ._waiting import await_completion, block_until_complete
+from .._errors import DeviceMismatchError, NotRecordedError, ReleasedError, TimingDisabledError
+from .waiting import await_completion, block_until_complete
 
 if TYPE_CHECKING:
-    from ._device import Device
-    from ._stream import Stream
+    from .device import Device
+    from .stream import Stream
 
 __all__ = ["Event"]
 
@@ -28,7 +29,7 @@ _now = time.perf_counter_ns
 class Event:
     """A point in a stream's work on one device. Create with `Device.record` or `Device.create_event`."""
 
-    __slots__ = ("device", "timing", "_raw", "_key", "_seq", "_record_ns", "_tag", "__weakref__")
+    __slots__ = ("device", "timing", "raw", "key", "seq", "record_ns", "tag", "__weakref__")
 
     def __init__(self) -> None:
         raise TypeError("events come from device.record() or device.create_event()")
@@ -38,11 +39,11 @@ class Event:
         self = object.__new__(cls)
         self.device = device
         self.timing = timing
-        self._raw = raw
-        self._key: int | None = None  # the stream it was last recorded on (None: never recorded)
-        self._seq = 0
-        self._record_ns = 0
-        self._tag: Any = None
+        self.raw = raw
+        self.key: int | None = None  # the stream it was last recorded on (None: never recorded)
+        self.seq = 0
+        self.record_ns = 0
+        self.tag: Any = None
         return self
 
     # -- recording ---------------------------------------------------------------------------------------
@@ -52,44 +53,52 @@ class Event:
         ``tag`` names the work before this point (default: the workload launched on that stream since its last
         record, if any); the completion engine learns how long each tag takes to wake waiters just in time.
         """
-        raw = self._live()
-        s = self.device._stream_of(stream)
-        s._bd.record(raw, s._raw)
-        self._key = s.handle
-        self._seq = next(s._seqs)
-        self._record_ns = _now()
-        self._tag = s._tag if tag is None else tag
-        s._tag = None  # a second record right behind this one has no work of its own before it
+        raw = self.live()
+        s = self.device.stream_of(stream)
+        s.bd.record(raw, s.raw)
+        self.key = s.handle
+        self.seq = next(s.seqs)
+        self.record_ns = _now()
+        self.tag = s.tag if tag is None else tag
+        s.tag = None  # a second record right behind this one has no work of its own before it
         return self
 
     @property
     def recorded(self) -> bool:
-        return self._key is not None
+        return self.key is not None
 
     # -- completion ---------------------------------------------------------------------------------------
     def query(self) -> bool:
         """True once the device has passed the event. Never blocks."""
-        return self.device._bd.query(self._checked())
+        return self.device.bd.query(self.checked())
+
+    def wait_sync(self, *, timeout_s: float | None = None) -> None:
+        """Block the calling thread (GIL released) until the device has passed the event: the blocking form of
+        `wait` (asyncgpu's convention: ``await x.verb()`` is async, ``x.verb_sync()`` blocks the thread).
+
+        Without ``timeout_s`` this is the driver's own wait (``cuEventSynchronize``: it spins a core, lowest
+        latency). With ``timeout_s`` (seconds) the device's waiter thread wakes this thread (little CPU) and
+        `TimeoutError` is raised if the device has not passed the event by then; the event is untouched. Do not
+        call it from an event loop's thread: ``await event.wait()`` there.
+        """
+        if timeout_s is None:
+            self.device.bd.sync_event(self.checked())
+        elif not self.block_until(_now() + max(int(timeout_s * 1e9), 0)):
+            raise TimeoutError(f"{self.device.name} had not passed the event after {timeout_s} s")
 
     def sync(self, timeout: float | None = None) -> None:
-        """Block the calling thread (GIL released) until the device has passed the event.
+        """Deprecated name of `wait_sync` (``timeout`` is ``timeout_s`` there)."""
+        warnings.warn("Event.sync() is now Event.wait_sync(timeout_s=...) (the old name goes in the next release)",
+                      DeprecationWarning, stacklevel=2)
+        self.wait_sync(timeout_s=timeout)
 
-        Without ``timeout`` this is the driver's own wait (``cuEventSynchronize``: it spins a core, lowest
-        latency). With ``timeout`` (seconds) the device's waiter thread wakes this thread (little CPU) and
-        `TimeoutError` is raised if the device has not passed the event by then; the event is untouched.
-        """
-        if timeout is None:
-            self.device._bd.sync_event(self._checked())
-        elif not self._block(_now() + max(int(timeout * 1e9), 0)):
-            raise TimeoutError(f"{self.device.name} had not passed the event after {timeout} s")
-
-    def _block(self, deadline_ns: int | None) -> bool:
+    def block_until(self, deadline_ns: int | None) -> bool:
         """Block this plain thread (GIL released) until the event completes or ``deadline_ns`` passes (False):
         the waiter thread wakes it shortly before the predicted completion; without a deadline it then
         finishes with the driver's spin wait."""
         dev = self.device
-        return block_until_complete(dev._engine, dev._bd.query, self._checked(), self._key, self._seq, self._tag,
-                                    self._record_ns, deadline_ns, dev._bd.sync_event)
+        return block_until_complete(dev.engine, dev.bd.query, self.checked(), self.key, self.seq, self.tag,
+                                    self.record_ns, deadline_ns, dev.bd.sync_event)
 
     async def wait(self) -> None:
         """Resume the calling task once the device has passed the event; the loop runs other tasks meanwhile.
@@ -98,9 +107,9 @@ class Event:
         leaves the event untouched (still recorded, still yours). Raises `BackendError` if the device fails
         (a sticky CUDA error) and `ClosedError` if the device is closed while waiting.
         """
-        raw = self._checked()
+        raw = self.checked()
         dev = self.device
-        await await_completion(dev._engine, dev._bd.query, raw, self._key, self._seq, self._tag, self._record_ns)
+        await await_completion(dev.engine, dev.bd.query, raw, self.key, self.seq, self.tag, self.record_ns)
 
     # -- timing -------------------------------------------------------------------------------------------
     def elapsed_ms(self, start: Event) -> float:
@@ -117,7 +126,7 @@ class Event:
                 raise TimingDisabledError(
                     "an event recorded with timing=False has no timestamp: record it with device.record(timing=True)"
                 )
-        return self.device._bd.elapsed_ms(start._checked(), self._checked())
+        return self.device.bd.elapsed_ms(start.checked(), self.checked())
 
     def __sub__(self, start: Event) -> float:
         """``end - start``: `elapsed_ms` in milliseconds."""
@@ -126,10 +135,10 @@ class Event:
     # -- lifetime -----------------------------------------------------------------------------------------
     def release(self) -> None:
         """Give the event back to its pool (at once if complete, else once the device passes it). Idempotent."""
-        raw = self._raw
+        raw = self.raw
         if raw is not None:
-            self._raw = None
-            self.device._recycle(raw, self.timing, self._key, self._seq)
+            self.raw = None
+            self.device.recycle(raw, self.timing, self.key, self.seq)
 
     def __enter__(self) -> Event:
         return self
@@ -138,13 +147,13 @@ class Event:
         self.release()
 
     def __del__(self) -> None:
-        raw = getattr(self, "_raw", None)
+        raw = getattr(self, "raw", None)
         if raw is not None:
-            self._raw = None
-            self.device._bury(raw, self.timing, self._key, self._seq)
+            self.raw = None
+            self.device.bury(raw, self.timing, self.key, self.seq)
 
-    def _live(self) -> Any:
-        raw = self._raw
+    def live(self) -> Any:
+        raw = self.raw
         if raw is None:
             raise ReleasedError(
                 "this event went back to its pool (released, or its scope closed): take a new one with "
@@ -152,12 +161,12 @@ class Event:
             )
         return raw
 
-    def _checked(self) -> Any:
-        raw = self._live()
-        if self._key is None:
+    def checked(self) -> Any:
+        raw = self.live()
+        if self.key is None:
             raise NotRecordedError("this event was never recorded: call event.record(stream) first")
         return raw
 
     def __repr__(self) -> str:
-        state = "released" if self._raw is None else ("recorded" if self._key is not None else "unrecorded")
+        state = "released" if self.raw is None else ("recorded" if self.key is not None else "unrecorded")
         return f"<asyncgpu.Event {self.device.name} {state}{'' if self.timing else ' timing=False'}>"

@@ -1,0 +1,35 @@
+"""Backends: the contract (`contract`), the CUDA backend (`cuda`), the host backend (`host`), and the kernel
+sources with their in-kernel record format (`kernels`), which needs no CUDA.
+
+Backends are loaded lazily, by name: ``import asyncgpu`` never imports the CUDA backend module; the first device
+of a backend imports it (`load_backend`). This is the bottom layer with `asyncgpu._errors` and
+`asyncgpu._records`: nothing here imports the core or a feature.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+
+from .contract import Backend, BackendDevice
+
+__all__ = ["BACKEND_NAMES", "Backend", "BackendDevice", "load_backend"]
+
+BACKEND_NAMES = ("cuda", "host")
+
+_loaded: dict[str, Backend] = {}
+_lock = threading.Lock()
+
+
+def load_backend(name: str) -> Backend:
+    """Import ``asyncgpu._backends.<name>`` on first use and return its single `Backend` instance."""
+    if name not in BACKEND_NAMES:
+        from .._errors import UnknownDeviceError
+
+        raise UnknownDeviceError(f"unknown backend {name!r}: use one of {', '.join(BACKEND_NAMES)}")
+    with _lock:
+        backend = _loaded.get(name)
+        if backend is None:
+            module = importlib.import_module(f"asyncgpu._backends.{name}")
+            backend = _loaded[name] = module.backend_class()
+        return backend

@@ -1,0 +1,171 @@
+"""The one adapter between asyncgpu and the caller's concurrency: which loop am I in, park, wake, checkpoint.
+
+asyncgpu serves plain threads, asyncio (uvloop included) and trio. Everything that blocks or parks a caller
+(`asyncgpu._core.waiting`, the completion engine, `asyncgpu._handoff`, `asyncgpu._timer`) asks this module:
+
+* `current` — where the caller runs: ``(THREAD, None)``, ``(ASYNCIO, loop)`` or ``(TRIO, trio module)``.
+* `deliver` — resume parked tasks of one loop from any thread, in one batch, through the loop's own
+  thread-safe entry point: asyncio ``loop.call_soon_threadsafe``; trio ``TrioToken.run_sync_soon`` +
+  ``reschedule``. A foreign thread never touches a loop's objects directly (``anyio.Event.set()`` from a
+  thread loses wake-ups on asyncio and raises on trio).
+* `Parked` — one thread or task parked until another thread wakes it (a channel's getters and putters).
+* `checkpoint`, `is_cancellation`, `fresh_error`.
+
+trio is never imported here: a caller runs in trio only if trio is already imported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+from typing import Any, Iterable
+
+__all__ = ["ASYNCIO", "THREAD", "TRIO", "Parked", "checkpoint", "current", "deliver", "fresh_error",
+           "is_cancellation", "trio_module"]
+
+ASYNCIO, TRIO, THREAD = 0, 1, 2  #: where a caller runs (the completion engine's waiter kinds use the same codes)
+WAITING, WOKEN, WITHDRAWN = 0, 1, 2  #: states of a `Parked`
+
+
+def trio_module() -> Any:
+    """The trio module if the calling thread runs a trio task, else None (trio is never imported here)."""
+    trio = sys.modules.get("trio")
+    if trio is None:
+        return None
+    try:
+        trio.lowlevel.current_task()
+    except (RuntimeError, AttributeError):  # not in trio (or trio is still being imported by another thread)
+        return None
+    return trio
+
+
+def current() -> tuple[int, Any]:
+    """Where the caller runs: ``(ASYNCIO, running loop)``, ``(TRIO, trio module)`` or ``(THREAD, None)``."""
+    try:
+        return ASYNCIO, asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    trio = trio_module()
+    if trio is not None:
+        return TRIO, trio
+    return THREAD, None
+
+
+async def checkpoint(kind: int, loop: Any) -> None:
+    """Let the loop run other tasks once (and deliver a pending cancellation)."""
+    if kind == ASYNCIO:
+        await asyncio.sleep(0)
+    else:
+        await loop.lowlevel.checkpoint()
+
+
+def is_cancellation(exc: BaseException | None) -> bool:
+    """True for asyncio's and trio's cancellation and for KeyboardInterrupt."""
+    if exc is None:
+        return False
+    if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt)):
+        return True
+    trio = sys.modules.get("trio")
+    return trio is not None and isinstance(exc, trio.Cancelled)
+
+
+def fresh_error(err: BaseException) -> BaseException:
+    """One exception instance per resumed task, so their tracebacks do not pile up on a shared object."""
+    clone = type(err)(*err.args)
+    clone.__cause__ = err.__cause__ or err
+    return clone
+
+
+def deliver(kind: int, loop: Any, items: list[tuple[Any, Any, BaseException | None]]) -> None:
+    """From any thread: resume the parked ``(target, value, error)`` of one loop in one batch. ``loop`` is the
+    asyncio loop (targets: futures) or the `trio.lowlevel.TrioToken` (targets: tasks). A loop that has closed
+    is skipped: nobody is left to wake."""
+    try:
+        if kind == ASYNCIO:
+            loop.call_soon_threadsafe(_resolve_asyncio, items)
+        else:
+            loop.run_sync_soon(_resolve_trio, items)
+    except RuntimeError:  # trio's RunFinishedError is a RuntimeError too
+        pass
+
+
+def _resolve_asyncio(items: Iterable[tuple[Any, Any, BaseException | None]]) -> None:
+    for fut, value, err in items:
+        if not fut.done():
+            if err is None:
+                fut.set_result(value)
+            else:
+                fut.set_exception(fresh_error(err))
+
+
+def _resolve_trio(items: Iterable[tuple[Any, Any, BaseException | None]]) -> None:
+    import outcome
+    import trio
+
+    for task, value, err in items:
+        trio.lowlevel.reschedule(task, outcome.Value(value) if err is None else outcome.Error(fresh_error(err)))
+
+
+class Parked:
+    """A thread or task parked until another thread wakes it. Its ``state`` and ``item`` change under the
+    owner's lock (passed to `block` / `wait`); `wake` may be called from any thread, once, after the state
+    was set to ``WOKEN`` under that lock."""
+
+    __slots__ = ("kind", "loop", "target", "token", "state", "item")
+
+    def __init__(self, kind: int, loop: Any) -> None:
+        self.kind, self.loop, self.state, self.item, self.token = kind, loop, WAITING, None, None
+        if kind == THREAD:
+            self.target: Any = threading.Lock()
+            self.target.acquire()
+        elif kind == ASYNCIO:
+            self.target = loop.create_future()
+        else:  # trio: ``loop`` is the trio module
+            self.target = loop.lowlevel.current_task()
+            self.token = loop.lowlevel.current_trio_token()
+
+    def wake(self) -> None:
+        if self.kind == THREAD:
+            self.target.release()
+        else:
+            deliver(self.kind, self.loop if self.kind == ASYNCIO else self.token, [(self.target, None, None)])
+
+    def block(self, lock: threading.Lock, deadline_ns: int | None, now_ns: int) -> bool:
+        """Plain thread: wait (GIL released) to be woken; False on timeout (``deadline_ns``, on the base of
+        ``now_ns``, ``time.perf_counter_ns``), with the parking withdrawn. ``lock`` is the owner's lock (not
+        held by the caller)."""
+        if deadline_ns is None:
+            self.target.acquire()
+            return True
+        if self.target.acquire(timeout=max(deadline_ns - now_ns, 0) / 1e9):
+            return True
+        with lock:
+            if self.state == WAITING:
+                self.state = WITHDRAWN
+                return False
+        self.target.acquire()  # woken meanwhile: take the wake-up
+        return True
+
+    async def wait(self, lock: threading.Lock) -> None:
+        """Task: wait to be woken. Cancellation withdraws the parking (or, if the wake-up is already under
+        way, lets it arrive and re-raises: the caller then sees ``state == WOKEN`` and puts things back)."""
+        if self.kind == ASYNCIO:
+            try:
+                await self.target
+            except BaseException:
+                with lock:
+                    if self.state == WAITING:
+                        self.state = WITHDRAWN
+                raise
+            return
+        lowlevel = self.loop.lowlevel
+
+        def abort(_: Any) -> Any:
+            with lock:
+                if self.state == WAITING:
+                    self.state = WITHDRAWN
+                    return lowlevel.Abort.SUCCEEDED
+            return lowlevel.Abort.FAILED  # the wake-up is under way; the next checkpoint raises
+
+        await lowlevel.wait_task_rescheduled(abort)

@@ -1,0 +1,29 @@
+"""In-kernel records: a CUDA header (``asyncgpu_profile.cuh``, in `include_dir`) stamps ``%globaltimer`` inside
+kernels; `KernelProfiler` arms a record buffer, collects it after the launch, decodes it (numpy) and places it on
+the scope's timeline. `decode` / `decode_tirx` read buffers of other tools; `HostLane` writes the same format
+from host-backend "kernels". The wire format is defined once, in ``kernels/asyncgpu_profile_format.h``, which
+`FORMAT` reads.
+
+    prof = asyncgpu.kernel.KernelProfiler(dev, stages=("load", "compute"))
+    ptr = prof.arm(grid)
+    dev.stream.launch(kernel, config, ..., ptr)
+    recs = await prof.collect()
+"""
+
+from __future__ import annotations
+
+from .._backends.kernels import FORMAT as FORMAT
+from .._backends.kernels import HostLane as HostLane
+from .._public import publish
+from .records import KernelRecords as KernelRecords
+from .records import StageSummary as StageSummary
+from .records import decode as decode
+from .records import decode_tirx as decode_tirx
+from .profiler import INC_LOOP_STAGES as INC_LOOP_STAGES
+from .profiler import KernelProfiler as KernelProfiler
+from .profiler import include_dir as include_dir
+
+__all__ = ["FORMAT", "INC_LOOP_STAGES", "HostLane", "KernelProfiler", "KernelRecords", "StageSummary", "decode",
+           "decode_tirx", "include_dir"]
+
+publish(__name__, globals(), __all__)

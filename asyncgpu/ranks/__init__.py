@@ -1,0 +1,27 @@
+"""One timing scope gathered from every rank of a torch.distributed process group or an mpi4py communicator,
+merged on the root with the ranks' host clocks aligned, and a balance across ranks.
+
+    with asyncgpu.gpu_timer(dev) as t:
+        ...
+        asyncgpu.ranks.mark_collective("allreduce")      # right before each collective, on every rank
+    merged = asyncgpu.ranks.gather(t)                    # a RankTimeline on rank 0, None elsewhere
+
+See `asyncgpu.ranks.gather` for the protocol, the clock offsets and the threads.
+"""
+
+from __future__ import annotations
+
+from .._public import publish
+from .exchange import gather as gather
+from .exchange import mark_collective as mark_collective
+from .merge import CollectivePoint as CollectivePoint
+from .merge import RankBalance as RankBalance
+from .merge import RankDeviceRow as RankDeviceRow
+from .merge import RankInfo as RankInfo
+from .merge import RankRow as RankRow
+from .merge import RankTimeline as RankTimeline
+
+__all__ = ["CollectivePoint", "RankBalance", "RankDeviceRow", "RankInfo", "RankRow", "RankTimeline", "gather",
+           "mark_collective"]
+
+publish(__name__, globals(), __all__)
