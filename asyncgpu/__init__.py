@@ -16,6 +16,10 @@ The top level holds what most programs use. Specialist parts are public submodul
 
 import warnings as _warnings
 
+from . import errors as errors  # noqa: E402  (public submodules, importable as attributes)
+from . import kernel as kernel
+from . import ranks as ranks
+from . import types as types
 from ._bench import BenchmarkResult as BenchmarkResult
 from ._bench import benchmark as benchmark
 from ._core.clock import check_alignment as check_alignment
@@ -46,6 +50,7 @@ from ._handoff import HandoffRecord as HandoffRecord
 from ._history import kernel_history as kernel_history
 from ._magic import load_ipython_extension as load_ipython_extension
 from ._nvtx import profiler_range as profiler_range
+from ._public import publish as _publish
 from ._records import KINDS as KINDS
 from ._records import ActivityRecord as ActivityRecord
 from ._records import DeviceClock as DeviceClock
@@ -58,12 +63,7 @@ from ._timer import gpu_timer as gpu_timer
 from ._timer import timing_begin as timing_begin
 from ._timer import timing_end as timing_end
 from ._timer import timing_print as timing_print
-from ._public import publish as _publish
 from ._version import __version__ as __version__
-from . import errors as errors  # noqa: E402  (public submodules, importable as attributes)
-from . import kernel as kernel
-from . import ranks as ranks
-from . import types as types
 
 __all__ = [
     "KINDS",
@@ -145,8 +145,11 @@ def __getattr__(name: str) -> object:
 
     module, attr = moved
     where = f"{module}.{attr}"
-    _warnings.warn(f"asyncgpu.{name} moved to {where}: import it from there (the old name goes in the next release)",
-                  DeprecationWarning, stacklevel=2)
+    _warnings.warn(
+        f"asyncgpu.{name} moved to {where}: import it from there (the old name goes in the next release)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     return getattr(importlib.import_module(module), attr)
 
 

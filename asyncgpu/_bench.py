@@ -53,8 +53,8 @@ from typing import Any, Callable, Iterable, Mapping, final
 import numpy as np
 
 from ._core.device import Device
-from ._errors import BenchmarkError
 from ._core.stream import Stream
+from ._errors import BenchmarkError
 
 __all__ = ["BenchmarkError", "BenchmarkResult", "NOISE_MIN_REPEATS", "benchmark"]
 
@@ -139,12 +139,23 @@ class BenchmarkResult:
     def to_dict(self, times: bool = False) -> dict:
         """The statistics per row (JSON-ready); with ``times``, every repeat's times too."""
         stats = self._stats
-        rows = {label: {key: _finite(stats[r, c]) for c, key in enumerate(
-                    ("mean_ms", "std_ms", "min_ms", "median_ms", "max_ms", "rsd"))}
-                for r, label in enumerate(self.labels)}
-        out = {"name": self.name, "devices": list(self.devices), "streams": list(self.streams),
-               "n_repeat": self.n_repeat, "n_warmup": self.n_warmup, "stop_reason": self.stop_reason,
-               "elapsed_s": self.elapsed_s, "rows": rows}
+        rows = {
+            label: {
+                key: _finite(stats[r, c])
+                for c, key in enumerate(("mean_ms", "std_ms", "min_ms", "median_ms", "max_ms", "rsd"))
+            }
+            for r, label in enumerate(self.labels)
+        }
+        out = {
+            "name": self.name,
+            "devices": list(self.devices),
+            "streams": list(self.streams),
+            "n_repeat": self.n_repeat,
+            "n_warmup": self.n_warmup,
+            "stop_reason": self.stop_reason,
+            "elapsed_s": self.elapsed_s,
+            "rows": rows,
+        }
         if times:
             out["times_ms"] = self.times_ms.tolist()
         return out
@@ -160,13 +171,16 @@ class BenchmarkResult:
             elif self.n_repeat == 1:
                 items.append(f"{label}: {mean:9.3f} us")
             else:
-                items.append(f"{label}: {mean:9.3f} us +/- {std:7.3f} (min: {lo:9.3f} / median: {med:9.3f} / "
-                             f"max: {hi:9.3f}) us")
+                items.append(
+                    f"{label}: {mean:9.3f} us +/- {std:7.3f} (min: {lo:9.3f} / median: {med:9.3f} / max: {hi:9.3f}) us"
+                )
         return f"{self.name:<20s}: " + "    ".join(items)
 
     def __repr__(self) -> str:
-        return (f"<asyncgpu.BenchmarkResult {self.name!r} {self.n_repeat} repeats on {', '.join(self.devices)} "
-                f"stopped by {self.stop_reason}>")
+        return (
+            f"<asyncgpu.BenchmarkResult {self.name!r} {self.n_repeat} repeats on {', '.join(self.devices)} "
+            f"stopped by {self.stop_reason}>"
+        )
 
     def __rich_console__(self, console: Any, options: Any) -> Any:
         """A header line, a table in µs (one row for the CPU, one per device) and what the rows mean."""
@@ -175,8 +189,10 @@ class BenchmarkResult:
 
         stats = self._stats
         where = ", ".join(f"{d}/{s}" for d, s in zip(self.devices, self.streams)) or ", ".join(self.devices)
-        yield Text(f"benchmark {self.name!r}: {self.n_repeat:,} repeats after {self.n_warmup:,} warm-up on {where} "
-                   f"(stopped by {self.stop_reason}; {self.elapsed_s:,.3f} s)")
+        yield Text(
+            f"benchmark {self.name!r}: {self.n_repeat:,} repeats after {self.n_warmup:,} warm-up on {where} "
+            f"(stopped by {self.stop_reason}; {self.elapsed_s:,.3f} s)"
+        )
         table = Table(show_edge=False)
         table.add_column("", justify="left")
         for header in ("mean (µs)", "± std", "min", "median", "max", "rsd"):
@@ -185,8 +201,11 @@ class BenchmarkResult:
             rsd = stats[r, 5]
             table.add_row(label, *[_us(v) for v in stats[r, :5]], "—" if math.isnan(rsd) else f"{rsd:.2%}")
         yield table
-        yield Text("CPU: host time of each repeat's calls (first start to last return); each device: time between "
-                   "the events around its call on its stream. std: population standard deviation.", style="dim")
+        yield Text(
+            "CPU: host time of each repeat's calls (first start to last return); each device: time between "
+            "the events around its call on its stream. std: population standard deviation.",
+            style="dim",
+        )
 
 
 def _us(ms: float) -> str:
@@ -202,8 +221,17 @@ class _Run:
     """The state the device threads share. Stop decisions are made only in the barrier's action (one thread,
     while the others wait), so every device sees the same decision at the same repeat."""
 
-    def __init__(self, fn: Callable[..., Any], args: tuple, kwargs: dict, streams: list[Stream], n_repeat: int,
-                 n_warmup: int, max_duration_s: float, max_noise: float | None) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        args: tuple,
+        kwargs: dict,
+        streams: list[Stream],
+        n_repeat: int,
+        n_warmup: int,
+        max_duration_s: float,
+        max_noise: float | None,
+    ) -> None:
         n = len(streams)
         self.fn, self.args, self.kwargs, self.streams = fn, args, kwargs, streams
         self.n_repeat, self.n_warmup = n_repeat, n_warmup
@@ -332,8 +360,10 @@ def _targets(devices: Any) -> list[Stream]:
         s = item if isinstance(item, Stream) else open_device(item).stream
         s.device.check_open()
         if any(o.device is s.device for o in out):
-            raise ValueError(f"{s.device.name} is given twice: benchmark times one stream per device (pass one of "
-                             f"its streams, or the device)")
+            raise ValueError(
+                f"{s.device.name} is given twice: benchmark times one stream per device (pass one of "
+                f"its streams, or the device)"
+            )
         out.append(s)
     if not out:
         raise ValueError("benchmark needs at least one device")
@@ -353,8 +383,9 @@ def parse_devices(spec: str | None, backend: str | None = None) -> list[Device]:
     return [device(int(x) if x.isdigit() else x, backend=backend) for x in items]
 
 
-def _check(fn: Any, args: Any, kwargs: Any, n_repeat: Any, n_warmup: Any, max_duration: Any,
-           max_noise: Any) -> tuple[tuple, dict]:
+def _check(
+    fn: Any, args: Any, kwargs: Any, n_repeat: Any, n_warmup: Any, max_duration: Any, max_noise: Any
+) -> tuple[tuple, dict]:
     if not callable(fn):
         raise TypeError(f"benchmark() times a callable fn(stream, *args, **kwargs), not {type(fn).__name__}")
     if isinstance(args, (str, bytes)) or not isinstance(args, Iterable):
@@ -367,17 +398,28 @@ def _check(fn: Any, args: Any, kwargs: Any, n_repeat: Any, n_warmup: Any, max_du
         raise ValueError(f"n_warmup must be a whole number >= 0, got {n_warmup!r}")
     if isinstance(max_duration, bool) or not isinstance(max_duration, Real) or not max_duration >= 0:
         raise ValueError(f"max_duration is in seconds and must be >= 0 (math.inf: no limit), got {max_duration!r}")
-    if max_noise is not None and (isinstance(max_noise, bool) or not isinstance(max_noise, Real)
-                                  or not 0 < max_noise < math.inf):
-        raise ValueError(f"max_noise is a relative standard deviation (0.005 = 0.5%) and must be > 0, got "
-                         f"{max_noise!r}")
+    if max_noise is not None and (
+        isinstance(max_noise, bool) or not isinstance(max_noise, Real) or not 0 < max_noise < math.inf
+    ):
+        raise ValueError(
+            f"max_noise is a relative standard deviation (0.005 = 0.5%) and must be > 0, got {max_noise!r}"
+        )
     return tuple(args), dict(kwargs or {})
 
 
-def benchmark(fn: Callable[..., Any], args: Iterable[Any] = (), kwargs: Mapping[str, Any] | None = None, *,
-              n_repeat: int = 10000, n_warmup: int = 10, max_duration: float = math.inf, devices: Any = None,
-              max_noise: float | None = None, name: str | None = None, progress: bool | None = None
-              ) -> BenchmarkResult:
+def benchmark(
+    fn: Callable[..., Any],
+    args: Iterable[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    n_repeat: int = 10000,
+    n_warmup: int = 10,
+    max_duration: float = math.inf,
+    devices: Any = None,
+    max_noise: float | None = None,
+    name: str | None = None,
+    progress: bool | None = None,
+) -> BenchmarkResult:
     """Time ``fn(stream, *args, **kwargs)`` on every device of ``devices`` at once; see the module docstring
     for the contract, the threads and how repeats are timed.
 
@@ -394,10 +436,25 @@ def benchmark(fn: Callable[..., Any], args: Iterable[Any] = (), kwargs: Mapping[
     args, kwargs = _check(fn, args, kwargs, n_repeat, n_warmup, max_duration, max_noise)
     streams = _targets(devices)
     label = name or getattr(fn, "__name__", None) or type(fn).__name__
-    run = _Run(fn, args, kwargs, streams, int(n_repeat), int(n_warmup), float(max_duration),
-               None if max_noise is None else float(max_noise))
-    threads = [threading.Thread(target=contextvars.copy_context().run, args=(_worker, run, k), daemon=True,
-                                name=f"asyncgpu-bench-{s.device.name}") for k, s in enumerate(streams)]
+    run = _Run(
+        fn,
+        args,
+        kwargs,
+        streams,
+        int(n_repeat),
+        int(n_warmup),
+        float(max_duration),
+        None if max_noise is None else float(max_noise),
+    )
+    threads = [
+        threading.Thread(
+            target=contextvars.copy_context().run,
+            args=(_worker, run, k),
+            daemon=True,
+            name=f"asyncgpu-bench-{s.device.name}",
+        )
+        for k, s in enumerate(streams)
+    ]
     bar = _Progress(run, label, progress)
     try:
         for t in threads:
@@ -419,9 +476,13 @@ def benchmark(fn: Callable[..., Any], args: Iterable[Any] = (), kwargs: Mapping[
         exc, dev, phase = run.failure
         if not isinstance(exc, Exception):
             raise exc  # KeyboardInterrupt, SystemExit raised inside fn
-        raise BenchmarkError(f"{label} raised {type(exc).__name__}: {exc} (on {dev}, in {phase}); "
-                             f"{result.n_repeat} complete repeat(s) are in this error's .result", result, dev,
-                             phase) from exc
+        raise BenchmarkError(
+            f"{label} raised {type(exc).__name__}: {exc} (on {dev}, in {phase}); "
+            f"{result.n_repeat} complete repeat(s) are in this error's .result",
+            result,
+            dev,
+            phase,
+        ) from exc
     return result
 
 
@@ -432,8 +493,16 @@ def _result(run: _Run, label: str) -> BenchmarkResult:
     t1 = np.array([t[:n] for t in run.t1_ns], np.int64).reshape(len(run.streams), n)
     cpu = (t1.max(axis=0) - t0.min(axis=0)) / 1e6 if n else np.zeros(0)
     reason = "error" if run.failure is not None else (run.stop_reason or "interrupted")
-    return BenchmarkResult(label, tuple(s.device.name for s in run.streams), cpu, gpu, run.n_warmup, reason,
-                           (run.end_ns - run.start_ns) / 1e9, tuple(s.label for s in run.streams))
+    return BenchmarkResult(
+        label,
+        tuple(s.device.name for s in run.streams),
+        cpu,
+        gpu,
+        run.n_warmup,
+        reason,
+        (run.end_ns - run.start_ns) / 1e9,
+        tuple(s.label for s in run.streams),
+    )
 
 
 # -- progress --------------------------------------------------------------------------------------------------
@@ -464,16 +533,24 @@ class _Progress:
                 return
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[done]}"),
-                                TimeElapsedColumn(), console=console, transient=True, auto_refresh=False)
+            self.bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TextColumn("{task.fields[done]}"),
+                TimeElapsedColumn(),
+                console=console,
+                transient=True,
+                auto_refresh=False,
+            )
             self.bar.start()
             self.task = self.bar.add_task(f"benchmark {self.label}", total=1.0, done="warm-up")
         run = self.run
         fraction = run.count / run.n_repeat
         if run.started and math.isfinite(run.max_duration_ns):
             fraction = max(fraction, (_now() - run.start_ns) / max(run.max_duration_ns, 1.0))
-        self.bar.update(self.task, completed=min(fraction, 1.0),
-                        done=f"{run.count:,} repeats" if run.started else "warm-up")
+        self.bar.update(
+            self.task, completed=min(fraction, 1.0), done=f"{run.count:,} repeats" if run.started else "warm-up"
+        )
         self.bar.refresh()
 
     def close(self) -> None:

@@ -68,8 +68,9 @@ async def _demo_device(dev, n: int) -> np.ndarray:
     return out
 
 
-async def run_demo(console: Console, backend: str | None, elements: int | None, count: int | None,
-                   trace: str | None = DEMO_TRACE) -> int:
+async def run_demo(
+    console: Console, backend: str | None, elements: int | None, count: int | None, trace: str | None = DEMO_TRACE
+) -> int:
     """The seed workload, concurrently on every device (one task each); prints the report, writes the trace
     (unless ``trace`` is None) and ends with the balance report. Returns the exit code."""
     name, why = _choose_backend(backend)
@@ -80,6 +81,7 @@ async def run_demo(console: Console, backend: str | None, elements: int | None, 
     results: dict[str, np.ndarray] = {}
     async with gpu_timer(devs, label="demo") as t:
         async with anyio.create_task_group() as tg:
+
             async def one(dev):
                 results[dev.name] = await _demo_device(dev, n)
 
@@ -95,11 +97,14 @@ async def run_demo(console: Console, backend: str | None, elements: int | None, 
         console.print(f"[red]wrong result on {', '.join(bad)}: expected every element = {expected}[/red]")
         return 1
     console.print(f"checked: every element is {expected:g} on {', '.join(results)}")
-    clocks = "; ".join(f"{c.device} ±{c.bound_ns / 1e3:.1f} µs" if c.aligned else f"{c.device} NOT aligned ({c.reason})"
-                       for c in tl.clocks)
+    clocks = "; ".join(
+        f"{c.device} ±{c.bound_ns / 1e3:.1f} µs" if c.aligned else f"{c.device} NOT aligned ({c.reason})"
+        for c in tl.clocks
+    )
     console.print(f"time base: host clock, devices aligned: {clocks}")
-    console.print(f"host: {t.host_ms:,.3f} ms issuing + {t.wait_ms:,.3f} ms waiting for the devices, "
-                  f"CPU {t.cpu_ms:,.3f} ms")
+    console.print(
+        f"host: {t.host_ms:,.3f} ms issuing + {t.wait_ms:,.3f} ms waiting for the devices, CPU {t.cpu_ms:,.3f} ms"
+    )
     if trace is not None:
         try:
             write_trace(t, trace)
@@ -137,11 +142,22 @@ def _devices(console: Console, backend: str | None) -> int:
             console.print(f"no usable CUDA GPU: {why}")
             return 0
     caption = "host devices are threads: they share the host's RAM" if name == "host" else None
-    table = Table(title=f"{name} devices, clocks against the host clock (time.perf_counter_ns)", title_justify="left",
-                  show_edge=False, caption=caption, caption_justify="left")
-    for col, justify in (("device", "left"), ("model", "left"), ("GiB free / total", "right"),
-                         ("event anchor ± µs", "right"), ("%globaltimer − host (s)", "right"), ("± µs", "right"),
-                         ("drift ppm", "right")):
+    table = Table(
+        title=f"{name} devices, clocks against the host clock (time.perf_counter_ns)",
+        title_justify="left",
+        show_edge=False,
+        caption=caption,
+        caption_justify="left",
+    )
+    for col, justify in (
+        ("device", "left"),
+        ("model", "left"),
+        ("GiB free / total", "right"),
+        ("event anchor ± µs", "right"),
+        ("%globaltimer − host (s)", "right"),
+        ("± µs", "right"),
+        ("drift ppm", "right"),
+    ):
         table.add_column(col, justify=justify, no_wrap=col in ("device", "event anchor ± µs"))
     for d in select.devices(name):
         memory = _memory(d)
@@ -199,8 +215,10 @@ def _load_function(target: str) -> Callable[..., Any]:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
             if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
-                raise _Usage(f"cannot import {module_name}: {exc}. Run from the folder that holds it, or give its "
-                             f"file: path/to/{module_name.replace('.', '/')}.py:{attr}") from None
+                raise _Usage(
+                    f"cannot import {module_name}: {exc}. Run from the folder that holds it, or give its "
+                    f"file: path/to/{module_name.replace('.', '/')}.py:{attr}"
+                ) from None
             raise _UserCodeFailed(f"importing {module_name} raised {type(exc).__name__}: {exc}{_where(exc)}") from exc
         except Exception as exc:
             raise _UserCodeFailed(f"importing {module_name} raised {type(exc).__name__}: {exc}{_where(exc)}") from exc
@@ -231,8 +249,15 @@ def _run_bench(console: Console, args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise _Usage(str(exc)) from None
     try:
-        result = benchmark(fn, n_repeat=args.n_repeat, n_warmup=args.n_warmup, max_duration=args.max_duration,
-                           devices=devs, max_noise=args.max_noise, name=args.target.rpartition(":")[2])
+        result = benchmark(
+            fn,
+            n_repeat=args.n_repeat,
+            n_warmup=args.n_warmup,
+            max_duration=args.max_duration,
+            devices=devs,
+            max_noise=args.max_noise,
+            name=args.target.rpartition(":")[2],
+        )
     except (ValueError, TypeError) as exc:
         raise _Usage(str(exc)) from None
     except BenchmarkError as exc:
@@ -270,8 +295,10 @@ def _report(console: Console, args: argparse.Namespace) -> int:
     for part in parts:
         console.print(part)
         console.print()
-    clocks = "; ".join(f"{c.device} ±{c.bound_ns / 1e3:.1f} µs" if c.aligned else f"{c.device} NOT aligned ({c.reason})"
-                       for c in tl.clocks)
+    clocks = "; ".join(
+        f"{c.device} ±{c.bound_ns / 1e3:.1f} µs" if c.aligned else f"{c.device} NOT aligned ({c.reason})"
+        for c in tl.clocks
+    )
     console.print(f"time base: host clock, devices aligned: {clocks}")
     if tl.error:
         console.print(f"the scope raised {tl.error}")
@@ -320,47 +347,75 @@ def _fraction(text: str) -> float:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="asyncgpu", description="Time and orchestrate GPU work from asyncio/trio.",
-                     epilog="Exit codes: 0 success, 1 the work failed, 2 a usage mistake.")
+    parser = _Parser(
+        prog="asyncgpu",
+        description="Time and orchestrate GPU work from asyncio/trio.",
+        epilog="Exit codes: 0 success, 1 the work failed, 2 a usage mistake.",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,devices,bench,report}")
-    demo = sub.add_parser("demo", help="run the seed workload on every device and print where the time went",
-                          description="Run the seed workload (memset, inc_loop x3, copy back) concurrently on every "
-                          "device; print the timeline, the summaries and the balance report; write a trace.")
+    demo = sub.add_parser(
+        "demo",
+        help="run the seed workload on every device and print where the time went",
+        description="Run the seed workload (memset, inc_loop x3, copy back) concurrently on every "
+        "device; print the timeline, the summaries and the balance report; write a trace.",
+    )
     demo.add_argument("--backend", choices=("cuda", "host"), help="default: CUDA when a GPU is usable, else host")
     demo.add_argument("--elements", type=int, help="float32 elements per device (default 10 M)")
     demo.add_argument("--devices", type=int, dest="count", help="how many devices (default: all; host: 2)")
     demo.add_argument("--loop", choices=("asyncio", "uvloop", "trio"), default="asyncio")
     demo.add_argument("--trace", default=DEMO_TRACE, help=f"Perfetto trace to write (default {DEMO_TRACE})")
     demo.add_argument("--no-trace", dest="trace", action="store_const", const=None, help="write no trace")
-    devices = sub.add_parser("devices", help="list the devices of a backend: memory and clock offsets",
-                             description="List the devices with their memory and their clock calibration against "
-                             "the host clock.")
+    devices = sub.add_parser(
+        "devices",
+        help="list the devices of a backend: memory and clock offsets",
+        description="List the devices with their memory and their clock calibration against the host clock.",
+    )
     devices.add_argument("--backend", choices=("cuda", "host"), help="default: $ASYNCGPU_BACKEND, else cuda")
-    bench = sub.add_parser("bench", help="benchmark FUNCTION(stream) on several devices at once",
-                           description="Run asyncgpu.benchmark on FUNCTION(stream): called once per device per "
-                           "repeat with that device's asyncgpu Stream, on which it must enqueue its work. Prints "
-                           "the CPU and per-device GPU times (mean, std, min, median, max).")
-    bench.add_argument("target", metavar="MODULE:FUNCTION",
-                       help="an importable module (from the current folder) or a file: mymodule:step, "
-                            "path/to/file.py:step")
-    bench.add_argument("-n", "--n-repeat", type=_count(1), default=10000, metavar="N",
-                       help="timed repeats (default 10000)")
-    bench.add_argument("-w", "--n-warmup", type=_count(0), default=10, metavar="N",
-                       help="warm-up calls per device (default 10)")
-    bench.add_argument("--max-duration", type=_seconds, default=10.0, metavar="S",
-                       help="stop after S seconds of timed repeats (default 10; inf: no limit)")
-    bench.add_argument("--max-noise", type=_fraction, metavar="F",
-                       help="stop once every device's relative std is <= F (0.005 = 0.5%%)")
-    bench.add_argument("--devices", metavar="LIST",
-                       help="comma-separated: 0,1 or cuda:0,cuda:1 or host:0,host:1 (default: every device)")
+    bench = sub.add_parser(
+        "bench",
+        help="benchmark FUNCTION(stream) on several devices at once",
+        description="Run asyncgpu.benchmark on FUNCTION(stream): called once per device per "
+        "repeat with that device's asyncgpu Stream, on which it must enqueue its work. Prints "
+        "the CPU and per-device GPU times (mean, std, min, median, max).",
+    )
+    bench.add_argument(
+        "target",
+        metavar="MODULE:FUNCTION",
+        help="an importable module (from the current folder) or a file: mymodule:step, path/to/file.py:step",
+    )
+    bench.add_argument(
+        "-n", "--n-repeat", type=_count(1), default=10000, metavar="N", help="timed repeats (default 10000)"
+    )
+    bench.add_argument(
+        "-w", "--n-warmup", type=_count(0), default=10, metavar="N", help="warm-up calls per device (default 10)"
+    )
+    bench.add_argument(
+        "--max-duration",
+        type=_seconds,
+        default=10.0,
+        metavar="S",
+        help="stop after S seconds of timed repeats (default 10; inf: no limit)",
+    )
+    bench.add_argument(
+        "--max-noise", type=_fraction, metavar="F", help="stop once every device's relative std is <= F (0.005 = 0.5%%)"
+    )
+    bench.add_argument(
+        "--devices",
+        metavar="LIST",
+        help="comma-separated: 0,1 or cuda:0,cuda:1 or host:0,host:1 (default: every device)",
+    )
     bench.add_argument("--backend", choices=("cuda", "host"), help="default: $ASYNCGPU_BACKEND, else cuda")
     bench.add_argument("--json", metavar="FILE", help="also write the statistics and every time to FILE")
-    report = sub.add_parser("report", help="summaries and the balance report of a saved trace",
-                            description="Read a trace written by asyncgpu (asyncgpu.write_trace, asyncgpu demo) and "
-                            "print the totals per activity and per device, and the balance report.")
+    report = sub.add_parser(
+        "report",
+        help="summaries and the balance report of a saved trace",
+        description="Read a trace written by asyncgpu (asyncgpu.write_trace, asyncgpu demo) and "
+        "print the totals per activity and per device, and the balance report.",
+    )
     report.add_argument("trace", metavar="TRACE.json")
-    report.add_argument("--timeline", type=_count(0), default=0, metavar="N",
-                        help="also print the first N activities (default 0)")
+    report.add_argument(
+        "--timeline", type=_count(0), default=0, metavar="N", help="also print the first N activities (default 0)"
+    )
     report.add_argument("--order", choices=("issue", "time"), default="issue", help="order of --timeline")
     return parser
 
@@ -379,8 +434,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.elements is not None and args.elements <= 0:
             parser.error("--elements must be positive")
         backend, options = ("trio", {}) if args.loop == "trio" else ("asyncio", {"use_uvloop": args.loop == "uvloop"})
-        return anyio.run(run_demo, console, args.backend, args.elements, args.count, args.trace, backend=backend,
-                         backend_options=options)
+        return anyio.run(
+            run_demo,
+            console,
+            args.backend,
+            args.elements,
+            args.count,
+            args.trace,
+            backend=backend,
+            backend_options=options,
+        )
     except (_Usage, NoDeviceError, UnknownDeviceError) as exc:
         console.print(f"asyncgpu {args.command}: {exc}", markup=False, soft_wrap=True)
         return 2

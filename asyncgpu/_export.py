@@ -37,7 +37,8 @@ from typing import Any, Callable, Iterator, Sequence, TextIO, Union
 import numpy as np
 
 from ._records import KIND_CODES, KINDS, CollectiveMark, DeviceClock, HostRange, ScopeInfo, Timeline
-from ._trace import HOST_PID, device_pid, lanes as nesting_lanes
+from ._trace import HOST_PID, device_pid
+from ._trace import lanes as nesting_lanes
 
 __all__ = ["read_trace", "to_csv", "to_json", "trace_dict", "write_trace"]
 
@@ -86,8 +87,11 @@ def _trace_chunks(tl: Timeline) -> Iterator[str]:
             meta.append(_thread_meta(device_pid(d), len(tid_stream), label if lane == 0 else f"{label} ({lane + 1})"))
             tid_stream.append(st)
     host_events, host_meta = _host_events(tl, origin_ns, len(tid_stream))
-    yield ('{"displayTimeUnit":"ns","otherData":'
-           + json.dumps(_other_data(tl, origin_ns), allow_nan=False) + ',"traceEvents":[\n')
+    yield (
+        '{"displayTimeUnit":"ns","otherData":'
+        + json.dumps(_other_data(tl, origin_ns), allow_nan=False)
+        + ',"traceEvents":[\n'
+    )
     yield ",\n".join(json.dumps(m) for m in meta + host_meta)
     n_names, n_kinds = len(tl.names), len(KINDS)
     keys, inverse = np.unique((tids * n_names + tl.name[done]) * n_kinds + tl.kind[done], return_inverse=True)
@@ -96,11 +100,18 @@ def _trace_chunks(tl: Timeline) -> Iterator[str]:
         tid, rest = divmod(key, n_names * n_kinds)
         nm, kd = divmod(rest, n_kinds)
         d, label = tl.streams[tid_stream[tid]]
-        prefixes[i] = (f'{{"name":{json.dumps(tl.names[nm])},"cat":"{KINDS[kd]}","ph":"X","pid":{device_pid(d)},'
-                       f'"tid":{tid},"args":{{"stream":{json.dumps(label)},"kind":"{KINDS[kd]}","duration_ms":')
-    yield from _format(',\n%s%.6f,"row":%d},"ts":%.3f,"dur":%.3f}',
-                       prefixes[inverse.reshape(-1)].tolist(), (tl.duration_ns[done] / 1e6).tolist(), done.tolist(),
-                       (s_ns / 1e3).tolist(), ((e_ns - s_ns) / 1e3).tolist())
+        prefixes[i] = (
+            f'{{"name":{json.dumps(tl.names[nm])},"cat":"{KINDS[kd]}","ph":"X","pid":{device_pid(d)},'
+            f'"tid":{tid},"args":{{"stream":{json.dumps(label)},"kind":"{KINDS[kd]}","duration_ms":'
+        )
+    yield from _format(
+        ',\n%s%.6f,"row":%d},"ts":%.3f,"dur":%.3f}',
+        prefixes[inverse.reshape(-1)].tolist(),
+        (tl.duration_ns[done] / 1e6).tolist(),
+        done.tolist(),
+        (s_ns / 1e3).tolist(),
+        ((e_ns - s_ns) / 1e3).tolist(),
+    )
     yield from host_events
     next_tid = len(tid_stream) + len(host_meta)
     for layer in tl.layers:
@@ -128,11 +139,18 @@ def _host_events(tl: Timeline, origin_ns: int, first_tid: int) -> tuple[Iterator
             tids[rows[lanes == lane]] = tid
             meta.append(_thread_meta(HOST_PID, tid, thread if lane == 0 else f"{thread} ({lane + 1})"))
     order = np.lexsort((s_ns - e_ns, s_ns))
-    prefixes = [f'{{"name":{json.dumps(r.name)},"cat":{json.dumps(r.kind)},"ph":"X","pid":{HOST_PID},"tid":{t},'
-                f'"args":{{"kind":{json.dumps(r.kind)},"thread":{json.dumps(r.thread)},"row":'
-                for r, t in zip(ranges, tids.tolist())]
-    events = _format(',\n%s%d},"ts":%.3f,"dur":%.3f}', [prefixes[i] for i in order.tolist()], order.tolist(),
-                     (s_ns[order] / 1e3).tolist(), ((e_ns - s_ns)[order] / 1e3).tolist())
+    prefixes = [
+        f'{{"name":{json.dumps(r.name)},"cat":{json.dumps(r.kind)},"ph":"X","pid":{HOST_PID},"tid":{t},'
+        f'"args":{{"kind":{json.dumps(r.kind)},"thread":{json.dumps(r.thread)},"row":'
+        for r, t in zip(ranges, tids.tolist())
+    ]
+    events = _format(
+        ',\n%s%d},"ts":%.3f,"dur":%.3f}',
+        [prefixes[i] for i in order.tolist()],
+        order.tolist(),
+        (s_ns[order] / 1e3).tolist(),
+        ((e_ns - s_ns)[order] / 1e3).tolist(),
+    )
     return events, meta
 
 
@@ -150,9 +168,10 @@ def _origin_ns(tl: Timeline, done: np.ndarray) -> int:
 
 
 def _process_meta(pid: int, name: str, sort_index: int) -> list[dict]:
-    return [{"ph": "M", "pid": pid, "tid": 0, "ts": 0, "name": "process_name", "args": {"name": name}},
-            {"ph": "M", "pid": pid, "tid": 0, "ts": 0, "name": "process_sort_index",
-             "args": {"sort_index": sort_index}}]
+    return [
+        {"ph": "M", "pid": pid, "tid": 0, "ts": 0, "name": "process_name", "args": {"name": name}},
+        {"ph": "M", "pid": pid, "tid": 0, "ts": 0, "name": "process_sort_index", "args": {"sort_index": sort_index}},
+    ]
 
 
 def _thread_meta(pid: int, tid: int, name: str) -> dict:
@@ -166,14 +185,25 @@ def _other_data(tl: Timeline, origin_ns: int) -> dict:
     info = _scope_info(tl)
     for d, dev in enumerate(info["devices"]):
         dev["pid"] = device_pid(d)
-    return {"asyncgpu_trace_version": TRACE_VERSION, "asyncgpu_version": __version__, "origin_ns": origin_ns,
-            "time_base": "ts and dur: µs from origin_ns, host time.perf_counter_ns()", **info, "host_pid": HOST_PID,
-            "streams": [[d, label] for d, label in tl.streams], "names": list(tl.names), "rows": len(tl),
-            "host_ms": tl.host_ms, "wait_ms": tl.wait_ms, "cpu_ms": tl.cpu_ms,
-            "marks": [[m.name, m.host_ns, m.row, m.thread] for m in tl.marks],
-            "unfinished_rows": int(unfinished.size),
-            "unfinished": np.column_stack([unfinished, tl.stream[unfinished], tl.name[unfinished],
-                                           tl.kind[unfinished]]).tolist()}
+    return {
+        "asyncgpu_trace_version": TRACE_VERSION,
+        "asyncgpu_version": __version__,
+        "origin_ns": origin_ns,
+        "time_base": "ts and dur: µs from origin_ns, host time.perf_counter_ns()",
+        **info,
+        "host_pid": HOST_PID,
+        "streams": [[d, label] for d, label in tl.streams],
+        "names": list(tl.names),
+        "rows": len(tl),
+        "host_ms": tl.host_ms,
+        "wait_ms": tl.wait_ms,
+        "cpu_ms": tl.cpu_ms,
+        "marks": [[m.name, m.host_ns, m.row, m.thread] for m in tl.marks],
+        "unfinished_rows": int(unfinished.size),
+        "unfinished": np.column_stack(
+            [unfinished, tl.stream[unfinished], tl.name[unfinished], tl.kind[unfinished]]
+        ).tolist(),
+    }
 
 
 def read_trace(path: str | os.PathLike) -> Timeline:
@@ -187,11 +217,15 @@ def read_trace(path: str | os.PathLike) -> Timeline:
     meta = doc.get("otherData") if isinstance(doc, dict) else None
     version = meta.get("asyncgpu_trace_version") if isinstance(meta, dict) else None
     if version is None:
-        raise ValueError(f"not an asyncgpu trace: {path} has no otherData.asyncgpu_trace_version (it was not "
-                         "written by asyncgpu.write_trace)")
+        raise ValueError(
+            f"not an asyncgpu trace: {path} has no otherData.asyncgpu_trace_version (it was not "
+            "written by asyncgpu.write_trace)"
+        )
     if version != TRACE_VERSION:
-        raise ValueError(f"not an asyncgpu trace this version reads: {path} is trace version {version}, this "
-                         f"asyncgpu reads version {TRACE_VERSION}: use the asyncgpu that wrote it")
+        raise ValueError(
+            f"not an asyncgpu trace this version reads: {path} is trace version {version}, this "
+            f"asyncgpu reads version {TRACE_VERSION}: use the asyncgpu that wrote it"
+        )
     try:
         return _from_trace(doc["traceEvents"], meta)
     except (KeyError, TypeError, ValueError, IndexError) as exc:
@@ -227,21 +261,53 @@ def _from_trace(events: list, meta: dict) -> Timeline:
     u = unfinished[:, 0]
     stream[u], name[u], kind[u] = unfinished[:, 1], unfinished[:, 2], unfinished[:, 3]
     device = np.array([d for d, _ in streams], np.int16)[stream]
-    host_ranges = tuple(HostRange(e["name"], e["cat"], origin_ns + round(e["ts"] * 1e3),
-                                  origin_ns + round(e["ts"] * 1e3) + round(e["dur"] * 1e3), e["args"]["thread"])
-                        for e in host)
+    host_ranges = tuple(
+        HostRange(
+            e["name"],
+            e["cat"],
+            origin_ns + round(e["ts"] * 1e3),
+            origin_ns + round(e["ts"] * 1e3) + round(e["dur"] * 1e3),
+            e["args"]["thread"],
+        )
+        for e in host
+    )
     scopes = meta["scopes"]
     return Timeline(
-        label=meta["label"], devices=tuple(d["name"] for d in devices), streams=streams, names=names,
-        device=device, stream=stream, name=name, kind=kind, start_ns=start, end_ns=end, duration_ns=dur,
-        scope_start_ns=int(meta["scope_start_ns"]), scope_end_ns=int(meta["scope_end_ns"]),
-        clocks=tuple(DeviceClock(d["name"], bool(d["aligned"]), _nan(d["bound_ns"]), d["offset_ns"], d["drift_ppm"],
-                                 d["reason"], float(d.get("overhead_ns", 0.0))) for d in devices),
-        host_ranges=host_ranges, descriptions=tuple(d["description"] for d in devices), error=meta["error"],
-        cancelled=bool(meta["cancelled"]), host_ms=meta.get("host_ms"), wait_ms=meta.get("wait_ms"),
+        label=meta["label"],
+        devices=tuple(d["name"] for d in devices),
+        streams=streams,
+        names=names,
+        device=device,
+        stream=stream,
+        name=name,
+        kind=kind,
+        start_ns=start,
+        end_ns=end,
+        duration_ns=dur,
+        scope_start_ns=int(meta["scope_start_ns"]),
+        scope_end_ns=int(meta["scope_end_ns"]),
+        clocks=tuple(
+            DeviceClock(
+                d["name"],
+                bool(d["aligned"]),
+                _nan(d["bound_ns"]),
+                d["offset_ns"],
+                d["drift_ppm"],
+                d["reason"],
+                float(d.get("overhead_ns", 0.0)),
+            )
+            for d in devices
+        ),
+        host_ranges=host_ranges,
+        descriptions=tuple(d["description"] for d in devices),
+        error=meta["error"],
+        cancelled=bool(meta["cancelled"]),
+        host_ms=meta.get("host_ms"),
+        wait_ms=meta.get("wait_ms"),
         cpu_ms=meta.get("cpu_ms"),
         marks=tuple(CollectiveMark(str(n), int(t), int(r), str(th)) for n, t, r, th in meta.get("marks", ())),
-        scopes=tuple(ScopeInfo(**sc) for sc in scopes) if len(scopes) > 1 else ())
+        scopes=tuple(ScopeInfo(**sc) for sc in scopes) if len(scopes) > 1 else (),
+    )
 
 
 # -- records as JSON and CSV -------------------------------------------------------------------------------------
@@ -250,11 +316,20 @@ def to_json(source: Source, path: str | os.PathLike | None = None) -> str | None
     scopes, host ranges) and ``records``, one object per activity (times in ns, ``start_ms`` from the scope's
     start; null when unfinished). Returns the text when ``path`` is None, else writes it there."""
     tl = _merged(source)
-    head = {"asyncgpu_records_version": 1, **_scope_info(tl),
-            "host_ranges": [{"name": r.name, "kind": r.kind, "start_ns": r.start_ns, "end_ns": r.end_ns,
-                             "thread": r.thread} for r in tl.host_ranges]}
-    body = _records_text(tl, '{"device":%s,"stream":%s,"name":%s,"kind":%s,"start_ns":%s,"end_ns":%s,'
-                             '"duration_ns":%s,"start_ms":%s},\n', json.dumps, "null")[:-2]
+    head = {
+        "asyncgpu_records_version": 1,
+        **_scope_info(tl),
+        "host_ranges": [
+            {"name": r.name, "kind": r.kind, "start_ns": r.start_ns, "end_ns": r.end_ns, "thread": r.thread}
+            for r in tl.host_ranges
+        ],
+    }
+    body = _records_text(
+        tl,
+        '{"device":%s,"stream":%s,"name":%s,"kind":%s,"start_ns":%s,"end_ns":%s,"duration_ns":%s,"start_ms":%s},\n',
+        json.dumps,
+        "null",
+    )[:-2]
     return _deliver(f'{json.dumps(head, allow_nan=False)[:-1]},"records":[\n{body}\n]}}\n', path, "the records")
 
 
@@ -269,6 +344,7 @@ def to_csv(source: Source, path: str | os.PathLike | None = None) -> str | None:
 def _records_text(tl: Timeline, template: str, quote: Callable[[str], str], null: str) -> str:
     """One ``template`` per row, filled with device, stream, name, kind (each ``quote``-d), start_ns, end_ns,
     duration_ns (whole ns) and start_ms (6 decimals); ``null`` where a time is NaN (unfinished)."""
+
     def strings(values: np.ndarray, fmt: str) -> list[str]:
         out = ((fmt + "\n") * len(values) % tuple(values.tolist())).split("\n")[:-1]
         for i in np.flatnonzero(~np.isfinite(values)).tolist():
@@ -278,10 +354,19 @@ def _records_text(tl: Timeline, template: str, quote: Callable[[str], str], null
     def labels(table: Sequence[str], codes: np.ndarray) -> list[str]:
         return np.array([quote(x) for x in table], dtype=object)[codes].tolist()
 
-    return "".join(_format(template, labels(tl.devices, tl.device), labels([lb for _, lb in tl.streams], tl.stream),
-                           labels(tl.names, tl.name), labels(KINDS, tl.kind), strings(tl.start_ns, "%.0f"),
-                           strings(tl.end_ns, "%.0f"), strings(tl.duration_ns, "%.0f"),
-                           strings(tl.start_ms(), "%.6f")))
+    return "".join(
+        _format(
+            template,
+            labels(tl.devices, tl.device),
+            labels([lb for _, lb in tl.streams], tl.stream),
+            labels(tl.names, tl.name),
+            labels(KINDS, tl.kind),
+            strings(tl.start_ns, "%.0f"),
+            strings(tl.end_ns, "%.0f"),
+            strings(tl.duration_ns, "%.0f"),
+            strings(tl.start_ms(), "%.6f"),
+        )
+    )
 
 
 def _csv_field(text: str) -> str:
@@ -298,7 +383,7 @@ def _format(template: str, *columns: list) -> Iterator[str]:
         m = min(_CHUNK_ROWS, n - lo)
         flat: list[Any] = [None] * (m * k)
         for j, col in enumerate(columns):
-            flat[j::k] = col[lo:lo + m]
+            flat[j::k] = col[lo : lo + m]
         yield (template * m) % tuple(flat)
 
 
@@ -307,14 +392,38 @@ def _scope_info(tl: Timeline) -> dict:
     devices = []
     for d, name in enumerate(tl.devices):
         c = tl.clocks[d]
-        devices.append({"name": name, "description": tl.descriptions[d], "aligned": c.aligned,
-                        "bound_ns": _finite(c.bound_ns),
-                        "offset_ns": None if c.offset_ns is None else int(c.offset_ns),
-                        "drift_ppm": _finite(c.drift_ppm), "reason": c.reason, "overhead_ns": c.overhead_ns})
-    scopes = [{"label": sc.label, "start_ns": sc.start_ns, "end_ns": sc.end_ns, "rows": sc.rows, "error": sc.error,
-               "cancelled": sc.cancelled} for sc in tl.scope_infos()]
-    return {"label": tl.label, "scope_start_ns": int(tl.scope_start_ns), "scope_end_ns": int(tl.scope_end_ns),
-            "error": tl.error, "cancelled": tl.cancelled, "devices": devices, "scopes": scopes}
+        devices.append(
+            {
+                "name": name,
+                "description": tl.descriptions[d],
+                "aligned": c.aligned,
+                "bound_ns": _finite(c.bound_ns),
+                "offset_ns": None if c.offset_ns is None else int(c.offset_ns),
+                "drift_ppm": _finite(c.drift_ppm),
+                "reason": c.reason,
+                "overhead_ns": c.overhead_ns,
+            }
+        )
+    scopes = [
+        {
+            "label": sc.label,
+            "start_ns": sc.start_ns,
+            "end_ns": sc.end_ns,
+            "rows": sc.rows,
+            "error": sc.error,
+            "cancelled": sc.cancelled,
+        }
+        for sc in tl.scope_infos()
+    ]
+    return {
+        "label": tl.label,
+        "scope_start_ns": int(tl.scope_start_ns),
+        "scope_end_ns": int(tl.scope_end_ns),
+        "error": tl.error,
+        "cancelled": tl.cancelled,
+        "devices": devices,
+        "scopes": scopes,
+    }
 
 
 def _merged(source: Source) -> Timeline:
@@ -342,26 +451,40 @@ def _merged(source: Source) -> Timeline:
         for d, nm in enumerate(tl.devices):
             clocks.setdefault(nm, []).append(tl.clocks[d])
             descriptions.setdefault(nm, tl.descriptions[d])
-        st_map = np.array([streams.setdefault((int(dev_map[d]), label), len(streams)) for d, label in tl.streams],
-                          np.int32)
+        st_map = np.array(
+            [streams.setdefault((int(dev_map[d]), label), len(streams)) for d, label in tl.streams], np.int32
+        )
         nm_map = np.array([names.setdefault(nm, len(names)) for nm in tl.names], np.int32)
         cols["device"].append(dev_map[tl.device])
         cols["stream"].append(st_map[tl.stream])
         cols["name"].append(nm_map[tl.name])
     errors = [tl.error for tl in tls if tl.error]
     return Timeline(
-        label=" + ".join(dict.fromkeys(tl.label for tl in tls)), devices=tuple(devices), streams=tuple(streams),
-        names=tuple(names), device=np.concatenate(cols["device"]), stream=np.concatenate(cols["stream"]),
-        name=np.concatenate(cols["name"]), kind=np.concatenate([tl.kind for tl in tls]),
-        start_ns=np.concatenate([tl.start_ns for tl in tls]), end_ns=np.concatenate([tl.end_ns for tl in tls]),
+        label=" + ".join(dict.fromkeys(tl.label for tl in tls)),
+        devices=tuple(devices),
+        streams=tuple(streams),
+        names=tuple(names),
+        device=np.concatenate(cols["device"]),
+        stream=np.concatenate(cols["stream"]),
+        name=np.concatenate(cols["name"]),
+        kind=np.concatenate([tl.kind for tl in tls]),
+        start_ns=np.concatenate([tl.start_ns for tl in tls]),
+        end_ns=np.concatenate([tl.end_ns for tl in tls]),
         duration_ns=np.concatenate([tl.duration_ns for tl in tls]),
-        scope_start_ns=min(tl.scope_start_ns for tl in tls), scope_end_ns=max(tl.scope_end_ns for tl in tls),
+        scope_start_ns=min(tl.scope_start_ns for tl in tls),
+        scope_end_ns=max(tl.scope_end_ns for tl in tls),
         clocks=tuple(_worst(cs) for cs in clocks.values()),
-        host_ranges=tuple(r for tl in tls for r in tl.host_ranges), descriptions=tuple(descriptions.values()),
-        error="; ".join(errors) if errors else None, cancelled=any(tl.cancelled for tl in tls),
-        host_ms=_sum(tl.host_ms for tl in tls), wait_ms=_sum(tl.wait_ms for tl in tls),
-        cpu_ms=_sum(tl.cpu_ms for tl in tls), marks=tuple(_shifted_marks(tls)),
-        scopes=tuple(sc for tl in tls for sc in tl.scope_infos()), layers=tuple(ly for tl in tls for ly in tl.layers))
+        host_ranges=tuple(r for tl in tls for r in tl.host_ranges),
+        descriptions=tuple(descriptions.values()),
+        error="; ".join(errors) if errors else None,
+        cancelled=any(tl.cancelled for tl in tls),
+        host_ms=_sum(tl.host_ms for tl in tls),
+        wait_ms=_sum(tl.wait_ms for tl in tls),
+        cpu_ms=_sum(tl.cpu_ms for tl in tls),
+        marks=tuple(_shifted_marks(tls)),
+        scopes=tuple(sc for tl in tls for sc in tl.scope_infos()),
+        layers=tuple(ly for tl in tls for ly in tl.layers),
+    )
 
 
 def _sum(values: Iterator[float | None]) -> float | None:
@@ -406,9 +529,11 @@ def _open_for_writing(path: str | os.PathLike, what: str) -> Iterator[TextIO]:
     try:
         f = open(p, "w", encoding="utf-8", newline="")
     except OSError as exc:
-        fix = {errno.ENOENT: f"the directory {p.parent} does not exist: create it first",
-               errno.EACCES: "no permission to write there: choose a writable path",
-               errno.EISDIR: "it is a directory: give a file name"}.get(exc.errno or 0, exc.strerror or str(exc))
+        fix = {
+            errno.ENOENT: f"the directory {p.parent} does not exist: create it first",
+            errno.EACCES: "no permission to write there: choose a writable path",
+            errno.EISDIR: "it is a directory: give a file name",
+        }.get(exc.errno or 0, exc.strerror or str(exc))
         raise OSError(exc.errno, f"cannot write {what} to {p}: {fix}") from exc
     with f:
         yield f

@@ -115,16 +115,37 @@ class Handoff:
     the same object from `Channel.put` and may wait for the consumer's `done` with `wait_done`.
     """
 
-    __slots__ = ("channel", "seq", "payload", "_event", "_producer", "_producer_stream", "_put_ns", "_get_ns", "_take_ns",
-                 "_consumer", "_consumer_stream", "_wait_events", "_done_ns", "_done_event", "_resolved",
-                 "_ready_ns", "_wait_ns", "_state", "_done_waiters", "_recorded_here", "__weakref__")
+    __slots__ = (
+        "channel",
+        "seq",
+        "payload",
+        "_event",
+        "_producer",
+        "_producer_stream",
+        "_put_ns",
+        "_get_ns",
+        "_take_ns",
+        "_consumer",
+        "_consumer_stream",
+        "_wait_events",
+        "_done_ns",
+        "_done_event",
+        "_resolved",
+        "_ready_ns",
+        "_wait_ns",
+        "_state",
+        "_done_waiters",
+        "_recorded_here",
+        "__weakref__",
+    )
 
     def __init__(self) -> None:
         raise TypeError("handoffs come from channel.put() and channel.get()")
 
     @classmethod
-    def _create(cls, channel: Channel, seq: int, payload: Any, event: Event, recorded_here: bool,
-                stream_label: str) -> Handoff:
+    def _create(
+        cls, channel: Channel, seq: int, payload: Any, event: Event, recorded_here: bool, stream_label: str
+    ) -> Handoff:
         self = object.__new__(cls)
         self.channel, self.seq, self.payload = channel, seq, payload
         self._event: Event | None = event
@@ -149,8 +170,9 @@ class Handoff:
         """The producer's event (the channel owns it: do not release it). Valid until `done`."""
         ev = self._event
         if ev is None or self._state == 2:
-            raise ReleasedError(f"handoff #{self.seq} of {self.channel.name!r} is done: its event went back to "
-                                "its pool")
+            raise ReleasedError(
+                f"handoff #{self.seq} of {self.channel.name!r} is done: its event went back to its pool"
+            )
         return ev
 
     def done(self, stream: Stream | None = None) -> None:
@@ -163,13 +185,16 @@ class Handoff:
             if self._state == 2:
                 if done_event is not None:
                     done_event.release()
-                raise ReleasedError(f"handoff #{self.seq} of {ch.name!r} was already marked done: each item is "
-                                    "consumed once")
+                raise ReleasedError(
+                    f"handoff #{self.seq} of {ch.name!r} was already marked done: each item is consumed once"
+                )
             if self._state == 0:
                 if done_event is not None:
                     done_event.release()
-                raise ReleasedError(f"handoff #{self.seq} of {ch.name!r} has not been taken: the consumer "
-                                    "marks what it got from channel.get() done")
+                raise ReleasedError(
+                    f"handoff #{self.seq} of {ch.name!r} has not been taken: the consumer "
+                    "marks what it got from channel.get() done"
+                )
             self._state = 2
             self._done_ns = _now()
             self._done_event = done_event
@@ -206,12 +231,14 @@ class Handoff:
             raise _blocking_in_loop("Handoff.wait_done_sync()", "await handoff.wait_done()")
         deadline = None if timeout_s is None else _now() + int(timeout_s * 1e9)
         if not self._park_until_done(kind, loop, deadline):
-            raise TimeoutError(f"the consumer of handoff #{self.seq} of {self.channel.name!r} was not done "
-                               f"after {timeout_s} s")
+            raise TimeoutError(
+                f"the consumer of handoff #{self.seq} of {self.channel.name!r} was not done after {timeout_s} s"
+            )
         self._after_done(stream, deadline, timeout_s)
 
-    def wait_done(self, stream: Stream | None = None, *, timeout_s: float | None = None,
-                  timeout: float | None = None) -> Awaitable[None]:
+    def wait_done(
+        self, stream: Stream | None = None, *, timeout_s: float | None = None, timeout: float | None = None
+    ) -> Awaitable[None]:
         """``await handoff.wait_done(...)``: `wait_done_sync` for a task (the loop keeps running; a checkpoint;
         cancellation withdraws the wait). Called from a plain thread it still blocks, with a DeprecationWarning
         (use `wait_done_sync` there)."""
@@ -259,8 +286,9 @@ class Handoff:
         if stream is not None:
             stream.wait(ev)
         elif not ev.block_until(deadline):
-            raise TimeoutError(f"the consumer's use of handoff #{self.seq} of {self.channel.name!r} had not run "
-                               f"after {timeout} s")
+            raise TimeoutError(
+                f"the consumer's use of handoff #{self.seq} of {self.channel.name!r} had not run after {timeout} s"
+            )
 
     # -- timing -------------------------------------------------------------------------------------------
     def _resolve(self) -> None:
@@ -290,10 +318,21 @@ class Handoff:
             ev.release()
 
     def _as_record(self) -> HandoffRecord:
-        return HandoffRecord(self.channel.name, self.seq, self._producer, self._producer_stream, self._consumer,
-                             self._consumer_stream, self._put_ns, self._ready_ns, self._get_ns, self._take_ns,
-                             self._wait_ns[0],
-                             self._wait_ns[1], self._done_ns)
+        return HandoffRecord(
+            self.channel.name,
+            self.seq,
+            self._producer,
+            self._producer_stream,
+            self._consumer,
+            self._consumer_stream,
+            self._put_ns,
+            self._ready_ns,
+            self._get_ns,
+            self._take_ns,
+            self._wait_ns[0],
+            self._wait_ns[1],
+            self._done_ns,
+        )
 
     def __repr__(self) -> str:
         state = ("queued", "taken", "done")[self._state]
@@ -329,8 +368,9 @@ class Channel:
     waiting consumer) instead of being woken by the device's waiter thread.
     """
 
-    def __init__(self, maxsize: int = 4, *, name: str = "channel", keep_records: int = 100_000,
-                 spin: bool = False) -> None:
+    def __init__(
+        self, maxsize: int = 4, *, name: str = "channel", keep_records: int = 100_000, spin: bool = False
+    ) -> None:
         if not isinstance(maxsize, int) or maxsize < 1:
             raise ValueError(f"maxsize must be an int >= 1, not {maxsize!r}")
         self.name = name
@@ -347,8 +387,9 @@ class Channel:
         self._log: deque[HandoffRecord] = deque(maxlen=keep_records)
 
     # -- producing ----------------------------------------------------------------------------------------
-    def put_sync(self, payload: Any, *, stream: Stream | None = None, event: Event | None = None,
-                 timeout_s: float | None = None) -> Handoff:
+    def put_sync(
+        self, payload: Any, *, stream: Stream | None = None, event: Event | None = None, timeout_s: float | None = None
+    ) -> Handoff:
         """Put ``payload`` with an event recorded now on ``stream`` (after the work enqueued there), or with
         ``event`` (recorded, with timing for the handoff's times; the channel owns it from now on). Blocks the
         calling plain thread (GIL released) while the channel is full. Returns the `Handoff` (for
@@ -371,8 +412,15 @@ class Channel:
             raise
         return h
 
-    def put(self, payload: Any, *, stream: Stream | None = None, event: Event | None = None,
-            timeout_s: float | None = None, timeout: float | None = None) -> Awaitable[Handoff]:
+    def put(
+        self,
+        payload: Any,
+        *,
+        stream: Stream | None = None,
+        event: Event | None = None,
+        timeout_s: float | None = None,
+        timeout: float | None = None,
+    ) -> Awaitable[Handoff]:
         """``await channel.put(...)``: `put_sync` for a task (the loop keeps running while the channel is full;
         a checkpoint; cancellation leaves nothing behind). Called from a plain thread it still blocks, with a
         DeprecationWarning (use `put_sync` there)."""
@@ -404,8 +452,10 @@ class Channel:
         if self._closed:
             raise ClosedError(self._closed_message("put"))
         if (stream is None) == (event is None):
-            raise TypeError("put() needs stream= (an event is recorded there after the work enqueued so far) or "
-                            "event= (an event you recorded), not both")
+            raise TypeError(
+                "put() needs stream= (an event is recorded there after the work enqueued so far) or "
+                "event= (an event you recorded), not both"
+            )
         if event is not None:
             if not isinstance(event, Event):
                 raise TypeError(f"event must be an asyncgpu Event (device.record()), not {type(event).__name__}")
@@ -417,8 +467,10 @@ class Channel:
         if self._backend is None:
             self._backend = backend
         elif backend != self._backend:
-            raise DeviceMismatchError(f"channel {self.name!r} carries {self._backend} work; this event is of the "
-                                      f"{backend} backend: use one channel per backend")
+            raise DeviceMismatchError(
+                f"channel {self.name!r} carries {self._backend} work; this event is of the "
+                f"{backend} backend: use one channel per backend"
+            )
         _ensure_clock(dev)
         if event is None:
             event, recorded_here, label = stream.record(), True, stream.label
@@ -488,16 +540,19 @@ class Channel:
                 if self.spin and deadline is None:
                     ev.wait_sync()
                 elif not ev.block_until(deadline):
-                    raise TimeoutError(f"handoff #{h.seq} of {self.name!r}: {ev.device.name} had not finished its "
-                                       f"work after {timeout} s (the item is back in the channel)")
+                    raise TimeoutError(
+                        f"handoff #{h.seq} of {self.name!r}: {ev.device.name} had not finished its "
+                        f"work after {timeout} s (the item is back in the channel)"
+                    )
                 self._taken_on_host(h, called_ns)
         except BaseException:
             self._put_back(h)
             raise
         return h
 
-    def get(self, *, stream: Stream | None = None, timeout_s: float | None = None,
-            timeout: float | None = None) -> Awaitable[Handoff]:
+    def get(
+        self, *, stream: Stream | None = None, timeout_s: float | None = None, timeout: float | None = None
+    ) -> Awaitable[Handoff]:
         """``await channel.get(...)``: `get_sync` for a task (the loop keeps running; a checkpoint; a cancelled
         take puts the item back at the head). Called from a plain thread it still blocks, with a
         DeprecationWarning (use `get_sync` there)."""
@@ -510,8 +565,9 @@ class Channel:
             self._check_stream(stream)
         return self._get_async(kind, loop, stream, timeout_s, _now())
 
-    async def _get_async(self, kind: int, loop: Any, stream: Stream | None, timeout: float | None,
-                         called_ns: int) -> Handoff:
+    async def _get_async(
+        self, kind: int, loop: Any, stream: Stream | None, timeout: float | None, called_ns: int
+    ) -> Handoff:
         import anyio
 
         with anyio.fail_after(timeout) if timeout is not None else nullcontext():
@@ -589,14 +645,16 @@ class Channel:
         if self._backend is not None and stream.bd.backend != self._backend:
             raise DeviceMismatchError(
                 f"channel {self.name!r} carries {self._backend} work; a {stream.bd.backend} stream cannot wait "
-                "for it on the device: take it on the host with get() (no stream=)")
+                "for it on the device: take it on the host with get() (no stream=)"
+            )
 
     def _take_on_gpu(self, h: Handoff, stream: Stream, called_ns: int) -> None:
         ev = h._event
         if ev.device.bd.backend != stream.bd.backend:
             raise DeviceMismatchError(
                 f"a {stream.bd.backend} stream cannot wait for a {ev.device.bd.backend} event: take it on the host "
-                "with get() (no stream=)")
+                "with get() (no stream=)"
+            )
         _ensure_clock(stream.device)
         before = stream.record(tag="handoff")
         stream.wait(ev)
@@ -607,8 +665,7 @@ class Channel:
         self._claim_scopes(h, stream.device, fence=stream)  # the scopes wait for the wait they draw
         dev = stream.device
         try:
-            dev.engine.add(after.raw, after.key, after.seq, None, 0, KIND_RELEASE, None,
-                            lambda _raw, h=h: h._resolve())
+            dev.engine.add(after.raw, after.key, after.seq, None, 0, KIND_RELEASE, None, lambda _raw, h=h: h._resolve())
         except ClosedError:
             h._resolve()
 
@@ -688,8 +745,10 @@ class Channel:
     def _closed_error(self) -> ClosedError:
         cause = self._close_error
         if cause is not None:
-            err = ClosedError(f"channel {self.name!r} was closed by a producer that failed "
-                              f"({type(cause).__name__}: {cause}); nothing more will come")
+            err = ClosedError(
+                f"channel {self.name!r} was closed by a producer that failed "
+                f"({type(cause).__name__}: {cause}); nothing more will come"
+            )
             err.__cause__ = cause
             return err
         return ClosedError(f"channel {self.name!r} is closed and empty: nothing more will come")
@@ -700,8 +759,11 @@ class Channel:
             n = len(items)
             for h in list(items):
                 h._release_producer_event()
-            warnings.warn(f"channel {self.name!r} was dropped with {n} item(s) nobody took; call channel.drop() "
-                          "to get them back", ResourceWarning, stacklevel=2)
+            warnings.warn(
+                f"channel {self.name!r} was dropped with {n} item(s) nobody took; call channel.drop() to get them back",
+                ResourceWarning,
+                stacklevel=2,
+            )
 
     # -- records ------------------------------------------------------------------------------------------
     def records(self) -> list[HandoffRecord]:
@@ -730,14 +792,19 @@ def _timeout_s(timeout_s: float | None, timeout: float | None) -> float | None:
     """``timeout`` is the name before 0.2 of ``timeout_s``."""
     if timeout is None:
         return timeout_s
-    warnings.warn("timeout= is now timeout_s= (seconds; the old name goes in the next release)", DeprecationWarning,
-                  stacklevel=3)
+    warnings.warn(
+        "timeout= is now timeout_s= (seconds; the old name goes in the next release)", DeprecationWarning, stacklevel=3
+    )
     return timeout if timeout_s is None else timeout_s
 
 
 def _deprecated_blocking(call: str, instead: str) -> None:
-    warnings.warn(f"{call} from a plain thread blocks: call {instead} there (an event loop awaits {call}; the "
-                  "blocking form of the old name goes in the next release)", DeprecationWarning, stacklevel=3)
+    warnings.warn(
+        f"{call} from a plain thread blocks: call {instead} there (an event loop awaits {call}; the "
+        "blocking form of the old name goes in the next release)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
 
 
 def _blocking_in_loop(call: str, instead: str) -> RuntimeError:
@@ -810,8 +877,18 @@ class _HandoffTrace:
             p_tid = track(p_pid, f"handoff {self.name}")
             start = min(float(r.put_ns), r.ready_ns)
             args = {"seq": r.seq, "latency_us": round(r.latency_ns / 1e3, 3) if math.isfinite(r.latency_ns) else None}
-            events.append({"name": f"{self.name} #{r.seq} in flight", "cat": cat, "ph": "X", "pid": p_pid,
-                           "tid": p_tid, "ts": us(start), "dur": round((r.ready_ns - start) / 1e3, 3), "args": args})
+            events.append(
+                {
+                    "name": f"{self.name} #{r.seq} in flight",
+                    "cat": cat,
+                    "ph": "X",
+                    "pid": p_pid,
+                    "tid": p_tid,
+                    "ts": us(start),
+                    "dur": round((r.ready_ns - start) / 1e3, 3),
+                    "args": args,
+                }
+            )
             if r.gpu_side:
                 if r.consumer not in index or not aligned[r.consumer] or not math.isfinite(r.wait_end_ns):
                     continue
@@ -824,13 +901,34 @@ class _HandoffTrace:
                 c_pid, c_tid = HOST_PID, track(HOST_PID, f"{r.consumer} · handoff {self.name}")
                 c_start, c_end = min(r.ready_ns, float(r.take_ns)), float(r.take_ns)
                 label = f"{self.name} #{r.seq} take"
-            events.append({"name": label, "cat": cat, "ph": "X", "pid": c_pid, "tid": c_tid, "ts": us(c_start),
-                           "dur": round(max(c_end - c_start, 0.0) / 1e3, 3), "args": args})
+            events.append(
+                {
+                    "name": label,
+                    "cat": cat,
+                    "ph": "X",
+                    "pid": c_pid,
+                    "tid": c_tid,
+                    "ts": us(c_start),
+                    "dur": round(max(c_end - c_start, 0.0) / 1e3, 3),
+                    "args": args,
+                }
+            )
             flow = f"{self.name}:{r.seq}"
-            events.append({"name": "handoff", "cat": cat, "ph": "s", "id": flow, "pid": p_pid, "tid": p_tid,
-                           "ts": us(start)})
-            events.append({"name": "handoff", "cat": cat, "ph": "f", "bp": "e", "id": flow, "pid": c_pid,
-                           "tid": c_tid, "ts": us(c_start)})
+            events.append(
+                {"name": "handoff", "cat": cat, "ph": "s", "id": flow, "pid": p_pid, "tid": p_tid, "ts": us(start)}
+            )
+            events.append(
+                {
+                    "name": "handoff",
+                    "cat": cat,
+                    "ph": "f",
+                    "bp": "e",
+                    "id": flow,
+                    "pid": c_pid,
+                    "tid": c_tid,
+                    "ts": us(c_start),
+                }
+            )
         return events, len(tids)
 
 

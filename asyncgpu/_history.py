@@ -295,8 +295,9 @@ def _resolve(p: _Pending, placements: dict[Device, Placement]) -> LaunchRecord |
         except AsyncGPUError:
             pass  # a failed or closed device: the record keeps what is known
     _release(p)
-    return LaunchRecord(p.name, dev.name, stream.label, p.kind, p.grid, p.block, duration_ms, start_ns, p.issue_ns,
-                        p.seq)
+    return LaunchRecord(
+        p.name, dev.name, stream.label, p.kind, p.grid, p.block, duration_ms, start_ns, p.issue_ns, p.seq
+    )
 
 
 def _release(p: _Pending) -> None:

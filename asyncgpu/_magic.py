@@ -81,12 +81,24 @@ def _run(shell: Any, parse_options: Callable[..., Any], line: str, cell: str | N
     from ._bench import BenchmarkError, benchmark, parse_devices
     from ._errors import NoDeviceError, UnknownDeviceError
 
-    opts, stmt = parse_options(line, "n:w:o", "max-duration=", "max-noise=", "devices=", "backend=", "name=",
-                               posix=False, strict=False, preserve_non_opts=True)
+    opts, stmt = parse_options(
+        line,
+        "n:w:o",
+        "max-duration=",
+        "max-noise=",
+        "devices=",
+        "backend=",
+        "name=",
+        posix=False,
+        strict=False,
+        preserve_non_opts=True,
+    )
     if cell is not None:
         if stmt.strip():
-            raise UsageError(f"%%gpu_timeit takes only options on its first line, not {stmt.strip()!r}: put "
-                             "setup code in a cell before this one")
+            raise UsageError(
+                f"%%gpu_timeit takes only options on its first line, not {stmt.strip()!r}: put "
+                "setup code in a cell before this one"
+            )
         stmt = cell
     if not stmt.strip():
         raise UsageError(f"nothing to time: {_USAGE}")
@@ -100,8 +112,15 @@ def _run(shell: Any, parse_options: Callable[..., Any], line: str, cell: str | N
     fn = _compile(shell, stmt)
     try:
         targets = parse_devices(opts.get("devices"), backend)
-        result = benchmark(fn, n_repeat=n_repeat, n_warmup=n_warmup, max_duration=max_duration,
-                           devices=targets, max_noise=max_noise, name=opts.get("name") or _short(stmt))
+        result = benchmark(
+            fn,
+            n_repeat=n_repeat,
+            n_warmup=n_warmup,
+            max_duration=max_duration,
+            devices=targets,
+            max_noise=max_noise,
+            name=opts.get("name") or _short(stmt),
+        )
     except (ValueError, TypeError, NoDeviceError, UnknownDeviceError) as exc:
         raise UsageError(str(exc)) from None
     except BenchmarkError as exc:

@@ -21,8 +21,15 @@ if TYPE_CHECKING:
 __all__ = ["KIND_COLORS", "end", "profiler_range", "start"]
 
 #: Range colour per kind: activity kinds, ``scope`` and ``capture`` (names the nvtx package knows).
-KIND_COLORS = {"scope": "green", "user": "blue", "kernel": "orange", "memcpy": "purple", "memset": "yellow",
-               "graph": "red", "capture": "cyan"}
+KIND_COLORS = {
+    "scope": "green",
+    "user": "blue",
+    "kernel": "orange",
+    "memcpy": "purple",
+    "memset": "yellow",
+    "graph": "red",
+    "capture": "cyan",
+}
 
 _domain = nvtx.get_domain("asyncgpu")
 _attributes: dict[tuple[str, str], Any] = {}
@@ -65,8 +72,10 @@ class _ProfilerRange:
 
     def __enter__(self) -> _ProfilerRange:
         if self._started is not None:
-            raise ScopeError("this profiler_range() block is already open: make a new capture range, "
-                             "profiler_range(...), for each block")
+            raise ScopeError(
+                "this profiler_range() block is already open: make a new capture range, "
+                "profiler_range(...), for each block"
+            )
         if not self._active:
             return self
         from ._core.select import resolve_devices

@@ -21,8 +21,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-__all__ = ["KINDS", "ActivityRecord", "CollectiveMark", "DeviceClock", "HostRange", "ScopeInfo", "Timeline",
-           "no_clock"]
+__all__ = ["KINDS", "ActivityRecord", "CollectiveMark", "DeviceClock", "HostRange", "ScopeInfo", "Timeline", "no_clock"]
 
 KINDS = ("kernel", "memcpy", "memset", "graph", "user")
 KIND_CODES = {k: i for i, k in enumerate(KINDS)}
@@ -131,17 +130,31 @@ class Timeline:
     def __post_init__(self) -> None:
         n = len(self.devices)
         if len(self.clocks) < n:  # the one rule for a device without clock information
-            self.clocks = tuple(self.clocks) + tuple(no_clock(d) for d in self.devices[len(self.clocks):])
+            self.clocks = tuple(self.clocks) + tuple(no_clock(d) for d in self.devices[len(self.clocks) :])
         if len(self.descriptions) < n:
             self.descriptions = tuple(self.descriptions) + ("",) * (n - len(self.descriptions))
 
     # -- construction -------------------------------------------------------------------------------------
     @classmethod
-    def from_arrays(cls, *, label: str = "scope", devices: Sequence[str], device: Any, start_ns: Any,
-                    end_ns: Any, names: Sequence[str] = ("work",), name: Any = None, kind: Any = None,
-                    streams: Sequence[tuple[int, str]] | None = None, stream: Any = None,
-                    duration_ns: Any = None, scope_start_ns: int | None = None, scope_end_ns: int | None = None,
-                    clocks: Sequence[DeviceClock] | None = None, **kw: Any) -> Timeline:
+    def from_arrays(
+        cls,
+        *,
+        label: str = "scope",
+        devices: Sequence[str],
+        device: Any,
+        start_ns: Any,
+        end_ns: Any,
+        names: Sequence[str] = ("work",),
+        name: Any = None,
+        kind: Any = None,
+        streams: Sequence[tuple[int, str]] | None = None,
+        stream: Any = None,
+        duration_ns: Any = None,
+        scope_start_ns: int | None = None,
+        scope_end_ns: int | None = None,
+        clocks: Sequence[DeviceClock] | None = None,
+        **kw: Any,
+    ) -> Timeline:
         """A timeline from plain arrays (synthetic data, traces read back, other tools). ``kind`` may hold kind
         names or codes; missing columns default to name 0, kind ``user``, one stream ``s0`` per device."""
         n = len(start_ns)
@@ -157,12 +170,21 @@ class Timeline:
             kd = np.full(n, KIND_CODES["user"], dtype=np.int8)
         else:
             kind = np.asarray(kind)
-            kd = (np.array([KIND_CODES[k] for k in kind], dtype=np.int8) if kind.dtype.kind in "US"
-                  else kind.astype(np.int8))
+            kd = (
+                np.array([KIND_CODES[k] for k in kind], dtype=np.int8)
+                if kind.dtype.kind in "US"
+                else kind.astype(np.int8)
+            )
         nm = np.zeros(n, dtype=np.int32) if name is None else np.asarray(name, dtype=np.int32)
         dur = end - start if duration_ns is None else np.asarray(duration_ns, dtype=np.float64)
-        for col, arr in (("device", dev), ("end_ns", end), ("stream", st), ("kind", kd), ("name", nm),
-                         ("duration_ns", dur)):
+        for col, arr in (
+            ("device", dev),
+            ("end_ns", end),
+            ("stream", st),
+            ("kind", kd),
+            ("name", nm),
+            ("duration_ns", dur),
+        ):
             if len(arr) != n:
                 raise ValueError(f"column {col} has {len(arr)} rows, start_ns has {n}")
         if n and (dev.min() < 0 or dev.max() >= len(devices)):
@@ -173,8 +195,23 @@ class Timeline:
         s1 = int(fin_end.max()) if scope_end_ns is None and fin_end.size else (scope_end_ns or s0)
         if clocks is None:
             clocks = tuple(DeviceClock(d, True, 0.0) for d in devices)
-        return cls(label, tuple(devices), tuple(streams), tuple(names), dev, st, nm, kd, start, end, dur, s0, s1,
-                   tuple(clocks), **kw)
+        return cls(
+            label,
+            tuple(devices),
+            tuple(streams),
+            tuple(names),
+            dev,
+            st,
+            nm,
+            kd,
+            start,
+            end,
+            dur,
+            s0,
+            s1,
+            tuple(clocks),
+            **kw,
+        )
 
     # -- access ---------------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -183,8 +220,10 @@ class Timeline:
     @property
     def nbytes(self) -> int:
         """Bytes held by the columns."""
-        return sum(a.nbytes for a in (self.device, self.stream, self.name, self.kind, self.start_ns, self.end_ns,
-                                      self.duration_ns))
+        return sum(
+            a.nbytes
+            for a in (self.device, self.stream, self.name, self.kind, self.start_ns, self.end_ns, self.duration_ns)
+        )
 
     @property
     def complete(self) -> np.ndarray:
@@ -206,9 +245,16 @@ class Timeline:
     def row(self, i: int) -> ActivityRecord:
         s, d, e = self.start_ns[i], self.duration_ns[i], self.end_ns[i]
         done = np.isfinite(s) and np.isfinite(d)
-        return ActivityRecord(self.devices[self.device[i]], self.streams[self.stream[i]][1], self.names[self.name[i]],
-                              KINDS[self.kind[i]], (s - self.scope_start_ns) / 1e6 if done else None,
-                              d / 1e6 if done else None, int(s) if done else None, int(e) if done else None)
+        return ActivityRecord(
+            self.devices[self.device[i]],
+            self.streams[self.stream[i]][1],
+            self.names[self.name[i]],
+            KINDS[self.kind[i]],
+            (s - self.scope_start_ns) / 1e6 if done else None,
+            d / 1e6 if done else None,
+            int(s) if done else None,
+            int(e) if done else None,
+        )
 
     def __iter__(self) -> Iterator[ActivityRecord]:
         return (self.row(i) for i in range(len(self)))
@@ -219,17 +265,39 @@ class Timeline:
 
     def scope_infos(self) -> tuple[ScopeInfo, ...]:
         """The scopes of this timeline: `scopes` when it was merged from several, else this one."""
-        return self.scopes or (ScopeInfo(self.label, self.scope_start_ns, self.scope_end_ns, len(self), self.error,
-                                         self.cancelled),)
+        return self.scopes or (
+            ScopeInfo(self.label, self.scope_start_ns, self.scope_end_ns, len(self), self.error, self.cancelled),
+        )
 
     def select(self, mask: Any) -> Timeline:
         """The rows where ``mask`` is true (tables and scope data are kept)."""
         m = np.asarray(mask)
-        return Timeline(self.label, self.devices, self.streams, self.names, self.device[m], self.stream[m],
-                        self.name[m], self.kind[m], self.start_ns[m], self.end_ns[m], self.duration_ns[m],
-                        self.scope_start_ns, self.scope_end_ns, self.clocks, self.host_ranges, self.descriptions,
-                        self.error, self.cancelled, self.host_ms, self.wait_ms, self.cpu_ms, self.marks, self.scopes,
-                        self.layers)
+        return Timeline(
+            self.label,
+            self.devices,
+            self.streams,
+            self.names,
+            self.device[m],
+            self.stream[m],
+            self.name[m],
+            self.kind[m],
+            self.start_ns[m],
+            self.end_ns[m],
+            self.duration_ns[m],
+            self.scope_start_ns,
+            self.scope_end_ns,
+            self.clocks,
+            self.host_ranges,
+            self.descriptions,
+            self.error,
+            self.cancelled,
+            self.host_ms,
+            self.wait_ms,
+            self.cpu_ms,
+            self.marks,
+            self.scopes,
+            self.layers,
+        )
 
     def time_order(self) -> np.ndarray:
         """Row indices sorted by start (unfinished rows last), stable for equal starts."""
@@ -237,5 +305,7 @@ class Timeline:
         return np.argsort(key, kind="stable")
 
     def __repr__(self) -> str:
-        return (f"<asyncgpu.Timeline {self.label!r}: {len(self)} activities on {len(self.devices)} device(s)"
-                f"{'' if self.aligned else ', NOT aligned'}>")
+        return (
+            f"<asyncgpu.Timeline {self.label!r}: {len(self)} activities on {len(self.devices)} device(s)"
+            f"{'' if self.aligned else ', NOT aligned'}>"
+        )

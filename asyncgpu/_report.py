@@ -1,9 +1,9 @@
 """Rendering with rich: a scope's activities, the summaries per activity and per device, and the balance.
 
 Each function returns a rich renderable (``rich.print`` it, or put it in a layout); `render` turns any
-renderable into plain text (no colour), which ``str(timer)``, logs and tests use. Everything here takes data (a `Timeline` or its
-summaries), never a live scope. Times are in ms with three
-decimals, relative to the scope's start; ``—`` stands for a missing value (an unfinished activity, a device
+renderable into plain text (no colour), which ``str(timer)``, logs and tests use. Everything here takes data (a
+`Timeline` or its summaries), never a live scope. Times are in ms with three decimals, relative to the scope's start;
+``—`` stands for a missing value (an unfinished activity, a device
 with no activity). A device whose clock is not aligned to the host is marked ``*`` and explained.
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Iterable
-from typing import Any
 
 import numpy as np
 from rich.console import Console, Group, RenderableType
@@ -23,12 +22,28 @@ from rich.text import Text
 from ._records import KINDS, ActivityRecord, Timeline
 from ._summary import ActivitySummary, BalanceReport, DeviceSummary, activity_summary, balance, device_summary
 
-__all__ = ["activity_table", "balance_renderable", "bar", "device_table", "ms", "new_table", "records_report", "render",
-           "timeline_report", "timeline_table"]
+__all__ = [
+    "activity_table",
+    "balance_renderable",
+    "bar",
+    "device_table",
+    "ms",
+    "new_table",
+    "records_report",
+    "render",
+    "timeline_report",
+    "timeline_table",
+]
 
 _EIGHTHS = " ▏▎▍▌▋▊▉"
-_ACTIVITY_COLUMNS = (("start (ms)", "right"), ("duration (ms)", "right"), ("device", "left"), ("stream", "left"),
-                     ("kind", "left"), ("activity", "left"))
+_ACTIVITY_COLUMNS = (
+    ("start (ms)", "right"),
+    ("duration (ms)", "right"),
+    ("device", "left"),
+    ("stream", "left"),
+    ("kind", "left"),
+    ("activity", "left"),
+)
 
 
 def ms(value: float | None) -> str:
@@ -54,40 +69,62 @@ def timeline_table(tl: Timeline, order: str = "issue", limit: int | None = None)
     if order not in ("issue", "time"):
         raise ValueError(f"order must be 'issue' or 'time', not {order!r}")
     rows = tl.time_order() if order == "time" else np.arange(len(tl))
-    shown = rows if limit is None else rows[:max(limit, 0)]
+    shown = rows if limit is None else rows[: max(limit, 0)]
     unaligned = _unaligned(tl)
     notes = [f"… {len(tl) - len(shown):,} more activities"] if len(shown) < len(tl) else []
     if not len(tl):
         notes.append("no activities")
     if unaligned:
         notes.append("* clock not aligned: times from the device's own start mark")
-    table = new_table(f"gpu_timer {tl.label!r}: activities in {order} order", _ACTIVITY_COLUMNS,
-                   "\n".join(notes) or None)
+    table = new_table(
+        f"gpu_timer {tl.label!r}: activities in {order} order", _ACTIVITY_COLUMNS, "\n".join(notes) or None
+    )
     start = (tl.start_ns[shown] - tl.scope_start_ns) / 1e6
     duration = tl.duration_ns[shown] / 1e6
     done = np.isfinite(start) & np.isfinite(duration)
     for j, i in enumerate(shown.tolist()):
         code = int(tl.device[i])
-        table.add_row(ms(start[j]) if done[j] else "—", ms(duration[j]) if done[j] else "—",
-                      tl.devices[code] + (" *" if code in unaligned else ""), tl.streams[tl.stream[i]][1],
-                      KINDS[tl.kind[i]], tl.names[tl.name[i]])
+        table.add_row(
+            ms(start[j]) if done[j] else "—",
+            ms(duration[j]) if done[j] else "—",
+            tl.devices[code] + (" *" if code in unaligned else ""),
+            tl.streams[tl.stream[i]][1],
+            KINDS[tl.kind[i]],
+            tl.names[tl.name[i]],
+        )
     return table
 
 
 def activity_table(source: Timeline | ActivitySummary) -> Table:
     """Count and duration statistics (ms) per activity name and kind, longest total first; a last row for all."""
     s = source if isinstance(source, ActivitySummary) else activity_summary(source)
-    columns = [("activity", "left"), ("kind", "left"), ("count", "right"), ("total (ms)", "right"),
-               ("mean (ms)", "right"), ("min (ms)", "right"), ("max (ms)", "right")]
+    columns = [
+        ("activity", "left"),
+        ("kind", "left"),
+        ("count", "right"),
+        ("total (ms)", "right"),
+        ("mean (ms)", "right"),
+        ("min (ms)", "right"),
+        ("max (ms)", "right"),
+    ]
     if s.unfinished:
         columns.append(("unfinished", "right"))
     table = new_table("totals per kind and activity", columns)
     for r in s.rows:
-        table.add_row(r.name, r.kind, f"{r.count:,}", ms(r.total_ms), ms(r.mean_ms), ms(r.min_ms), ms(r.max_ms),
-                      *([f"{r.unfinished:,}"] if s.unfinished else []))
+        table.add_row(
+            r.name,
+            r.kind,
+            f"{r.count:,}",
+            ms(r.total_ms),
+            ms(r.mean_ms),
+            ms(r.min_ms),
+            ms(r.max_ms),
+            *([f"{r.unfinished:,}"] if s.unfinished else []),
+        )
     table.add_section()
-    table.add_row("all", "", f"{s.count:,}", ms(s.total_ms), "", "", "",
-                  *([f"{s.unfinished:,}"] if s.unfinished else []))
+    table.add_row(
+        "all", "", f"{s.count:,}", ms(s.total_ms), "", "", "", *([f"{s.unfinished:,}"] if s.unfinished else [])
+    )
     return table
 
 
@@ -96,18 +133,42 @@ def device_table(source: Timeline | DeviceSummary) -> Table:
     utilisation, first start and last end (ms)."""
     s = source if isinstance(source, DeviceSummary) else device_summary(source)
     unaligned = {r.device: r.note for r in s.rows if not r.aligned}
-    caption = "\n".join([("busy: time with an activity running (overlaps once); sum: durations added up; max gap: "
-                          "before the first, between, or after the last activity")]
-                        + [f"* {name}: clock not aligned ({why}): times from its own start mark"
-                           for name, why in unaligned.items()])
-    table = new_table(f"totals per device, in ms, over a window of {ms(s.window_ms)} ms from the scope's start",
-                   [("device", "left"), ("count", "right"), ("busy", "right"), ("sum", "right"), ("idle", "right"),
-                    ("max gap", "right"), ("util.", "right"), ("first start", "right"), ("last end", "right")],
-                   caption)
+    caption = "\n".join(
+        [
+            (
+                "busy: time with an activity running (overlaps once); sum: durations added up; max gap: "
+                "before the first, between, or after the last activity"
+            )
+        ]
+        + [f"* {name}: clock not aligned ({why}): times from its own start mark" for name, why in unaligned.items()]
+    )
+    table = new_table(
+        f"totals per device, in ms, over a window of {ms(s.window_ms)} ms from the scope's start",
+        [
+            ("device", "left"),
+            ("count", "right"),
+            ("busy", "right"),
+            ("sum", "right"),
+            ("idle", "right"),
+            ("max gap", "right"),
+            ("util.", "right"),
+            ("first start", "right"),
+            ("last end", "right"),
+        ],
+        caption,
+    )
     for r in s.rows:
-        table.add_row(r.device + (" *" if not r.aligned else ""), f"{r.count:,}", ms(r.busy_ms), ms(r.sum_ms),
-                      ms(r.idle_ms), ms(r.largest_gap_ms), "—" if r.utilisation is None else f"{r.utilisation:.1%}",
-                      ms(r.first_start_ms), ms(r.last_end_ms))
+        table.add_row(
+            r.device + (" *" if not r.aligned else ""),
+            f"{r.count:,}",
+            ms(r.busy_ms),
+            ms(r.sum_ms),
+            ms(r.idle_ms),
+            ms(r.largest_gap_ms),
+            "—" if r.utilisation is None else f"{r.utilisation:.1%}",
+            ms(r.first_start_ms),
+            ms(r.last_end_ms),
+        )
     return table
 
 
@@ -133,12 +194,18 @@ def balance_renderable(source: Timeline | DeviceSummary | BalanceReport, bar_wid
     for r in b.rows:
         split = [f"{r.units:,}", f"{r.suggested_units:,}"] if b.units_given else [f"{r.share:.1%}"]
         table.add_row(r.device, ms(r.busy_ms), bar(r.busy_ms, top, bar_width), ms(r.wait_ms), *split, r.note)
-    lines = [f"imbalance {b.imbalance:.3f} = max busy {ms(b.makespan_ms)} ms / mean busy {ms(b.mean_busy_ms)} ms; "
-             f"straggler {b.straggler}" if b.imbalance is not None else "imbalance —: no device has busy time"]
+    lines = [
+        f"imbalance {b.imbalance:.3f} = max busy {ms(b.makespan_ms)} ms / mean busy {ms(b.mean_busy_ms)} ms; "
+        f"straggler {b.straggler}"
+        if b.imbalance is not None
+        else "imbalance —: no device has busy time"
+    ]
     what = "split" if b.units_given else "shares (one unit of work per device assumed)"
     if b.predicted_makespan_ms is not None:
-        lines.append(f"makespan (busy): {ms(b.makespan_ms)} ms now, {ms(b.predicted_makespan_ms)} ms predicted "
-                     f"with the suggested {what}")
+        lines.append(
+            f"makespan (busy): {ms(b.makespan_ms)} ms now, {ms(b.predicted_makespan_ms)} ms predicted "
+            f"with the suggested {what}"
+        )
     lines += [f"note: {n}" for n in b.notes]
     return Group(table, Text("\n".join(lines)))
 
@@ -148,24 +215,33 @@ def timeline_report(tl: Timeline, limit: int | None = 50, order: str = "issue") 
     ``time``; the first ``limit``), totals per activity, totals per device, the balance, and a footer (host time
     issuing and waiting, CPU time, unfinished activities, the error, unaligned clocks)."""
     ds = device_summary(tl)
-    parts: list[RenderableType] = [timeline_table(tl, order=order, limit=limit), activity_table(tl), device_table(ds),
-                                   balance_renderable(balance(ds)), _footer(tl)]
+    parts: list[RenderableType] = [
+        timeline_table(tl, order=order, limit=limit),
+        activity_table(tl),
+        device_table(ds),
+        balance_renderable(balance(ds)),
+        _footer(tl),
+    ]
     return Group(*[r for part in parts[:-1] for r in (part, Text(""))], parts[-1])
 
 
 def _footer(tl: Timeline) -> Text:
-    text = Text(f"scope {tl.label!r}: host {ms(tl.host_ms)} ms issuing + {ms(tl.wait_ms)} ms waiting "
-                f"for the devices, CPU {ms(tl.cpu_ms)} ms")
+    text = Text(
+        f"scope {tl.label!r}: host {ms(tl.host_ms)} ms issuing + {ms(tl.wait_ms)} ms waiting "
+        f"for the devices, CPU {ms(tl.cpu_ms)} ms"
+    )
     unfinished = int(len(tl) - tl.complete.sum())
     if unfinished:
-        text.append(f"; {unfinished:,} {'activity' if unfinished == 1 else 'activities'} unfinished when the scope "
-                    "ended")
+        text.append(
+            f"; {unfinished:,} {'activity' if unfinished == 1 else 'activities'} unfinished when the scope ended"
+        )
     if tl.error:
         text.append(f"; the scope raised {tl.error}")
     unaligned = _unaligned(tl)
     if unaligned:
-        text.append("; not aligned to the host clock: " + ", ".join(f"{tl.devices[i]} ({why})"
-                                                                   for i, why in unaligned.items()))
+        text.append(
+            "; not aligned to the host clock: " + ", ".join(f"{tl.devices[i]} ({why})" for i, why in unaligned.items())
+        )
     return text
 
 

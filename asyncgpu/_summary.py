@@ -30,8 +30,19 @@ import numpy as np
 
 from ._records import KINDS, Timeline
 
-__all__ = ["ActivityStats", "ActivitySummary", "BalanceReport", "DeviceBalance", "DeviceStats", "DeviceSummary",
-           "Plain", "activity_summary", "balance", "device_summary", "suggest_split"]
+__all__ = [
+    "ActivityStats",
+    "ActivitySummary",
+    "BalanceReport",
+    "DeviceBalance",
+    "DeviceStats",
+    "DeviceSummary",
+    "Plain",
+    "activity_summary",
+    "balance",
+    "device_summary",
+    "suggest_split",
+]
 
 
 class Plain:
@@ -105,10 +116,19 @@ def activity_summary(tl: Timeline) -> ActivitySummary:
     for g in groups.tolist():
         n = int(count[g])
         t = float(total[g]) / 1e6
-        rows.append(ActivityStats(tl.names[g // nk], KINDS[g % nk], n, int(pending[g]), t, t / n if n else None,
-                                  float(lo[g]) / 1e6 if n else None, float(hi[g]) / 1e6 if n else None))
-    return ActivitySummary(tl.label, tuple(rows), int(done.sum()), int(len(tl) - done.sum()),
-                           float(dur.sum()) / 1e6)
+        rows.append(
+            ActivityStats(
+                tl.names[g // nk],
+                KINDS[g % nk],
+                n,
+                int(pending[g]),
+                t,
+                t / n if n else None,
+                float(lo[g]) / 1e6 if n else None,
+                float(hi[g]) / 1e6 if n else None,
+            )
+        )
+    return ActivitySummary(tl.label, tuple(rows), int(done.sum()), int(len(tl) - done.sum()), float(dur.sum()) / 1e6)
 
 
 # -- per device ---------------------------------------------------------------------------------------------
@@ -164,14 +184,27 @@ def device_summary(tl: Timeline) -> DeviceSummary:
     bounds = np.concatenate(([0], np.cumsum(count)))
     rows = []
     for i, name in enumerate(tl.devices):
-        idx = by_dev[bounds[i]:bounds[i + 1]]
+        idx = by_dev[bounds[i] : bounds[i + 1]]
         w = window_ns if aligned[i] or not count[i] else max(window_ns, float(last[i]))
         busy, gap, first, end = _union(rel_start[idx], rel_end[idx], w)
         ok, reason = _clock(tl, i)
-        rows.append(DeviceStats(name, ok, int(count[i]), int(pending[i]), busy / 1e6, float(sums[i]) / 1e6,
-                                (w - busy) / 1e6, gap / 1e6, busy / w if w > 0 else None,
-                                None if first is None else first / 1e6, None if end is None else end / 1e6,
-                                w / 1e6, reason))
+        rows.append(
+            DeviceStats(
+                name,
+                ok,
+                int(count[i]),
+                int(pending[i]),
+                busy / 1e6,
+                float(sums[i]) / 1e6,
+                (w - busy) / 1e6,
+                gap / 1e6,
+                busy / w if w > 0 else None,
+                None if first is None else first / 1e6,
+                None if end is None else end / 1e6,
+                w / 1e6,
+                reason,
+            )
+        )
     return DeviceSummary(tl.label, window_ns / 1e6, tuple(rows), tl.error)
 
 
@@ -247,14 +280,34 @@ def balance(source: Timeline | DeviceSummary, work_units: Any = None) -> Balance
     predicted = float((amount[measured] / throughput[measured]).max()) if throughput.any() else None
     straggler = int(busy.argmax()) if busy.any() else None
     comparable = all(r.aligned for r in ds.rows)
-    rows = [DeviceBalance(r.device, r.busy_ms, r.last_end_ms, _wait(ds.rows, i, straggler), int(units[i]),
-                          float(throughput[i]) if measured[i] else None, float(share[i]),
-                          int(amount[i]) if work_units is not None else None, _row_note(r, i == straggler))
-            for i, r in enumerate(ds.rows)]
+    rows = [
+        DeviceBalance(
+            r.device,
+            r.busy_ms,
+            r.last_end_ms,
+            _wait(ds.rows, i, straggler),
+            int(units[i]),
+            float(throughput[i]) if measured[i] else None,
+            float(share[i]),
+            int(amount[i]) if work_units is not None else None,
+            _row_note(r, i == straggler),
+        )
+        for i, r in enumerate(ds.rows)
+    ]
     mean = float(busy.mean()) if busy.size else 0.0
-    return BalanceReport(ds.label, tuple(rows), mean, float(busy.max()) / mean if mean > 0 else None,
-                         None if straggler is None else names[straggler], comparable, work_units is not None, total,
-                         float(busy.max()) if busy.size else 0.0, predicted, _notes(ds, measured, comparable))
+    return BalanceReport(
+        ds.label,
+        tuple(rows),
+        mean,
+        float(busy.max()) / mean if mean > 0 else None,
+        None if straggler is None else names[straggler],
+        comparable,
+        work_units is not None,
+        total,
+        float(busy.max()) if busy.size else 0.0,
+        predicted,
+        _notes(ds, measured, comparable),
+    )
 
 
 def _work_units(names: list[str], work_units: Any) -> np.ndarray:
@@ -264,18 +317,23 @@ def _work_units(names: list[str], work_units: Any) -> np.ndarray:
         given = {getattr(k, "name", k): v for k, v in work_units.items()}
         unknown = [str(k) for k in given if k not in names]
         if unknown:
-            raise ValueError(f"work_units names {', '.join(unknown)}, not in this timeline: use some of "
-                             f"{', '.join(names)}")
+            raise ValueError(
+                f"work_units names {', '.join(unknown)}, not in this timeline: use some of {', '.join(names)}"
+            )
         missing = [n for n in names if n not in given]
         if missing:
-            raise ValueError(f"work_units has no entry for {', '.join(missing)}: give every device of the timeline "
-                             "(0 for a device that got no work)")
+            raise ValueError(
+                f"work_units has no entry for {', '.join(missing)}: give every device of the timeline "
+                "(0 for a device that got no work)"
+            )
         values = [given[n] for n in names]
     else:
         values = list(work_units)
         if len(values) != len(names):
-            raise ValueError(f"work_units has {len(values)} values for {len(names)} devices ({', '.join(names)}): "
-                             "give one per device in that order, or a dict {device: units}")
+            raise ValueError(
+                f"work_units has {len(values)} values for {len(names)} devices ({', '.join(names)}): "
+                "give one per device in that order, or a dict {device: units}"
+            )
     units = np.asarray(values, dtype=np.float64)
     bad = [f"{n}={v!r}" for n, v, u in zip(names, values, units) if not (np.isfinite(u) and u >= 0 and u == int(u))]
     if bad:
@@ -283,8 +341,9 @@ def _work_units(names: list[str], work_units: Any) -> np.ndarray:
     return units
 
 
-def suggest_split(units: np.ndarray, throughput: np.ndarray, measured: np.ndarray,
-             integral: bool) -> tuple[np.ndarray, np.ndarray]:
+def suggest_split(
+    units: np.ndarray, throughput: np.ndarray, measured: np.ndarray, integral: bool
+) -> tuple[np.ndarray, np.ndarray]:
     """``(share, amount)``: devices without a throughput keep their units; the rest of the units are split in
     proportion to throughput (whole units by largest remainder when ``integral``)."""
     total = units.sum()
@@ -295,7 +354,7 @@ def suggest_split(units: np.ndarray, throughput: np.ndarray, measured: np.ndarra
         if integral:
             whole = np.floor(quota)
             order = np.argsort(-(quota - whole), kind="stable")
-            whole[order[:round(rest - whole.sum())]] += 1
+            whole[order[: round(rest - whole.sum())]] += 1
             quota = whole
         amount[measured] = quota
     return (amount / total if total > 0 else np.zeros_like(units)), amount
@@ -323,12 +382,14 @@ def _notes(ds: DeviceSummary, measured: np.ndarray, comparable: bool) -> tuple[s
     notes = []
     if not comparable:
         off = ", ".join(f"{r.device} ({r.note})" if r.note else r.device for r in ds.rows if not r.aligned)
-        notes.append(f"not aligned to the host clock: {off}; wait times across devices are not comparable "
-                     "(busy times are)")
+        notes.append(
+            f"not aligned to the host clock: {off}; wait times across devices are not comparable (busy times are)"
+        )
     idle = [r.device for r in ds.rows if r.busy_ms == 0]
     if idle and measured.any():
-        notes.append(f"no finished activity on {', '.join(idle)}: throughput unknown, the split leaves their units as "
-                     "they are")
+        notes.append(
+            f"no finished activity on {', '.join(idle)}: throughput unknown, the split leaves their units as they are"
+        )
     if not measured.any():
         notes.append("no device has both busy time and work units: no split to suggest")
     unfinished = sum(r.unfinished for r in ds.rows)

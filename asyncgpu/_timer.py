@@ -41,9 +41,9 @@ _OPEN_COUNT = 0  # open scopes in the process: the launch observer is installed 
 _STATE_LOCK = threading.Lock()
 _NEW, _OPEN, _DONE = 0, 1, 2
 
+
 class _Activity:
-    __slots__ = ("device", "stream", "name", "kind", "start_raw", "end_raw", "refs", "duration_ms", "nvtx_id",
-                 "placed")
+    __slots__ = ("device", "stream", "name", "kind", "start_raw", "end_raw", "refs", "duration_ms", "nvtx_id", "placed")
 
 
 def _owners(scopes: tuple, device: Device, kind: str) -> list:
@@ -135,8 +135,10 @@ class _ActivityBlock:
     def __enter__(self) -> _ActivityBlock:
         timer = self._timer
         if timer._state != _OPEN:
-            raise ScopeError(f"activity {self._name!r} is outside its scope: use t.activity() inside the "
-                             "`async with gpu_timer(...) as t:` block")
+            raise ScopeError(
+                f"activity {self._name!r} is outside its scope: use t.activity() inside the "
+                "`async with gpu_timer(...) as t:` block"
+            )
         self._t0_ns = time.perf_counter_ns()
         owners = _owners(_SCOPES.get(), self._stream.device, self._kind)
         if timer not in owners and self._kind in timer._kinds:
@@ -152,8 +154,9 @@ class _ActivityBlock:
             self._stream.tag = self._name
         timer = self._timer
         if timer._state == _OPEN:  # a plain tuple here (hot path); a HostRange when the scope ends
-            timer._host_ranges.append((self._name, self._kind, self._t0_ns, time.perf_counter_ns(),
-                                       threading.get_ident()))
+            timer._host_ranges.append(
+                (self._name, self._kind, self._t0_ns, time.perf_counter_ns(), threading.get_ident())
+            )
 
     async def __aenter__(self) -> _ActivityBlock:
         return self.__enter__()
@@ -174,10 +177,18 @@ class Timer:
     totals methods, and a rich report (``rich.print(t)``; ``str(t)`` gives the same as plain text).
     """
 
-    def __init__(self, devices: Iterable[Device], label: str, synchronize: bool, nvtx: bool,
-                 kinds: Iterable[str] | None = None, report_func: ReportFunc | None = None,
-                 max_clock_age_s: float = CLOCK_MAX_AGE_S, subtract_overhead: bool = True,
-                 all_threads: bool = False) -> None:
+    def __init__(
+        self,
+        devices: Iterable[Device],
+        label: str,
+        synchronize: bool,
+        nvtx: bool,
+        kinds: Iterable[str] | None = None,
+        report_func: ReportFunc | None = None,
+        max_clock_age_s: float = CLOCK_MAX_AGE_S,
+        subtract_overhead: bool = True,
+        all_threads: bool = False,
+    ) -> None:
         self.devices: tuple[Device, ...] = tuple(devices)
         self._all_threads = all_threads
         self._layers: dict[Any, Any] = {}  # live layers by key (asyncgpu._core.hooks.attach)
@@ -231,23 +242,28 @@ class Timer:
             self._marks.append(CollectiveMark(str(name), host_ns, len(self._acts), thread))
 
     # -- activities ---------------------------------------------------------------------------------------
-    def activity(self, name: str, device: Device | None = None, *, stream: Stream | None = None,
-                 kind: str = "user") -> _ActivityBlock:
+    def activity(
+        self, name: str, device: Device | None = None, *, stream: Stream | None = None, kind: str = "user"
+    ) -> _ActivityBlock:
         """Time the work enqueued on ``stream`` (default: ``device``'s default stream) inside the block."""
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
         if stream is None:
             if device is None:
                 if len(self.devices) != 1:
-                    raise ScopeError(f"activity {name!r}: this scope covers {len(self.devices)} devices, name one "
-                                     "with device=... or stream=...")
+                    raise ScopeError(
+                        f"activity {name!r}: this scope covers {len(self.devices)} devices, name one "
+                        "with device=... or stream=..."
+                    )
                 device = self.devices[0]
             stream = device.stream
         elif device is not None and stream.device is not device:
             raise ScopeError(f"activity {name!r}: that stream belongs to {stream.device.name}, not {device.name}")
         if stream.device not in self._devset:
-            raise ScopeError(f"activity {name!r} is on {stream.device.name}, which this scope does not cover: "
-                             f"add it to gpu_timer([...]) (it covers {', '.join(d.name for d in self.devices)})")
+            raise ScopeError(
+                f"activity {name!r} is on {stream.device.name}, which this scope does not cover: "
+                f"add it to gpu_timer([...]) (it covers {', '.join(d.name for d in self.devices)})"
+            )
         return _ActivityBlock(self, stream, name, kind)
 
     # -- async form ---------------------------------------------------------------------------------------
@@ -404,14 +420,32 @@ class Timer:
             marks, self._marks = tuple(self._marks), []
         finished = tuple(ly for ly in (layer.finish() for layer in live) if ly is not None)
         self._timeline = Timeline(
-            self.label, tuple(d.name for d in self.devices),
-            tuple((dev_codes[s.device], s.label) for s in streams), tuple(names), device_col, stream_col, name_col,
-            kind_col, start_col, start_col + dur_col, dur_col, self._t0_ns, self._t1_ns,
+            self.label,
+            tuple(d.name for d in self.devices),
+            tuple((dev_codes[s.device], s.label) for s in streams),
+            tuple(names),
+            device_col,
+            stream_col,
+            name_col,
+            kind_col,
+            start_col,
+            start_col + dur_col,
+            dur_col,
+            self._t0_ns,
+            self._t1_ns,
             tuple(placements[d].clock for d in self.devices),
-            _host_ranges(self._host_ranges) + (HostRange(self.label, "scope", self._t0_ns, self._t1_ns,
-                                                         threading.current_thread().name),),
-            tuple(d.description for d in self.devices), self.error, self.cancelled, self.host_ms, self.wait_ms,
-            self.cpu_ms, marks, (), finished)
+            _host_ranges(self._host_ranges)
+            + (HostRange(self.label, "scope", self._t0_ns, self._t1_ns, threading.current_thread().name),),
+            tuple(d.description for d in self.devices),
+            self.error,
+            self.cancelled,
+            self.host_ms,
+            self.wait_ms,
+            self.cpu_ms,
+            marks,
+            (),
+            finished,
+        )
         ends = self._timeline.end_ns
         spans = {}
         for d, code in dev_codes.items():
@@ -427,8 +461,9 @@ class Timer:
         the scope's start mark (and its `DeviceClock` says why)."""
         mark = self._start_marks.get(dev)
         fallback = (mark.raw, float(self._t0_ns)) if mark is not None and mark.raw is not None else None
-        return placement(dev, max_age_s=self._max_clock_age_s, subtract_overhead=self._subtract_overhead,
-                         fallback=fallback)
+        return placement(
+            dev, max_age_s=self._max_clock_age_s, subtract_overhead=self._subtract_overhead, fallback=fallback
+        )
 
     def _report(self) -> None:
         if self._report_func is not None:
@@ -508,10 +543,18 @@ class Timer:
         return f"<asyncgpu.Timer {self.label!r} {state} devices={[d.name for d in self.devices]}>"
 
 
-def gpu_timer(devices: Any = None, *, label: str = "scope", synchronize: bool = False, nvtx: bool = True,
-              kinds: Iterable[str] | None = None, report_func: ReportFunc | None = None,
-              max_clock_age_s: float = CLOCK_MAX_AGE_S, subtract_overhead: bool = True,
-              all_threads: bool = False) -> Timer:
+def gpu_timer(
+    devices: Any = None,
+    *,
+    label: str = "scope",
+    synchronize: bool = False,
+    nvtx: bool = True,
+    kinds: Iterable[str] | None = None,
+    report_func: ReportFunc | None = None,
+    max_clock_age_s: float = CLOCK_MAX_AGE_S,
+    subtract_overhead: bool = True,
+    all_threads: bool = False,
+) -> Timer:
     """A timing scope over ``devices`` (a device, a list of devices or specs like ``"cuda:1"``; default: every
     device of the default backend).
 
@@ -533,8 +576,17 @@ def gpu_timer(devices: Any = None, *, label: str = "scope", synchronize: bool = 
     """
     from ._core.select import resolve_devices
 
-    return Timer(resolve_devices(devices), label, synchronize, nvtx, kinds, report_func, max_clock_age_s,
-                 subtract_overhead, all_threads)
+    return Timer(
+        resolve_devices(devices),
+        label,
+        synchronize,
+        nvtx,
+        kinds,
+        report_func,
+        max_clock_age_s,
+        subtract_overhead,
+        all_threads,
+    )
 
 
 def _host_ranges(raw: list[tuple]) -> tuple[HostRange, ...]:
@@ -558,8 +610,9 @@ def _check_kinds(kinds: Iterable[str] | None) -> frozenset[str]:
 _functional: list[Timer] = []
 
 
-def timing_begin(devices: Any = None, *, kinds: Iterable[str] | None = None, synchronize: bool = False,
-                 label: str = "timing") -> Timer:
+def timing_begin(
+    devices: Any = None, *, kinds: Iterable[str] | None = None, synchronize: bool = False, label: str = "timing"
+) -> Timer:
     """Start recording (as Warp's ``timing_begin``): activities enqueued from here on, in this context and the
     tasks it starts, are recorded until `timing_end`. Blocking form: call it from plain code or a thread."""
     t = gpu_timer(devices, label=label, synchronize=synchronize, kinds=kinds)

@@ -64,5 +64,3 @@ def lanes(start_ns: np.ndarray, end_ns: np.ndarray) -> np.ndarray:
             lanes[i] = len(stacks)
             stacks.append([ei])
     return lanes
-
-

@@ -28,9 +28,12 @@ _probe: tuple[bool, str, int] | None = None
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("asyncgpu")
-    group.addoption("--asyncgpu-backend", choices=("cuda", "host"), default=None,
-                    help="devices of the asyncgpu_timer fixture for tests not marked gpu (default: "
-                         "$ASYNCGPU_BACKEND, else cuda)")
+    group.addoption(
+        "--asyncgpu-backend",
+        choices=("cuda", "host"),
+        default=None,
+        help="devices of the asyncgpu_timer fixture for tests not marked gpu (default: $ASYNCGPU_BACKEND, else cuda)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -43,5 +43,8 @@ __all__ = [
 ]
 
 # Types the top level also exports keep ``asyncgpu`` as their public path.
-publish(__name__, globals(), [n for n in __all__ if n not in ("ActivityRecord", "BenchmarkResult", "DeviceClock",
-                                                               "HandoffRecord", "Timeline")])
+publish(
+    __name__,
+    globals(),
+    [n for n in __all__ if n not in ("ActivityRecord", "BenchmarkResult", "DeviceClock", "HandoffRecord", "Timeline")],
+)

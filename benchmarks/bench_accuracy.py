@@ -97,25 +97,38 @@ def main() -> None:
     b = np.concatenate([r[3] for r in rows])
     diff = o - c
     print(f"== kernel durations: asyncgpu events vs CUPTI, {len(c)} kernels on {len(devs)} x {devs[0].description}")
-    print(f"{'kernel µs':>9} {'n':>4} {'CUPTI µs':>10} {'asyncgpu µs':>12} {'diff p50 ns':>12} {'|diff| max ns':>14} "
-          f"{'within tol':>10} {'no-CUPTI µs':>12}")
+    print(
+        f"{'kernel µs':>9} {'n':>4} {'CUPTI µs':>10} {'asyncgpu µs':>12} {'diff p50 ns':>12} {'|diff| max ns':>14} "
+        f"{'within tol':>10} {'no-CUPTI µs':>12}"
+    )
     out = {"kernels": len(c), "devices": [d.description for d in devs], "rows": []}
     for us in LENGTHS_US:
         m = length == us
         tol = np.maximum(0.01 * c[m], 1000.0)
         ok = np.abs(diff[m]) <= tol
-        print(f"{us:9d} {m.sum():4d} {np.median(c[m]) / 1e3:10.3f} {np.median(o[m]) / 1e3:12.3f} "
-              f"{np.median(diff[m]):12.1f} {np.abs(diff[m]).max():14.1f} {ok.mean() * 100:9.1f}% "
-              f"{np.median(b[m]) / 1e3:12.3f}")
-        out["rows"].append({"length_us": us, "n": int(m.sum()), "cupti_us_median": float(np.median(c[m]) / 1e3),
-                            "asyncgpu_us_median": float(np.median(o[m]) / 1e3),
-                            "diff_ns_median": float(np.median(diff[m])), "diff_ns_max_abs": float(np.abs(diff[m]).max()),
-                            "within_tolerance": float(ok.mean()),
-                            "asyncgpu_no_profiler_us_median": float(np.median(b[m]) / 1e3)})
+        print(
+            f"{us:9d} {m.sum():4d} {np.median(c[m]) / 1e3:10.3f} {np.median(o[m]) / 1e3:12.3f} "
+            f"{np.median(diff[m]):12.1f} {np.abs(diff[m]).max():14.1f} {ok.mean() * 100:9.1f}% "
+            f"{np.median(b[m]) / 1e3:12.3f}"
+        )
+        out["rows"].append(
+            {
+                "length_us": us,
+                "n": int(m.sum()),
+                "cupti_us_median": float(np.median(c[m]) / 1e3),
+                "asyncgpu_us_median": float(np.median(o[m]) / 1e3),
+                "diff_ns_median": float(np.median(diff[m])),
+                "diff_ns_max_abs": float(np.abs(diff[m]).max()),
+                "within_tolerance": float(ok.mean()),
+                "asyncgpu_no_profiler_us_median": float(np.median(b[m]) / 1e3),
+            }
+        )
     big = length >= 20
     share = float((np.abs(diff[big]) <= np.maximum(0.01 * c[big], 1000.0)).mean())
-    print(f"kernels ≥ 20 µs within max(1 %, 1 µs) of CUPTI: {share * 100:.1f}%  (timeline aligned: {tl.aligned}); "
-          "event-pair overhead subtracted: " + ", ".join(f"{c.device} {c.overhead_ns:.0f} ns" for c in tl.clocks))
+    print(
+        f"kernels ≥ 20 µs within max(1 %, 1 µs) of CUPTI: {share * 100:.1f}%  (timeline aligned: {tl.aligned}); "
+        "event-pair overhead subtracted: " + ", ".join(f"{c.device} {c.overhead_ns:.0f} ns" for c in tl.clocks)
+    )
     out["overhead_ns"] = {c.device: c.overhead_ns for c in tl.clocks}
     out["share_within_tolerance_ge_20us"] = share
     if args.out:

@@ -33,8 +33,10 @@ def main() -> None:
     devs = asyncgpu.devices("cuda")
     out: dict = {"devices": [d.description for d in devs]}
     print(f"== calibration: {len(devs)} x {devs[0].description}")
-    print(f"{'device':8} {'bound µs':>9} {'anchor':>7} {'k-bound µs':>10} {'gt bound µs':>12} {'naive-best ns':>14} "
-          f"{'cost ms':>8}")
+    print(
+        f"{'device':8} {'bound µs':>9} {'anchor':>7} {'k-bound µs':>10} {'gt bound µs':>12} {'naive-best ns':>14} "
+        f"{'cost ms':>8}"
+    )
     cals = []
     for d in devs:
         d.clock()  # compile and warm up
@@ -45,17 +47,23 @@ def main() -> None:
             costs.append((time.perf_counter_ns() - t0) / 1e6)
         cals.append(cal.to_dict() | {"cost_ms_median": float(np.median(costs))})
         kb = cal.kernel_anchor_bound_ns
-        print(f"{d.name:8} {cal.bound_ns / 1e3:9.3f} {cal.anchor_source:>7} {(kb or float('nan')) / 1e3:10.3f} "
-              f"{cal.globaltimer_bound_ns / 1e3:12.3f} {cal.naive_offset_ns - cal.globaltimer_offset_ns:14.1f} "
-              f"{np.median(costs):8.3f}")
+        print(
+            f"{d.name:8} {cal.bound_ns / 1e3:9.3f} {cal.anchor_source:>7} {(kb or float('nan')) / 1e3:10.3f} "
+            f"{cal.globaltimer_bound_ns / 1e3:12.3f} {cal.naive_offset_ns - cal.globaltimer_offset_ns:14.1f} "
+            f"{np.median(costs):8.3f}"
+        )
     out["calibrations"] = cals
     if len(devs) >= 2:
         r = asyncgpu.check_alignment(devs[:2], trials=args.trials)
         out["ground_truth"] = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in r.items()}
         print(f"\n== ground truth, {args.trials} trials, {devs[0].name} vs {devs[1].name}: |disagreement| µs")
         print(f"{'route':22} {'p50':>8} {'p90':>8} {'max':>8}")
-        for key, label in (("raw", "raw %globaltimer"), ("naive", "naive single ping"),
-                           ("aligned", "aligned %globaltimer"), ("events_aligned", "aligned events")):
+        for key, label in (
+            ("raw", "raw %globaltimer"),
+            ("naive", "naive single ping"),
+            ("aligned", "aligned %globaltimer"),
+            ("events_aligned", "aligned events"),
+        ):
             print(f"{label:22} {_pct(r[key])}")
     time.sleep(2.0)  # drift: the globaltimer's rate against the host clock over 2 s
     drifts = {d.name: d.clock(refresh=True).drift_ppm for d in devs}

@@ -19,9 +19,8 @@ root's part, measured in a run of its own, and what the result holds (the merged
 
 from __future__ import annotations
 
-import dataclasses
-
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -33,17 +32,25 @@ from typing import Any
 
 import numpy as np
 
-from asyncgpu.ranks.report import rank_report
-from asyncgpu.ranks.merge import Merger, RankTimeline
 from asyncgpu._records import HostRange, Timeline
 from asyncgpu._report import render
+from asyncgpu.ranks.merge import Merger, RankTimeline
+from asyncgpu.ranks.report import rank_report
 from asyncgpu.ranks.wire import HostRanges, Marks, timeline_to_payload
 
 NAMES = ["gemm", "attention", "layernorm", "allreduce", "h2d batch", "optimizer step"]
 
 
-def make_rank(rank: int, devices: int, per_device: int, marks: int, offset_ns: int, seed: int = 0,
-              host_ranges: bool = False, as_columns: bool = False) -> tuple[Timeline, Marks, HostRanges | None]:
+def make_rank(
+    rank: int,
+    devices: int,
+    per_device: int,
+    marks: int,
+    offset_ns: int,
+    seed: int = 0,
+    host_ranges: bool = False,
+    as_columns: bool = False,
+) -> tuple[Timeline, Marks, HostRanges | None]:
     """One rank's scope on its own clock (root clock + ``offset_ns``), and its collective marks; with
     ``host_ranges``, one host range per activity too (every activity issued in a ``t.activity()`` block), as
     `HostRange` objects in the timeline or, ``as_columns``, as the columns the rank would pack them into."""
@@ -66,26 +73,49 @@ def make_rank(rank: int, devices: int, per_device: int, marks: int, offset_ns: i
     columns = None
     if host_ranges and as_columns:
         k = np.sort(issued).astype(np.int64)
-        columns = HostRanges([NAMES[0], "train"], ["user", "scope"], ["MainThread"], np.append(np.zeros(n), 1),
-                             np.append(np.zeros(n), 1), np.zeros(n + 1), np.append(k, scope.start_ns),
-                             np.append(k + 2000, scope.end_ns))
-    blocks = tuple(HostRange(NAMES[0], "user", int(i), int(i) + 2000, "MainThread")
-                   for i in np.sort(issued)) if host_ranges and not as_columns else ()
-    tl = Timeline.from_arrays(label="train", devices=[f"host:{d}" for d in range(devices)], device=device[order],
-                              start_ns=start[order], end_ns=end[order], duration_ns=dur[order], names=NAMES,
-                              name=rng.integers(0, len(NAMES), n)[order],
-                              streams=[(d, f"s{k}") for d in range(devices) for k in range(2)],
-                              stream=stream[order], scope_start_ns=int(t0), scope_end_ns=int(end.max()) + 1000,
-                              host_ranges=blocks + (scope,))
+        columns = HostRanges(
+            [NAMES[0], "train"],
+            ["user", "scope"],
+            ["MainThread"],
+            np.append(np.zeros(n), 1),
+            np.append(np.zeros(n), 1),
+            np.zeros(n + 1),
+            np.append(k, scope.start_ns),
+            np.append(k + 2000, scope.end_ns),
+        )
+    blocks = (
+        tuple(HostRange(NAMES[0], "user", int(i), int(i) + 2000, "MainThread") for i in np.sort(issued))
+        if host_ranges and not as_columns
+        else ()
+    )
+    tl = Timeline.from_arrays(
+        label="train",
+        devices=[f"host:{d}" for d in range(devices)],
+        device=device[order],
+        start_ns=start[order],
+        end_ns=end[order],
+        duration_ns=dur[order],
+        names=NAMES,
+        name=rng.integers(0, len(NAMES), n)[order],
+        streams=[(d, f"s{k}") for d in range(devices) for k in range(2)],
+        stream=stream[order],
+        scope_start_ns=int(t0),
+        scope_end_ns=int(end.max()) + 1000,
+        host_ranges=blocks + (scope,),
+    )
     span = float(end.max() - t0)
     mark_ns = (t0 + span * (np.arange(1, marks + 1) / (marks + 1))).astype(np.int64)
     mark_row = np.searchsorted(issued[order], mark_ns)
-    return (tl, Marks.from_tuples([("allreduce", int(t), int(r), "MainThread") for t, r in zip(mark_ns, mark_row)]),
-            columns)
+    return (
+        tl,
+        Marks.from_tuples([("allreduce", int(t), int(r), "MainThread") for t, r in zip(mark_ns, mark_row)]),
+        columns,
+    )
 
 
-def make_payloads(ranks: int, devices: int, per_device: int, marks: int,
-                  host_ranges: bool = False) -> tuple[list, list, float]:
+def make_payloads(
+    ranks: int, devices: int, per_device: int, marks: int, host_ranges: bool = False
+) -> tuple[list, list, float]:
     """Every rank's payload (rank 0's as a timeline: the root packs its own), the offsets, and the seconds one
     rank takes to pack its payload (rank 0's, host ranges as objects as a real rank has them; the other ranks'
     host ranges are made as columns straight away, to keep the simulation short)."""
@@ -120,8 +150,15 @@ def root_part(payloads: list, offsets: list, rows: list[int]) -> tuple[RankTimel
     return result, text, t_merge, time.perf_counter() - t
 
 
-def run_scale(ranks: int = 32, devices: int = 4, per_device: int = 10_000, marks: int = 100,
-              repeat: int = 3, memory: bool = True, host_ranges: bool = False) -> dict[str, Any]:
+def run_scale(
+    ranks: int = 32,
+    devices: int = 4,
+    per_device: int = 10_000,
+    marks: int = 100,
+    repeat: int = 3,
+    memory: bool = True,
+    host_ranges: bool = False,
+) -> dict[str, Any]:
     """The figures (see the module docstring) as a dict."""
     payloads, offsets, pack_s = make_payloads(ranks, devices, per_device, marks, host_ranges)
     rows = [devices * per_device] * ranks
@@ -132,13 +169,23 @@ def run_scale(ranks: int = 32, devices: int = 4, per_device: int = 10_000, marks
         runs.append((t_merge + t_report, t_merge, t_report))
         del result
     total, merge, report = (statistics.median(x) for x in zip(*runs))
-    out: dict[str, Any] = {"ranks": ranks, "devices_per_rank": devices, "per_device": per_device,
-                           "marks_per_rank": marks, "host_range_per_activity": host_ranges, "activities": n,
-                           "root_s": total, "merge_s": merge,
-                           "balance_report_s": report, "pack_one_rank_s": pack_s,
-                           "payload_bytes_per_activity": float(np.mean([p.size for p in payloads[1:]]))
-                           / (devices * per_device) if ranks > 1 else None,
-                           "report_lines": text.count("\n"), "runs_s": [r[0] for r in runs]}
+    out: dict[str, Any] = {
+        "ranks": ranks,
+        "devices_per_rank": devices,
+        "per_device": per_device,
+        "marks_per_rank": marks,
+        "host_range_per_activity": host_ranges,
+        "activities": n,
+        "root_s": total,
+        "merge_s": merge,
+        "balance_report_s": report,
+        "pack_one_rank_s": pack_s,
+        "payload_bytes_per_activity": float(np.mean([p.size for p in payloads[1:]])) / (devices * per_device)
+        if ranks > 1
+        else None,
+        "report_lines": text.count("\n"),
+        "runs_s": [r[0] for r in runs],
+    }
     if memory:
         tracemalloc.start()
         tracemalloc.reset_peak()
@@ -147,8 +194,11 @@ def run_scale(ranks: int = 32, devices: int = 4, per_device: int = 10_000, marks
         held = tracemalloc.get_traced_memory()[0] - base
         peak = tracemalloc.get_traced_memory()[1] - base
         tracemalloc.stop()
-        out.update(peak_bytes_per_activity=peak / n, held_bytes_per_activity=held / n,
-                   columns_bytes_per_activity=result.timeline.nbytes / n)
+        out.update(
+            peak_bytes_per_activity=peak / n,
+            held_bytes_per_activity=held / n,
+            columns_bytes_per_activity=result.timeline.nbytes / n,
+        )
     return out
 
 
@@ -160,8 +210,22 @@ def run_processes(k: int, devices: int, per_device: int, marks: int, timeout_s: 
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, os.path.abspath(__file__), "--_rank", "", "--_world", str(k), "--_dir", tmp,
-               "--devices", str(devices), "--per-device", str(per_device), "--marks", str(marks)]
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--_rank",
+            "",
+            "--_world",
+            str(k),
+            "--_dir",
+            tmp,
+            "--devices",
+            str(devices),
+            "--per-device",
+            str(per_device),
+            "--marks",
+            str(marks),
+        ]
         env = dict(os.environ, OMP_NUM_THREADS="1")
         procs = [subprocess.Popen(cmd[:2] + ["--_rank", str(r)] + cmd[4:], env=env) for r in range(k)]
         try:
@@ -185,8 +249,13 @@ def _rank_main(rank: int, world: int, tmp: str, devices: int, per_device: int, m
 
     dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=world)
     tl, mk, _ = make_rank(rank, devices, per_device, marks, 0)
-    tl = dataclasses.replace(tl, marks=tuple(CollectiveMark(mk.names[n], int(t), int(r), mk.threads[th])
-                                             for n, t, r, th in zip(mk.name, mk.ns, mk.row, mk.thread)))
+    tl = dataclasses.replace(
+        tl,
+        marks=tuple(
+            CollectiveMark(mk.names[n], int(t), int(r), mk.threads[th])
+            for n, t, r, th in zip(mk.name, mk.ns, mk.row, mk.thread)
+        ),
+    )
     dist.barrier()
     t = time.perf_counter()
     result = gather(tl, timeout_s=120)
@@ -194,9 +263,13 @@ def _rank_main(rank: int, world: int, tmp: str, devices: int, per_device: int, m
     if rank == 0:
         t = time.perf_counter()
         render(rank_report(result, result.balance(), 64), width=120)
-        out = {"processes": world, "activities": len(result.timeline), "gather_s": t_gather,
-               "balance_report_s": time.perf_counter() - t,
-               "rank_clock_bound_us": max(r.bound_ns for r in result.ranks) / 1e3}
+        out = {
+            "processes": world,
+            "activities": len(result.timeline),
+            "gather_s": t_gather,
+            "balance_report_s": time.perf_counter() - t,
+            "rank_clock_bound_us": max(r.bound_ns for r in result.ranks) / 1e3,
+        }
         with open(os.path.join(tmp, "root.json"), "w", encoding="utf-8") as f:
             json.dump(out, f)
     dist.barrier()  # the others wait here (idle) while the root reports: no teardown competing for the CPUs
@@ -211,8 +284,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--marks", type=int, default=100)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--host-ranges", action="store_true", help="also one host range per activity (t.activity)")
-    ap.add_argument("--processes", type=int, default=0,
-                    help="also gather for real from this many processes on this machine (torch gloo)")
+    ap.add_argument(
+        "--processes",
+        type=int,
+        default=0,
+        help="also gather for real from this many processes on this machine (torch gloo)",
+    )
     ap.add_argument("--out", help="write the figures as JSON here")
     ap.add_argument("--_rank", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--_world", type=int, help=argparse.SUPPRESS)
@@ -224,27 +301,40 @@ def main(argv: list[str] | None = None) -> int:
     fig = run_scale(a.ranks, a.devices, a.per_device, a.marks, a.repeat, host_ranges=a.host_ranges)
     if a.processes:
         fig["processes"] = run_processes(a.processes, a.devices, a.per_device, a.marks)
-    fig.update(python=sys.version.split()[0], numpy=np.__version__, machine=platform.machine(),
-               cpus=os.cpu_count(), argv=sys.argv)
+    fig.update(
+        python=sys.version.split()[0],
+        numpy=np.__version__,
+        machine=platform.machine(),
+        cpus=os.cpu_count(),
+        argv=sys.argv,
+    )
     if a.out:
         with open(a.out, "w", encoding="utf-8") as f:
             json.dump(fig, f, indent=2)
-    print(f"== gather at scale: {a.ranks} ranks x {a.devices} devices x {a.per_device:,} activities "
-          f"= {fig['activities']:,} activities, {a.marks} marks per rank"
-          + (", a host range per activity" if a.host_ranges else ""))
-    rows = [("root: merge (unpack + copy into the merged columns)", f"{fig['merge_s']:.3f} s"),
-            ("root: balance + report (text)", f"{fig['balance_report_s']:.3f} s"),
-            ("root: total (target <= 5 s)", f"{fig['root_s']:.3f} s"),
-            ("one rank: pack its payload", f"{fig['pack_one_rank_s'] * 1e3:.1f} ms"),
-            ("payload bytes per activity", f"{fig['payload_bytes_per_activity']:.1f} B"),
-            ("root: peak memory per activity (target <= 200 B)", f"{fig['peak_bytes_per_activity']:.1f} B"),
-            ("root: held by the result per activity", f"{fig['held_bytes_per_activity']:.1f} B")]
+    print(
+        f"== gather at scale: {a.ranks} ranks x {a.devices} devices x {a.per_device:,} activities "
+        f"= {fig['activities']:,} activities, {a.marks} marks per rank"
+        + (", a host range per activity" if a.host_ranges else "")
+    )
+    rows = [
+        ("root: merge (unpack + copy into the merged columns)", f"{fig['merge_s']:.3f} s"),
+        ("root: balance + report (text)", f"{fig['balance_report_s']:.3f} s"),
+        ("root: total (target <= 5 s)", f"{fig['root_s']:.3f} s"),
+        ("one rank: pack its payload", f"{fig['pack_one_rank_s'] * 1e3:.1f} ms"),
+        ("payload bytes per activity", f"{fig['payload_bytes_per_activity']:.1f} B"),
+        ("root: peak memory per activity (target <= 200 B)", f"{fig['peak_bytes_per_activity']:.1f} B"),
+        ("root: held by the result per activity", f"{fig['held_bytes_per_activity']:.1f} B"),
+    ]
     if a.processes:
         p = fig["processes"]
-        rows += [(f"real: gather call on the root, {p['processes']} processes, {p['activities']:,} activities",
-                  f"{p['gather_s']:.3f} s"),
-                 ("real: balance + report on the root", f"{p['balance_report_s']:.3f} s"),
-                 ("real: largest rank clock bound", f"{p['rank_clock_bound_us']:.1f} µs")]
+        rows += [
+            (
+                f"real: gather call on the root, {p['processes']} processes, {p['activities']:,} activities",
+                f"{p['gather_s']:.3f} s",
+            ),
+            ("real: balance + report on the root", f"{p['balance_report_s']:.3f} s"),
+            ("real: largest rank clock bound", f"{p['rank_clock_bound_us']:.1f} µs"),
+        ]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v:>12}")

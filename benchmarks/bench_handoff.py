@@ -46,9 +46,14 @@ def _cpu_s() -> float:
 def _stats(lat_ns: list[float], cpu_s: float, n: int, wall_s: float) -> dict:
     a = np.asarray(lat_ns, dtype=np.float64) / 1e3
     a = a[np.isfinite(a)]
-    return {"p50_us": float(np.percentile(a, 50)), "p90_us": float(np.percentile(a, 90)),
-            "p99_us": float(np.percentile(a, 99)), "n": int(a.size), "cpu_us_per_handoff": cpu_s / n * 1e6,
-            "per_s": n / wall_s}
+    return {
+        "p50_us": float(np.percentile(a, 50)),
+        "p90_us": float(np.percentile(a, 90)),
+        "p99_us": float(np.percentile(a, 99)),
+        "n": int(a.size),
+        "cpu_us_per_handoff": cpu_s / n * 1e6,
+        "per_s": n / wall_s,
+    }
 
 
 def _run(producer, consumer) -> tuple[float, float]:
@@ -213,13 +218,19 @@ def main() -> None:
     channel_thread(d0, d1, 50, args.kernel_us, False)
     channel_thread(d0, d1, 50, args.kernel_us, True)
     baseline(d0, d1, 50, args.kernel_us, False)
-    res: dict = {"devices": [d.description for d in devs], "where": where, "kernel_us": args.kernel_us,
-                 "items": args.items, "python": platform.python_version()}
+    res: dict = {
+        "devices": [d.description for d in devs],
+        "where": where,
+        "kernel_us": args.kernel_us,
+        "items": args.items,
+        "python": platform.python_version(),
+    }
     routes = {
         "host: queue.Queue + Event.sync (baseline)": lambda: baseline(d0, d1, args.items, args.kernel_us, False),
         "host: Channel.get() thread": lambda: channel_thread(d0, d1, args.items, args.kernel_us, False),
-        "host: Channel(spin=True).get() thread": lambda: channel_thread(d0, d1, args.items, args.kernel_us, False,
-                                                                        spin=True),
+        "host: Channel(spin=True).get() thread": lambda: channel_thread(
+            d0, d1, args.items, args.kernel_us, False, spin=True
+        ),
         "host: await Channel.get() asyncio": lambda: channel_loop(d0, args.items, args.kernel_us, "asyncio"),
         "host: await Channel.get() uvloop": lambda: channel_loop(d0, args.items, args.kernel_us, "uvloop"),
         "host: await Channel.get() trio": lambda: channel_loop(d0, args.items, args.kernel_us, "trio"),
@@ -238,8 +249,10 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)
-    print(f"== handoff latency, GPU ready → consumer running ({where}; {args.items} items, "
-          f"{args.kernel_us:.0f} µs kernels; {devs[0].description})")
+    print(
+        f"== handoff latency, GPU ready → consumer running ({where}; {args.items} items, "
+        f"{args.kernel_us:.0f} µs kernels; {devs[0].description})"
+    )
     print(f"{'route':48s} {'p50 µs':>8s} {'p90 µs':>8s} {'p99 µs':>8s} {'CPU µs/item':>12s}")
     for name, r in res["routes"].items():
         if "skipped" in r:
@@ -254,10 +267,12 @@ def main() -> None:
     ch_h = res["routes"]["host: Channel.get() thread"]
     base_g = res["routes"]["gpu: queue.Queue + sync + record (baseline)"]
     ch_g = res["routes"]["gpu: Channel.get(stream=)"]
-    print(f"ratios: host-side p50 baseline/channel {base_h['p50_us'] / ch_h['p50_us']:.2f}x, CPU "
-          f"{base_h['cpu_us_per_handoff'] / ch_h['cpu_us_per_handoff']:.2f}x; GPU-side p50 baseline/channel "
-          f"{base_g['p50_us'] / ch_g['p50_us']:.2f}x; small items channel/baseline "
-          f"{s['channel']['per_s'] / s['queue_sync']['per_s']:.2f}x")
+    print(
+        f"ratios: host-side p50 baseline/channel {base_h['p50_us'] / ch_h['p50_us']:.2f}x, CPU "
+        f"{base_h['cpu_us_per_handoff'] / ch_h['cpu_us_per_handoff']:.2f}x; GPU-side p50 baseline/channel "
+        f"{base_g['p50_us'] / ch_g['p50_us']:.2f}x; small items channel/baseline "
+        f"{s['channel']['per_s'] / s['queue_sync']['per_s']:.2f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -26,9 +26,9 @@ import numpy as np
 
 import asyncgpu
 from asyncgpu._backends import load_backend
-from asyncgpu.kernel.records import decode
 from asyncgpu._backends.kernels import FORMAT as F
 from asyncgpu.kernel.profiler import KernelProfiler
+from asyncgpu.kernel.records import decode
 
 M32 = 0xFFFFFFFF
 
@@ -67,9 +67,19 @@ def device_cost(regions: int, repeats: int) -> list[dict]:
                             assert len(recs) == grid * groups * regions, (len(recs), grid, groups, regions)
                 t_on, t_off = (float(np.median(times[k][2:])) for k in ("on", "off"))
                 per_region = (t_on - t_off) / regions
-                rows.append({"shape": label, "work_fma": work, "regions_per_lane": regions, "lanes": grid * groups,
-                             "plain_us": t_off / 1e3, "instrumented_us": t_on / 1e3, "ns_per_region": per_region,
-                             "ns_per_record": per_region / 2, "records": grid * groups * 2 * regions})
+                rows.append(
+                    {
+                        "shape": label,
+                        "work_fma": work,
+                        "regions_per_lane": regions,
+                        "lanes": grid * groups,
+                        "plain_us": t_off / 1e3,
+                        "instrumented_us": t_on / 1e3,
+                        "ns_per_region": per_region,
+                        "ns_per_record": per_region / 2,
+                        "records": grid * groups * 2 * regions,
+                    }
+                )
         out.free()
     rows.append({"device": dev.description})
     return rows
@@ -84,7 +94,7 @@ def synthetic(lanes: int, cap: int, general: bool, seed: int = 0) -> np.ndarray:
     h = buf[: F.HEADER_WORDS].view(np.uint32)
     h[:] = F.header(2, lanes, cap)
     h[F.HDR_BLOCKS] = lanes // 2
-    lw = buf[F.HEADER_WORDS:].reshape(lanes, F.LANE_WORDS + cap)
+    lw = buf[F.HEADER_WORDS :].reshape(lanes, F.LANE_WORDS + cap)
     start = (7 << 32) - 1_000_000 + rng.integers(0, 10_000, lanes)
     t = start[:, None] + np.cumsum(rng.integers(32, 2_000, (lanes, cap)), axis=1)
     k = np.arange(cap)
@@ -94,7 +104,7 @@ def synthetic(lanes: int, cap: int, general: bool, seed: int = 0) -> np.ndarray:
     else:
         kinds = list(zip(k % 2, (k // 2) % 4))
     tags = np.array([F.tag(kind, stage) for kind, stage in kinds], np.uint64)
-    lw[:, F.LANE_WORDS:] = ((t.astype(np.uint64) & np.uint64(M32)) << np.uint64(F.TIME_SHIFT)) | tags
+    lw[:, F.LANE_WORDS :] = ((t.astype(np.uint64) & np.uint64(M32)) << np.uint64(F.TIME_SHIFT)) | tags
     lw[:, F.LANE_START] = start
     lw[:, F.LANE_END] = t[:, -1] + 1
     lw[:, F.LANE_FIN] = F.fin_word(cap, 0)
@@ -111,7 +121,7 @@ def python_decode(buf: np.ndarray, lanes: int, to_host) -> list[tuple]:
         at = F.HEADER_WORDS + lane * (F.LANE_WORDS + cap)
         start, fin = words[at + F.LANE_START], words[at + F.LANE_FIN]
         prev, stacks = start, {}
-        for rec in words[at + F.LANE_WORDS: at + F.LANE_WORDS + min(fin & M32, cap)]:
+        for rec in words[at + F.LANE_WORDS : at + F.LANE_WORDS + min(fin & M32, cap)]:
             t = prev + (((rec >> F.TIME_SHIFT) - prev) & M32)
             prev = t
             kind, stage = rec & F.KIND_MASK, (rec >> F.STAGE_SHIFT) & F.STAGE_MASK
@@ -138,8 +148,15 @@ def decode_throughput(repeats: int) -> list[dict]:
             recs = decode(buf, to_host=to_host)
             times.append(time.perf_counter() - t0)
         s = float(np.median(times))
-        rows.append({"decoder": label, "records": lanes * cap, "regions": len(recs), "ms": s * 1e3,
-                     "M_records_per_s": lanes * cap / s / 1e6})
+        rows.append(
+            {
+                "decoder": label,
+                "records": lanes * cap,
+                "regions": len(recs),
+                "ms": s * 1e3,
+                "M_records_per_s": lanes * cap / s / 1e6,
+            }
+        )
     buf = synthetic(lanes, cap, False)
     sub = 64
     t0 = time.perf_counter()
@@ -148,8 +165,15 @@ def decode_throughput(repeats: int) -> list[dict]:
     recs = decode(buf, to_host=to_host)
     assert [r[5] for r in ref] == recs.duration_ns[: len(ref)].tolist(), "the decoders disagree"
     assert np.allclose([r[3] for r in ref], recs.start_ns[: len(ref)], rtol=0, atol=1e-3)
-    rows.append({"decoder": "Python loop", "records": sub * cap, "regions": len(ref), "ms": s * 1e3,
-                 "M_records_per_s": sub * cap / s / 1e6})
+    rows.append(
+        {
+            "decoder": "Python loop",
+            "records": sub * cap,
+            "regions": len(ref),
+            "ms": s * 1e3,
+            "M_records_per_s": sub * cap / s / 1e6,
+        }
+    )
     return rows
 
 
@@ -164,12 +188,15 @@ def main() -> None:
     if ok:
         rows = device_cost(args.regions, args.repeats)
         result["device"], result["device_cost"] = rows[-1]["device"], rows[:-1]
-        print(f"== device cost per record: {result['device']}, {args.regions} regions per lane, median of "
-              f"{args.repeats}")
+        print(
+            f"== device cost per record: {result['device']}, {args.regions} regions per lane, median of {args.repeats}"
+        )
         print(f"{'shape':40} {'FMAs':>5} {'plain µs':>10} {'instr. µs':>10} {'ns/region':>10} {'ns/record':>10}")
         for r in rows[:-1]:
-            print(f"{r['shape']:40} {r['work_fma']:>5} {r['plain_us']:>10.1f} {r['instrumented_us']:>10.1f} "
-                  f"{r['ns_per_region']:>10.2f} {r['ns_per_record']:>10.2f}")
+            print(
+                f"{r['shape']:40} {r['work_fma']:>5} {r['plain_us']:>10.1f} {r['instrumented_us']:>10.1f} "
+                f"{r['ns_per_region']:>10.2f} {r['ns_per_record']:>10.2f}"
+            )
         asyncgpu.close_all()
     else:
         print(f"(no CUDA GPU: {why}; device cost skipped)")
@@ -181,8 +208,10 @@ def main() -> None:
     print(f"\n== decode throughput on one core (cpu {cpu}), median of {args.repeats}; target >= 200 M records/s")
     print(f"{'decoder':28} {'records':>10} {'ms':>9} {'M rec/s':>9} {'x Python':>9}")
     for r in rows:
-        print(f"{r['decoder']:28} {r['records']:>10} {r['ms']:>9.1f} {r['M_records_per_s']:>9.1f} "
-              f"{r['M_records_per_s'] / py:>9.0f}")
+        print(
+            f"{r['decoder']:28} {r['records']:>10} {r['ms']:>9.1f} {r['M_records_per_s']:>9.1f} "
+            f"{r['M_records_per_s'] / py:>9.0f}"
+        )
     print("\n== summary")
     for r in result.get("device_cost", []):
         print(f"device   {r['shape'][:24]:24} {r['work_fma']:>2} FMA/region: {r['ns_per_record']:6.2f} ns per record")

@@ -22,6 +22,7 @@ With two GPUs, asyncgpu and CuPy also time a two-GPU workload (CuPy calls the fu
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -64,9 +65,17 @@ def cupy_stream(cupy, stream):
 
 def _stats_us(gpu_ms, wall_s, calls) -> dict:
     t = np.asarray(gpu_ms, np.float64) * 1e3
-    return {"n": int(t.size), "mean_us": float(t.mean()), "median_us": float(np.median(t)), "std_us": float(t.std()),
-            "min_us": float(t.min()), "max_us": float(t.max()), "wall_s": wall_s, "calls": calls,
-            "overhead_us_per_call": wall_s * 1e6 / calls - float(t.mean())}
+    return {
+        "n": int(t.size),
+        "mean_us": float(t.mean()),
+        "median_us": float(np.median(t)),
+        "std_us": float(t.std()),
+        "min_us": float(t.min()),
+        "max_us": float(t.max()),
+        "wall_s": wall_s,
+        "calls": calls,
+        "overhead_us_per_call": wall_s * 1e6 / calls - float(t.mean()),
+    }
 
 
 # -- the peers -------------------------------------------------------------------------------------------------
@@ -82,8 +91,9 @@ def run_cupy(cupy, cupyx_profiler, work, stream, n_repeat, n_warmup, max_duratio
     fn = Counted(work)
     with cupy.cuda.Device(stream.device.index), cupy_stream(cupy, stream):  # CuPy's events go on this stream
         t0 = time.perf_counter()
-        r = cupyx_profiler.benchmark(fn, (stream,), n_repeat=n_repeat, n_warmup=n_warmup, max_duration=max_duration,
-                                     name="work")
+        r = cupyx_profiler.benchmark(
+            fn, (stream,), n_repeat=n_repeat, n_warmup=n_warmup, max_duration=max_duration, name="work"
+        )
         wall = time.perf_counter() - t0
     return _stats_us(np.asarray(r.gpu_times[0]) * 1e3, wall, fn.calls)
 
@@ -108,7 +118,8 @@ def _torch_stream(torch, stream):
     s = _TORCH_STREAMS.get(stream.handle)
     if s is None:
         s = _TORCH_STREAMS[stream.handle] = torch.cuda.ExternalStream(
-            stream.handle, device=torch.device("cuda", stream.device.index))
+            stream.handle, device=torch.device("cuda", stream.device.index)
+        )
     return s
 
 
@@ -116,7 +127,7 @@ def _torch_stream(torch, stream):
 def workloads(torch, cupy, stream):
     out = {}
     for us in (10, 100, 1000):
-        out[f"spin {us} us"] = (lambda us: lambda s: s.spin_us(us))(us)
+        out[f"spin {us} us"] = functools.partial(lambda s, us: s.spin_us(us), us=us)
     if torch is not None:
         n = 4096
         with torch.cuda.device(stream.device.index):
@@ -153,8 +164,14 @@ def two_gpus(cupy, cupyx_profiler, devs, n_repeat, n_warmup, max_duration) -> di
     t0 = time.perf_counter()
     r = asyncgpu.benchmark(work, n_repeat=n_repeat, n_warmup=n_warmup, max_duration=max_duration, devices=devs)
     wall = time.perf_counter() - t0
-    out = {"asyncgpu": {"wall_s": wall, "repeats": r.n_repeat, "wall_us_per_repeat": wall * 1e6 / (r.n_repeat + n_warmup),
-                        "median_us": [float(m * 1e3) for m in r.median_ms[1:]]}}
+    out = {
+        "asyncgpu": {
+            "wall_s": wall,
+            "repeats": r.n_repeat,
+            "wall_us_per_repeat": wall * 1e6 / (r.n_repeat + n_warmup),
+            "median_us": [float(m * 1e3) for m in r.median_ms[1:]],
+        }
+    }
     if cupy is not None:
         streams = [cupy_stream(cupy, d.stream) for d in devs]
 
@@ -167,15 +184,24 @@ def two_gpus(cupy, cupyx_profiler, devs, n_repeat, n_warmup, max_duration) -> di
             with cupy.cuda.Device(d.index):
                 cs.use()
         t0 = time.perf_counter()
-        rc = cupyx_profiler.benchmark(both, n_repeat=n_repeat, n_warmup=n_warmup, max_duration=max_duration,
-                                      devices=tuple(d.index for d in devs), name="both")
+        rc = cupyx_profiler.benchmark(
+            both,
+            n_repeat=n_repeat,
+            n_warmup=n_warmup,
+            max_duration=max_duration,
+            devices=tuple(d.index for d in devs),
+            name="both",
+        )
         wall = time.perf_counter() - t0
         for d in devs:
             with cupy.cuda.Device(d.index):
                 cupy.cuda.Stream.null.use()
-        out["cupy"] = {"wall_s": wall, "repeats": int(rc.gpu_times.shape[1]),
-                       "wall_us_per_repeat": wall * 1e6 / (rc.gpu_times.shape[1] + n_warmup),
-                       "median_us": [float(np.median(g) * 1e6) for g in rc.gpu_times]}
+        out["cupy"] = {
+            "wall_s": wall,
+            "repeats": int(rc.gpu_times.shape[1]),
+            "wall_us_per_repeat": wall * 1e6 / (rc.gpu_times.shape[1] + n_warmup),
+            "median_us": [float(np.median(g) * 1e6) for g in rc.gpu_times],
+        }
     return out
 
 
@@ -185,8 +211,12 @@ def main() -> int:
     ap.add_argument("--n-warmup", type=int, default=10)
     ap.add_argument("--max-duration", type=float, default=3.0, help="seconds per peer and workload")
     ap.add_argument("--out", help="write every figure to this JSON file")
-    ap.add_argument("--backend", choices=("cuda", "host"), default="cuda",
-                    help="host: a smoke run of asyncgpu alone on host devices (the peers need CUDA)")
+    ap.add_argument(
+        "--backend",
+        choices=("cuda", "host"),
+        default="cuda",
+        help="host: a smoke run of asyncgpu alone on host devices (the peers need CUDA)",
+    )
     args = ap.parse_args()
 
     devs = asyncgpu.devices(args.backend)
@@ -218,26 +248,45 @@ def main() -> int:
         row = results[name] = {}
         row["asyncgpu"] = run_asyncgpu(work, stream, args.n_repeat, args.n_warmup, args.max_duration)
         if cupyx_profiler is not None:
-            row["cupy"] = run_cupy(cupy, cupyx_profiler, work, stream, args.n_repeat, args.n_warmup,
-                                   args.max_duration)
+            row["cupy"] = run_cupy(cupy, cupyx_profiler, work, stream, args.n_repeat, args.n_warmup, args.max_duration)
         if triton_testing is not None:
             row["do_bench"] = run_do_bench(torch, triton_testing, work, stream)
         ref = row["asyncgpu"]["median_us"]
         for peer in row.values():
             peer["median_vs_asyncgpu_pct"] = (peer["median_us"] / ref - 1) * 100
-        print(f"{name}: " + "; ".join(f"{p} median {v['median_us']:.2f} us, overhead {v['overhead_us_per_call']:.1f} "
-                                      f"us/call" for p, v in row.items()), flush=True)
+        print(
+            f"{name}: "
+            + "; ".join(
+                f"{p} median {v['median_us']:.2f} us, overhead {v['overhead_us_per_call']:.1f} us/call"
+                for p, v in row.items()
+            ),
+            flush=True,
+        )
 
     multi = None
     if len(devs) >= 2:
-        multi = two_gpus(cupy if cupyx_profiler is not None else None, cupyx_profiler, devs[:2], args.n_repeat,
-                         args.n_warmup, args.max_duration)
+        multi = two_gpus(
+            cupy if cupyx_profiler is not None else None,
+            cupyx_profiler,
+            devs[:2],
+            args.n_repeat,
+            args.n_warmup,
+            args.max_duration,
+        )
     else:
         print("two-GPU part skipped: this machine has one GPU")
 
-    doc = {"device": f"{dev.name} {dev.description}", "gpus": len(devs), "host": platform.node(),
-           "versions": versions, "skipped": skipped, "args": vars(args), "workloads": results, "two_gpus": multi,
-           "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+    doc = {
+        "device": f"{dev.name} {dev.description}",
+        "gpus": len(devs),
+        "host": platform.node(),
+        "versions": versions,
+        "skipped": skipped,
+        "args": vars(args),
+        "workloads": results,
+        "two_gpus": multi,
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w", encoding="utf-8") as f:
@@ -251,13 +300,20 @@ def main() -> int:
         cells = []
         for p in peers:
             v = row.get(p)
-            cells.append(f"{'—':>14s}{'':>7s}{'':>8s}" if v is None else
-                         f"{v['median_us']:14.2f}{v['median_vs_asyncgpu_pct']:+7.1f}{v['overhead_us_per_call']:8.1f}")
+            cells.append(
+                f"{'—':>14s}{'':>7s}{'':>8s}"
+                if v is None
+                else f"{v['median_us']:14.2f}{v['median_vs_asyncgpu_pct']:+7.1f}{v['overhead_us_per_call']:8.1f}"
+            )
         print(f"{name:24s}" + "".join(cells))
     if multi:
-        print("two GPUs, 200 µs spin each: " + "; ".join(
-            f"{p} {v['wall_us_per_repeat']:.1f} µs wall per repeat, medians {[round(m, 1) for m in v['median_us']]}"
-            for p, v in multi.items()))
+        print(
+            "two GPUs, 200 µs spin each: "
+            + "; ".join(
+                f"{p} {v['wall_us_per_repeat']:.1f} µs wall per repeat, medians {[round(m, 1) for m in v['median_us']]}"
+                for p, v in multi.items()
+            )
+        )
     return 0
 
 

@@ -33,9 +33,17 @@ import numpy as np
 from asyncgpu._records import KIND_CODES, Timeline
 from asyncgpu._summary import activity_summary, balance, device_summary
 
-NAMES = [("gemm", "kernel", 120.0), ("attention", "kernel", 200.0), ("layernorm", "kernel", 15.0),
-         ("gelu", "kernel", 10.0), ("allreduce", "kernel", 300.0), ("h2d batch", "memcpy", 80.0),
-         ("d2h logits", "memcpy", 40.0), ("zero grads", "memset", 5.0), ("optimizer step", "user", 900.0)]
+NAMES = [
+    ("gemm", "kernel", 120.0),
+    ("attention", "kernel", 200.0),
+    ("layernorm", "kernel", 15.0),
+    ("gelu", "kernel", 10.0),
+    ("allreduce", "kernel", 300.0),
+    ("h2d batch", "memcpy", 80.0),
+    ("d2h logits", "memcpy", 40.0),
+    ("zero grads", "memset", 5.0),
+    ("optimizer step", "user", 900.0),
+]
 WEIGHTS = np.array([30, 15, 15, 15, 5, 5, 5, 5, 5], dtype=np.float64)
 
 
@@ -60,11 +68,21 @@ def make_timeline(n_devices: int, per_device: int, seed: int = 0) -> Timeline:
         start[rows] = t0 + 50e3 + np.cumsum(step) - step
     issue = np.argsort(start - rng.exponential(30e3, dur.size), kind="stable")
     kinds = np.array([KIND_CODES[k] for _, k, _ in NAMES], dtype=np.int8)[name]
-    return Timeline.from_arrays(label="scale", devices=[f"cuda:{d}" for d in range(n_devices)],
-                                device=device[issue], start_ns=start[issue], end_ns=(start + dur)[issue],
-                                duration_ns=dur[issue], names=[n for n, _, _ in NAMES], name=name[issue],
-                                kind=kinds[issue], streams=streams, stream=stream[issue], scope_start_ns=int(t0),
-                                scope_end_ns=int(t0 + 1e6))
+    return Timeline.from_arrays(
+        label="scale",
+        devices=[f"cuda:{d}" for d in range(n_devices)],
+        device=device[issue],
+        start_ns=start[issue],
+        end_ns=(start + dur)[issue],
+        duration_ns=dur[issue],
+        names=[n for n, _, _ in NAMES],
+        name=name[issue],
+        kind=kinds[issue],
+        streams=streams,
+        stream=stream[issue],
+        scope_start_ns=int(t0),
+        scope_end_ns=int(t0 + 1e6),
+    )
 
 
 def timed(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
@@ -103,10 +121,16 @@ def measure(tl: Timeline, repeat: int) -> dict[str, float]:
     s_bal_tl, _ = timed(lambda: balance(tl), repeat)
     s_act, acts = timed(lambda: activity_summary(tl), repeat)
     n = len(tl)
-    return {"device_summary": s_dev, "balance(summary)": s_bal, "balance(timeline)": s_bal_tl,
-            "activity_summary": s_act, "held_bytes": (tl.nbytes + deep_size(ds) + deep_size(rep) + deep_size(acts)) / n,
-            "peak_bytes": peak_bytes(lambda: device_summary(tl)) / n, "utilisation": ds.rows[0].utilisation or 0.0,
-            "imbalance": rep.imbalance or 0.0}
+    return {
+        "device_summary": s_dev,
+        "balance(summary)": s_bal,
+        "balance(timeline)": s_bal_tl,
+        "activity_summary": s_act,
+        "held_bytes": (tl.nbytes + deep_size(ds) + deep_size(rep) + deep_size(acts)) / n,
+        "peak_bytes": peak_bytes(lambda: device_summary(tl)) / n,
+        "utilisation": ds.rows[0].utilisation or 0.0,
+        "imbalance": rep.imbalance or 0.0,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -116,24 +140,34 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", help="also write the output to this file")
     args = ap.parse_args(argv)
-    lines = ["$ PYTHONPATH=$PWD python benchmarks/bench_scale.py " + shlex.join(sys.argv[1:] if argv is None else argv),
-             (f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python "
-              f"{platform.python_version()}, numpy {np.__version__}")]
+    lines = [
+        "$ PYTHONPATH=$PWD python benchmarks/bench_scale.py " + shlex.join(sys.argv[1:] if argv is None else argv),
+        (
+            f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python "
+            f"{platform.python_version()}, numpy {np.__version__}"
+        ),
+    ]
     tl = make_timeline(args.devices, args.per_device)
     lines.append(f"# {tl!r}: {tl.nbytes / len(tl):.0f} bytes per row in the columns, median of {args.repeat} runs")
     rows = {"issue order": measure(tl, args.repeat)}
     rows["rows shuffled"] = measure(tl.select(np.random.default_rng(1).permutation(len(tl))), args.repeat)
-    head = (f"{'rows':<14}{'device_summary':>16}{'balance(ds)':>13}{'balance(tl)':>13}{'dev+bal':>9}"
-            f"{'activity_summary':>18}{'held B/act':>12}{'peak B/act':>12}")
+    head = (
+        f"{'rows':<14}{'device_summary':>16}{'balance(ds)':>13}{'balance(tl)':>13}{'dev+bal':>9}"
+        f"{'activity_summary':>18}{'held B/act':>12}{'peak B/act':>12}"
+    )
     lines += [head, "-" * len(head)]
     for label, m in rows.items():
-        lines.append(f"{label:<14}{m['device_summary']:>15.3f}s{m['balance(summary)']:>12.6f}s"
-                     f"{m['balance(timeline)']:>12.3f}s{m['device_summary'] + m['balance(summary)']:>8.3f}s"
-                     f"{m['activity_summary']:>17.3f}s{m['held_bytes']:>12.1f}{m['peak_bytes']:>12.1f}")
+        lines.append(
+            f"{label:<14}{m['device_summary']:>15.3f}s{m['balance(summary)']:>12.6f}s"
+            f"{m['balance(timeline)']:>12.3f}s{m['device_summary'] + m['balance(summary)']:>8.3f}s"
+            f"{m['activity_summary']:>17.3f}s{m['held_bytes']:>12.1f}{m['peak_bytes']:>12.1f}"
+        )
     worst = max(m["device_summary"] + m["balance(summary)"] for m in rows.values())
     held = max(m["held_bytes"] for m in rows.values())
-    lines.append(f"targets: device_summary + balance <= 2 s: {'met' if worst <= 2 else 'MISSED'} ({worst:.3f} s, "
-                 f"worst); <= 200 bytes held per activity: {'met' if held <= 200 else 'MISSED'} ({held:.1f})")
+    lines.append(
+        f"targets: device_summary + balance <= 2 s: {'met' if worst <= 2 else 'MISSED'} ({worst:.3f} s, "
+        f"worst); <= 200 bytes held per activity: {'met' if held <= 200 else 'MISSED'} ({held:.1f})"
+    )
     m = rows["issue order"]
     lines.append(f"sanity: {tl.devices[0]} utilisation {m['utilisation']:.1%}, imbalance {m['imbalance']:.3f}")
     text = "\n".join(lines) + "\n"

@@ -55,8 +55,13 @@ def _raw_event(flags: int):
 
 def _stats(excess_ns: list[int]) -> dict:
     a = np.asarray(excess_ns, dtype=np.float64) / 1e3
-    return {"p50_us": float(np.percentile(a, 50)), "p90_us": float(np.percentile(a, 90)),
-            "p99_us": float(np.percentile(a, 99)), "mean_us": float(a.mean()), "n": int(a.size)}
+    return {
+        "p50_us": float(np.percentile(a, 50)),
+        "p90_us": float(np.percentile(a, 90)),
+        "p99_us": float(np.percentile(a, 99)),
+        "mean_us": float(a.mean()),
+        "n": int(a.size),
+    }
 
 
 # -- routes: each an async function (dev, iters) -> (excess list in ns, cpu ns per wait) -----------------------
@@ -205,8 +210,11 @@ def single_wait(dev, iters, warmup, loops) -> list[dict]:
         for name, fn in ROUTES.items():
             excess, cpu_ns = _run_on(loop_name, fn, dev, iters, warmup)
             rows.append({"route": name, "loop": loop_name, **_stats(excess), "cpu_us_per_wait": cpu_ns / 1e3})
-            print(f"  {loop_name:8s} {name:42s} p50 {rows[-1]['p50_us']:7.1f}  p99 {rows[-1]['p99_us']:7.1f}  "
-                  f"cpu {rows[-1]['cpu_us_per_wait']:6.1f} us", flush=True)
+            print(
+                f"  {loop_name:8s} {name:42s} p50 {rows[-1]['p50_us']:7.1f}  p99 {rows[-1]['p99_us']:7.1f}  "
+                f"cpu {rows[-1]['cpu_us_per_wait']:6.1f} us",
+                flush=True,
+            )
     # ours on trio
     import trio
 
@@ -214,8 +222,9 @@ def single_wait(dev, iters, warmup, loops) -> list[dict]:
         return await route_ours(dev, iters, warmup)
 
     excess, cpu_ns = trio.run(ours_trio)
-    rows.append({"route": "asyncgpu await ev.wait()", "loop": "trio", **_stats(excess),
-                 "cpu_us_per_wait": cpu_ns / 1e3})
+    rows.append(
+        {"route": "asyncgpu await ev.wait()", "loop": "trio", **_stats(excess), "cpu_us_per_wait": cpu_ns / 1e3}
+    )
     return rows
 
 
@@ -228,9 +237,15 @@ def lead_sweep(dev, iters, warmup, loops) -> list[dict]:
             for margin_us in (0, 8, 15, 30, 60):
                 _engine.LEAD_MARGIN_NS = margin_us * 1000
                 excess, cpu_ns = _run_on(loop_name, route_ours, dev, iters, warmup)
-                rows.append({"lead_us": margin_us, "loop": loop_name, **_stats(excess),
-                             "cpu_us_per_wait": cpu_ns / 1e3,
-                             "learned_delivery_us": dev.engine.delivery_ns() / 1e3})
+                rows.append(
+                    {
+                        "lead_us": margin_us,
+                        "loop": loop_name,
+                        **_stats(excess),
+                        "cpu_us_per_wait": cpu_ns / 1e3,
+                        "learned_delivery_us": dev.engine.delivery_ns() / 1e3,
+                    }
+                )
     finally:
         _engine.LEAD_MARGIN_NS = saved
     return rows
@@ -242,8 +257,9 @@ async def _in_flight(devs, n_events, head_ms, kernel_us, streams_per_device, per
     The events are spread over `streams_per_device` streams per device so that no stream holds more launches
     than the driver queues without blocking the enqueueing thread (about 1,000).
     """
-    streams = {d: list(d.streams) + [d.create_stream() for _ in range(streams_per_device - len(d.streams))]
-               for d in devs}
+    streams = {
+        d: list(d.streams) + [d.create_stream() for _ in range(streams_per_device - len(d.streams))] for d in devs
+    }
     refs, events = {}, []
     n_streams = len(devs) * streams_per_device
     for di, d in enumerate(devs):
@@ -293,12 +309,21 @@ async def _in_flight(devs, n_events, head_ms, kernel_us, streams_per_device, per
 
 
 def in_flight(devs, n_events, loop_name, kernel_us=2000, streams_per_device=8, per_kernel=4) -> dict:
-    excess, threads, early = _run_on(loop_name, _in_flight, devs, n_events, 400, kernel_us, streams_per_device,
-                                     per_kernel)
-    return {"loop": loop_name, "events": n_events, "devices": len(devs), "kernel_us": kernel_us,
-            "events_per_kernel": per_kernel,
-            "streams_per_device": streams_per_device, **_stats(excess), "threads": threads,
-            "thread_limit": len(devs) + 2, "completed_before_waiting": early}
+    excess, threads, early = _run_on(
+        loop_name, _in_flight, devs, n_events, 400, kernel_us, streams_per_device, per_kernel
+    )
+    return {
+        "loop": loop_name,
+        "events": n_events,
+        "devices": len(devs),
+        "kernel_us": kernel_us,
+        "events_per_kernel": per_kernel,
+        "streams_per_device": streams_per_device,
+        **_stats(excess),
+        "threads": threads,
+        "thread_limit": len(devs) + 2,
+        "completed_before_waiting": early,
+    }
 
 
 async def _many_waits(dev, total, batch):
@@ -390,8 +415,13 @@ def main() -> None:
     dev = devs[0]
     dev.stream.spin_us(1)  # compile and load the kernels
     dev.synchronize()
-    result = {"device": dev.description, "devices": len(devs), "python": platform.python_version(),
-              "kernel_us": KERNEL_US, "command": " ".join(sys.argv)}
+    result = {
+        "device": dev.description,
+        "devices": len(devs),
+        "python": platform.python_version(),
+        "kernel_us": KERNEL_US,
+        "command": " ".join(sys.argv),
+    }
     print("single wait, 200 us kernel:", flush=True)
     result["single_wait"] = single_wait(dev, args.iters, args.warmup, loops)
     print("lead sweep", flush=True)
@@ -412,24 +442,32 @@ def print_table(r: dict) -> None:
     print(f"\n== {r['device']} x{r['devices']}, {r['kernel_us']} us kernel ==")
     print(f"{'route':44s} {'loop':8s} {'p50':>7s} {'p90':>7s} {'p99':>7s} {'cpu/wait':>9s}  (excess, us)")
     for row in r["single_wait"]:
-        print(f"{row['route']:44s} {row['loop']:8s} {row['p50_us']:7.1f} {row['p90_us']:7.1f} {row['p99_us']:7.1f} "
-              f"{row['cpu_us_per_wait']:9.1f}")
+        print(
+            f"{row['route']:44s} {row['loop']:8s} {row['p50_us']:7.1f} {row['p90_us']:7.1f} {row['p99_us']:7.1f} "
+            f"{row['cpu_us_per_wait']:9.1f}"
+        )
     print("margin sweep (asyncgpu; early wake = learned delivery delay + margin before the predicted end):")
     for row in r["lead_sweep"]:
-        print(f"  margin {row['lead_us']:3d} us {row['loop']:8s} p50 {row['p50_us']:6.1f} p99 {row['p99_us']:6.1f} "
-              f"cpu {row['cpu_us_per_wait']:6.1f}  (learned delivery {row['learned_delivery_us']:.1f} us)")
+        print(
+            f"  margin {row['lead_us']:3d} us {row['loop']:8s} p50 {row['p50_us']:6.1f} p99 {row['p99_us']:6.1f} "
+            f"cpu {row['cpu_us_per_wait']:6.1f}  (learned delivery {row['learned_delivery_us']:.1f} us)"
+        )
     print("host cost per call:")
     for k, v in r["host_cost"].items():
         print(f"  {k:48s} {v['ns'] / 1e3:6.2f} us  ({v['x_raw_binding_record']:.2f}x raw record)")
     for row in r["in_flight"]:
-        print(f"in flight: {row['events']} events ({row['events_per_kernel']} per {row['kernel_us']} us kernel, "
-              f"{row['streams_per_device']} streams "
-              f"per GPU) on {row['devices']} GPUs, {row['loop']}: p50 {row['p50_us']:.1f} p90 {row['p90_us']:.1f} "
-              f"p99 {row['p99_us']:.1f} us, threads {row['threads']} (limit {row['thread_limit']}), "
-              f"{row['completed_before_waiting']} done before waiting")
+        print(
+            f"in flight: {row['events']} events ({row['events_per_kernel']} per {row['kernel_us']} us kernel, "
+            f"{row['streams_per_device']} streams "
+            f"per GPU) on {row['devices']} GPUs, {row['loop']}: p50 {row['p50_us']:.1f} p90 {row['p90_us']:.1f} "
+            f"p99 {row['p99_us']:.1f} us, threads {row['threads']} (limit {row['thread_limit']}), "
+            f"{row['completed_before_waiting']} done before waiting"
+        )
     m = r["memory"]
-    print(f"memory: {m['waits']} waits in {m['seconds']:.1f} s, max RSS KiB at each tenth: "
-          f"{[x[1] for x in m['max_rss_kib']]}, events created {m['created_events']}")
+    print(
+        f"memory: {m['waits']} waits in {m['seconds']:.1f} s, max RSS KiB at each tenth: "
+        f"{[x[1] for x in m['max_rss_kib']]}, events created {m['created_events']}"
+    )
 
 
 if __name__ == "__main__":

@@ -58,8 +58,11 @@ def single_repeats(dev):
         for name, fn in (("asyncgpu", b.route_ours), ("blocking waiter", b.route_blocking_waiter)):
             ex, cpu = b._run_on(loop, fn, dev, 1000, 50)
             st = b._stats(ex)
-            print(f"  {loop:8s} {name:16s} p50 {st['p50_us']:6.1f} p90 {st['p90_us']:6.1f} p99 {st['p99_us']:6.1f} "
-                  f"cpu {cpu / 1e3:6.1f} us", flush=True)
+            print(
+                f"  {loop:8s} {name:16s} p50 {st['p50_us']:6.1f} p90 {st['p90_us']:6.1f} p99 {st['p99_us']:6.1f} "
+                f"cpu {cpu / 1e3:6.1f} us",
+                flush=True,
+            )
 
 
 def main():
@@ -68,11 +71,13 @@ def main():
     for d in devs:
         d.synchronize()
     single_repeats(devs[0])
-    variants = [("10k, 4/kernel, early cap 4", 10_000, 2000, 4, 8, 4),
-                ("10k, 4/kernel, no early", 10_000, 2000, 4, 8, 0),
-                ("2k, 1/kernel, early cap 4", 2_000, 2000, 1, 8, 4),
-                ("2k, 1/kernel, no early", 2_000, 2000, 1, 8, 0),
-                ("200, 1/kernel 1 stream, cap 4", 200, 2000, 1, 1, 4)]
+    variants = [
+        ("10k, 4/kernel, early cap 4", 10_000, 2000, 4, 8, 4),
+        ("10k, 4/kernel, no early", 10_000, 2000, 4, 8, 0),
+        ("2k, 1/kernel, early cap 4", 2_000, 2000, 1, 8, 4),
+        ("2k, 1/kernel, no early", 2_000, 2000, 1, 8, 0),
+        ("200, 1/kernel 1 stream, cap 4", 200, 2000, 1, 1, 4),
+    ]
     for name, n, k_us, per, sp, cap in variants:
         _engine.EARLY_MAX = cap
         heads, mates = asyncio.run(run(devs, n, k_us, per, sp))

@@ -1,6 +1,6 @@
 """Run PyTorch and CuPy work on asyncgpu's streams, adopt theirs, and await completion from asyncio.
 
-    python examples/framework_streams.py   (needs a CUDA GPU, torch and cupy)
+python examples/framework_streams.py   (needs a CUDA GPU, torch and cupy)
 """
 
 import asyncio

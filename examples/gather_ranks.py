@@ -21,8 +21,9 @@ import asyncgpu
 
 
 def _under_mpi() -> bool:
-    return "RANK" not in os.environ and any(k in os.environ for k in ("OMPI_COMM_WORLD_RANK", "PMI_RANK",
-                                                                       "PMIX_RANK", "MPI_LOCALRANKID"))
+    return "RANK" not in os.environ and any(
+        k in os.environ for k in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
+    )
 
 
 def setup_torch():
@@ -53,6 +54,7 @@ def setup_torch():
 
         def collective():
             dist.all_reduce(x)
+
     return dist.get_rank(), dist.get_world_size(), devices, collective, how, None, dist.destroy_process_group
 
 

@@ -77,9 +77,11 @@ def producer_consumer(d0, d1) -> None:
     expected = [float(i + 1 + 1000) for i in range(BATCHES)]
     assert sums == expected, f"wrong results: {sums} != {expected}"
     lat = ch.latencies_ns(gpu_side=True) / 1e3
-    rich.print(f"[bold]1. producer thread on {d0.name} → consumer thread on {d1.name}[/]: {BATCHES} batches "
-               f"checked; GPU ready → consumer stream running p50 {np.nanmedian(lat):.1f} µs, "
-               f"max {np.nanmax(lat):.1f} µs")
+    rich.print(
+        f"[bold]1. producer thread on {d0.name} → consumer thread on {d1.name}[/]: {BATCHES} batches "
+        f"checked; GPU ready → consumer stream running p50 {np.nanmedian(lat):.1f} µs, "
+        f"max {np.nanmax(lat):.1f} µs"
+    )
 
 
 def make(d0, out: asyncgpu.Channel, n_items: int) -> None:
@@ -119,22 +121,29 @@ def pipeline_threads(d0, d1, n_items: int = 8) -> None:
             with h:
                 results.append(float(h.payload.to_numpy()[-1]))
 
-    threads = [threading.Thread(target=make, args=(d0, a, n_items)),
-               threading.Thread(target=transform, args=(d1, a, b)), threading.Thread(target=check)]
+    threads = [
+        threading.Thread(target=make, args=(d0, a, n_items)),
+        threading.Thread(target=transform, args=(d1, a, b)),
+        threading.Thread(target=check),
+    ]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert results == [float(i + 10) for i in range(n_items)], results
     lat = b.latencies_ns(gpu_side=False) / 1e3
-    rich.print(f"[bold]2. pipeline make ({d0.name}) → transform ({d1.name}) → check (host thread)[/]: {n_items} "
-               f"items checked; GPU ready → checker running p50 {np.nanmedian(lat):.1f} µs")
+    rich.print(
+        f"[bold]2. pipeline make ({d0.name}) → transform ({d1.name}) → check (host thread)[/]: {n_items} "
+        f"items checked; GPU ready → checker running p50 {np.nanmedian(lat):.1f} µs"
+    )
 
 
 def pipeline_trio(d0, d1, n_items: int = 8) -> None:
     a, b = asyncgpu.Channel(2, name="made (trio)"), asyncgpu.Channel(2, name="transformed (trio)")
-    threads = [threading.Thread(target=make, args=(d0, a, n_items)),
-               threading.Thread(target=transform, args=(d1, a, b))]
+    threads = [
+        threading.Thread(target=make, args=(d0, a, n_items)),
+        threading.Thread(target=transform, args=(d1, a, b)),
+    ]
     for t in threads:
         t.start()
 
@@ -150,8 +159,10 @@ def pipeline_trio(d0, d1, n_items: int = 8) -> None:
         t.join()
     assert results == [float(i + 10) for i in range(n_items)], results
     lat = b.latencies_ns(gpu_side=False) / 1e3
-    rich.print(f"[bold]3. the same pipeline, checked by a trio task[/]: {n_items} items checked; GPU ready → task "
-               f"running p50 {np.nanmedian(lat):.1f} µs")
+    rich.print(
+        f"[bold]3. the same pipeline, checked by a trio task[/]: {n_items} items checked; GPU ready → task "
+        f"running p50 {np.nanmedian(lat):.1f} µs"
+    )
 
 
 def main() -> None:

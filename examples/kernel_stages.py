@@ -23,8 +23,7 @@ import anyio
 import numpy as np
 
 import asyncgpu
-from asyncgpu._backends.kernels import HostLane
-from asyncgpu.kernel.profiler import KernelProfiler
+from asyncgpu.kernel import HostLane, KernelProfiler
 
 STAGES = ("wait_empty", "load", "wait_full", "compute", "epilogue")
 TILE = 4096  # floats per tile (16 KiB of shared memory, two buffers)
@@ -85,11 +84,12 @@ extern "C" __global__ void __launch_bounds__(256) ws_sumsq(const float* x, float
     }
     prof.finalize();
 }
-""" % {"tile": TILE}
+""".replace("%(tile)d", str(TILE))
 
 
 def host_ws_kernel(x: np.ndarray, out: np.ndarray, blocks: int, tiles: int, work: int, records) -> None:
     """The same kernel on the host backend: per block a producer thread and a consumer thread (the groups)."""
+
     def block(b: int) -> None:
         full, empty = threading.Semaphore(0), threading.Semaphore(2)
         slots = [None, None]
@@ -100,7 +100,7 @@ def host_ws_kernel(x: np.ndarray, out: np.ndarray, blocks: int, tiles: int, work
                 with lane.region(0):
                     empty.acquire()
                 with lane.region(1):
-                    slots[k % 2] = x[(b * tiles + k) * TILE: (b * tiles + k + 1) * TILE].copy()
+                    slots[k % 2] = x[(b * tiles + k) * TILE : (b * tiles + k + 1) * TILE].copy()
                 full.release()
             lane.finalize()
 
@@ -118,11 +118,13 @@ def host_ws_kernel(x: np.ndarray, out: np.ndarray, blocks: int, tiles: int, work
             with lane.region(4):
                 out[b] = acc
             lane.finalize()
+
         threads = [threading.Thread(target=producer), threading.Thread(target=consumer)]
         for th in threads:
             th.start()
         for th in threads:
             th.join()
+
     for b in range(blocks):
         block(b)
 
@@ -151,12 +153,21 @@ async def run_device(d, ws_kernel, blocks: int, tiles: int, work: int, inc_n: in
         if d.backend == "cuda":
             from cuda.core import LaunchConfig
 
-            d.stream.launch(ws_kernel, LaunchConfig(grid=blocks, block=256), x.ptr, out.ptr, np.int32(tiles),
-                            np.int32(work), prof.arm(blocks), name="ws_sumsq")
+            d.stream.launch(
+                ws_kernel,
+                LaunchConfig(grid=blocks, block=256),
+                x.ptr,
+                out.ptr,
+                np.int32(tiles),
+                np.int32(work),
+                prof.arm(blocks),
+                name="ws_sumsq",
+            )
         else:
             prof.arm(blocks)  # host-backend device memory is a numpy array: the host kernel works on it
-            d.stream.launch(host_ws_kernel, None, x.live(), out.live(), blocks, tiles, work, prof.array,
-                            name="ws_sumsq")
+            d.stream.launch(
+                host_ws_kernel, None, x.live(), out.live(), blocks, tiles, work, prof.array, name="ws_sumsq"
+            )
         ws = await prof.collect()
     got = out.to_numpy()
     if not np.all(got == tiles * TILE * work):
@@ -200,8 +211,10 @@ def main() -> None:
 
     async def body() -> asyncgpu.Timer:
         async with asyncgpu.gpu_timer(devs, label="kernel stages") as t:
+
             async def one(d):
                 results[d.name] = await run_device(d, kernels[d.name], blocks, args.tiles, args.work, inc_n)
+
             async with anyio.create_task_group() as tg:
                 for d in devs:
                     tg.start_soon(one, d)
@@ -216,8 +229,10 @@ def main() -> None:
         print(f"== {d.name}: inc_loop")
         print(inc)
     asyncgpu.write_trace(t, args.trace)
-    print(f"trace: {args.trace} (open it in https://ui.perfetto.dev: each device's process holds a track per "
-          "(block, group) for the first 8 of each kernel)")
+    print(
+        f"trace: {args.trace} (open it in https://ui.perfetto.dev: each device's process holds a track per "
+        "(block, group) for the first 8 of each kernel)"
+    )
     asyncgpu.close_all()
 
 

@@ -1,7 +1,7 @@
 """Time the same work on every device concurrently, one task per device, and print the report.
 
-    python examples/two_gpus.py            # every CUDA GPU
-    ASYNCGPU_BACKEND=host python examples/two_gpus.py
+python examples/two_gpus.py            # every CUDA GPU
+ASYNCGPU_BACKEND=host python examples/two_gpus.py
 """
 
 import anyio

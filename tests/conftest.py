@@ -8,8 +8,8 @@ import threading
 import pytest
 
 import asyncgpu
-from asyncgpu._core import select as _select
 from asyncgpu._backends import load_backend
+from asyncgpu._core import select as _select
 
 CUDA_OK, CUDA_WHY = load_backend("cuda").available()
 CUDA_COUNT = load_backend("cuda").device_count() if CUDA_OK else 0

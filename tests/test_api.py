@@ -48,14 +48,25 @@ def test_public_submodules_show_public_paths():
 
 
 def test_every_returned_type_has_a_public_home():
-    homes = {getattr(importlib.import_module(f"asyncgpu.{s}"), n) for s in PUBLIC_SUBMODULES
-             for n in importlib.import_module(f"asyncgpu.{s}").__all__}
+    homes = {
+        getattr(importlib.import_module(f"asyncgpu.{s}"), n)
+        for s in PUBLIC_SUBMODULES
+        for n in importlib.import_module(f"asyncgpu.{s}").__all__
+    }
     homes |= {getattr(asyncgpu, n) for n in asyncgpu.__all__}
     from asyncgpu.kernel.records import KernelRecords, StageSummary
     from asyncgpu.ranks.merge import RankBalance, RankInfo
 
-    for t in (asyncgpu.types.LaunchRecord, asyncgpu.types.PoolStats, asyncgpu.types.ClockCalibration, KernelRecords,
-              StageSummary, RankBalance, RankInfo, asyncgpu.types.DeviceSummary):
+    for t in (
+        asyncgpu.types.LaunchRecord,
+        asyncgpu.types.PoolStats,
+        asyncgpu.types.ClockCalibration,
+        KernelRecords,
+        StageSummary,
+        RankBalance,
+        RankInfo,
+        asyncgpu.types.DeviceSummary,
+    ):
         assert t in homes
 
 
@@ -80,6 +91,9 @@ def test_one_exception_root():
 
 def test_cuda_imports_live_in_one_module():
     root = pathlib.Path(asyncgpu.__file__).parent
-    offenders = [str(p.relative_to(root)) for p in root.rglob("*.py")
-                 if p.name != "cuda.py" and ("from cuda" in p.read_text() or "import cuda" in p.read_text())]
+    offenders = [
+        str(p.relative_to(root))
+        for p in root.rglob("*.py")
+        if p.name != "cuda.py" and ("from cuda" in p.read_text() or "import cuda" in p.read_text())
+    ]
     assert offenders == []

@@ -15,10 +15,10 @@ from rich.console import Console
 
 import asyncgpu
 from asyncgpu import _bench
-from asyncgpu.errors import UnknownDeviceError
 from asyncgpu._bench import NOISE_MIN_REPEATS, BenchmarkError, BenchmarkResult, benchmark
 from asyncgpu._history import kernel_history
 from asyncgpu._report import render
+from asyncgpu.errors import UnknownDeviceError
 
 
 def _spin(stream, us):
@@ -117,8 +117,17 @@ def test_str_is_one_line_like_cupys_and_the_table_renders(two_devs):
     for needle in (f"{d0}:", f"{d1}:", "+/-", "min:", "median:", "max:", " us"):
         assert needle in line
     text = render(r, width=120)
-    for needle in ("benchmark 'spin500'", "4 repeats after 1 warm-up", "stopped by n_repeat", "mean (µs)", "median",
-                   "rsd", "CPU", d0, d1):
+    for needle in (
+        "benchmark 'spin500'",
+        "4 repeats after 1 warm-up",
+        "stopped by n_repeat",
+        "mean (µs)",
+        "median",
+        "rsd",
+        "CPU",
+        d0,
+        d1,
+    ):
         assert needle in text
     d = r.to_dict(times=True)
     json.dumps(d)
@@ -191,17 +200,20 @@ def test_ctrl_c_stops_the_devices_then_propagates(dev):
     assert _no_events_in_use([dev])
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"n_repeat": 0}, "n_repeat must be a whole number >= 1"),
-    ({"n_repeat": -3}, "n_repeat"),
-    ({"n_repeat": 2.5}, "n_repeat"),
-    ({"n_repeat": True}, "n_repeat"),
-    ({"n_warmup": -1}, "n_warmup must be a whole number >= 0"),
-    ({"max_duration": -1.0}, "max_duration is in seconds and must be >= 0"),
-    ({"max_duration": math.nan}, "max_duration"),
-    ({"max_noise": 0}, "max_noise is a relative standard deviation"),
-    ({"max_noise": -0.1}, "max_noise"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"n_repeat": 0}, "n_repeat must be a whole number >= 1"),
+        ({"n_repeat": -3}, "n_repeat"),
+        ({"n_repeat": 2.5}, "n_repeat"),
+        ({"n_repeat": True}, "n_repeat"),
+        ({"n_warmup": -1}, "n_warmup must be a whole number >= 0"),
+        ({"max_duration": -1.0}, "max_duration is in seconds and must be >= 0"),
+        ({"max_duration": math.nan}, "max_duration"),
+        ({"max_noise": 0}, "max_noise is a relative standard deviation"),
+        ({"max_noise": -0.1}, "max_noise"),
+    ],
+)
 def test_bad_numbers_are_refused_before_anything_runs(dev, kwargs, match):
     calls = []
     with pytest.raises(ValueError, match=match):
@@ -243,8 +255,9 @@ def test_parse_devices():
 
 def test_progress_bar_on_a_terminal_only(dev, monkeypatch, capsys):
     buf = io.StringIO()
-    monkeypatch.setattr(_bench, "_progress_console",
-                        lambda: Console(file=buf, force_terminal=True, width=100, color_system=None))
+    monkeypatch.setattr(
+        _bench, "_progress_console", lambda: Console(file=buf, force_terminal=True, width=100, color_system=None)
+    )
     benchmark(_spin, (20_000,), n_repeat=8, n_warmup=0, devices=dev, name="slow", progress=True)
     assert "benchmark slow" in buf.getvalue() and "repeats" in buf.getvalue()
     buf.truncate(0)

@@ -19,8 +19,17 @@ def test_demo_on_host_says_so_checks_results_writes_a_trace_and_ends_with_the_ba
     assert main(["demo", "--backend", "host", "--elements", "20000", "--trace", str(trace)]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0].startswith("asyncgpu demo on the host backend")
-    for needle in ("inc_loop", "copy_to_host", "memset", "totals per kind", "totals per device", "CPU",
-                   "checked: every element is 3000", "devices aligned: host:0 ±0.0 µs", "trace written to"):
+    for needle in (
+        "inc_loop",
+        "copy_to_host",
+        "memset",
+        "totals per kind",
+        "totals per device",
+        "CPU",
+        "checked: every element is 3000",
+        "devices aligned: host:0 ±0.0 µs",
+        "trace written to",
+    ):
         assert needle in out
     assert out.index("imbalance") > out.index("trace written") > out.index("totals per device")  # balance last
     tl = asyncgpu.read_trace(trace)
@@ -112,8 +121,10 @@ def _one_line(text: str) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["demo", "--help"], ["devices", "--help"], ["bench", "--help"],
-                                  ["report", "--help"], ["bench", "-h"]])
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["demo", "--help"], ["devices", "--help"], ["bench", "--help"], ["report", "--help"], ["bench", "-h"]],
+)
 def test_help_everywhere(capsys, argv):
     with pytest.raises(SystemExit) as exc:
         main(argv)
@@ -162,17 +173,20 @@ def test_bench_function_raising_exits_1_with_where_and_partial_results(capsys, b
     assert "2 repeats after 1 warm-up" in " ".join(out.split())  # the complete repeats are shown
 
 
-@pytest.mark.parametrize(("target", "extra", "message"), [
-    ("nocolon", [], "bench takes MODULE:FUNCTION"),
-    ("no_such_module_xyz:f", [], "cannot import no_such_module_xyz: No module named 'no_such_module_xyz'"),
-    ("missing/file.py:f", [], "no such file: missing/file.py"),
-    ("{file}:nope", [], "has no 'nope'"),
-    ("{file}:not_a_function", [], "is a int, not a function"),
-    ("{file}:step", ["--devices", "host:99"], "host:99"),
-    ("{file}:step", ["--devices", "tpu:0"], "unknown device 'tpu:0'"),
-    ("{file}:step", ["--devices", ","], "no device"),
-    ("{file}:step", ["--devices", "host:0,host:0"], "given twice"),
-])
+@pytest.mark.parametrize(
+    ("target", "extra", "message"),
+    [
+        ("nocolon", [], "bench takes MODULE:FUNCTION"),
+        ("no_such_module_xyz:f", [], "cannot import no_such_module_xyz: No module named 'no_such_module_xyz'"),
+        ("missing/file.py:f", [], "no such file: missing/file.py"),
+        ("{file}:nope", [], "has no 'nope'"),
+        ("{file}:not_a_function", [], "is a int, not a function"),
+        ("{file}:step", ["--devices", "host:99"], "host:99"),
+        ("{file}:step", ["--devices", "tpu:0"], "unknown device 'tpu:0'"),
+        ("{file}:step", ["--devices", ","], "no device"),
+        ("{file}:step", ["--devices", "host:0,host:0"], "given twice"),
+    ],
+)
 def test_bench_usage_mistakes_exit_2_in_one_line(capsys, bench_file, target, extra, message):
     argv = ["bench", target.format(file=bench_file), "--backend", "host", "-n", "1", *extra]
     assert main(argv) == 2
@@ -180,15 +194,18 @@ def test_bench_usage_mistakes_exit_2_in_one_line(capsys, bench_file, target, ext
     assert line.startswith("asyncgpu bench: ") and message in line
 
 
-@pytest.mark.parametrize(("option", "message"), [
-    (["-n", "0"], "argument -n/--n-repeat: must be >= 1, got 0"),
-    (["-n", "many"], "expected a whole number"),
-    (["-w", "-1"], "argument -w/--n-warmup: must be >= 0"),
-    (["--max-duration", "-1"], "must be >= 0 seconds"),
-    (["--max-duration", "nan"], "must be >= 0 seconds"),
-    (["--max-noise", "0"], "must be > 0"),
-    (["--backend", "tpu"], "invalid choice"),
-])
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["-n", "0"], "argument -n/--n-repeat: must be >= 1, got 0"),
+        (["-n", "many"], "expected a whole number"),
+        (["-w", "-1"], "argument -w/--n-warmup: must be >= 0"),
+        (["--max-duration", "-1"], "must be >= 0 seconds"),
+        (["--max-duration", "nan"], "must be >= 0 seconds"),
+        (["--max-noise", "0"], "must be > 0"),
+        (["--backend", "tpu"], "invalid choice"),
+    ],
+)
 def test_bench_bad_options_exit_2_in_one_line(capsys, bench_file, option, message):
     with pytest.raises(SystemExit) as exc:
         main(["bench", f"{bench_file}:step", *option])
@@ -221,8 +238,13 @@ def test_report_of_a_saved_trace(capsys, tmp_path):
     assert main(["report", str(trace)]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"trace {trace}: scope 'saved', 2 activities on host:0")
-    for needle in ("totals per kind and activity", "totals per device", "balance: busy time per device",
-                   "straggler host:1", "devices aligned"):
+    for needle in (
+        "totals per kind and activity",
+        "totals per device",
+        "balance: busy time per device",
+        "straggler host:1",
+        "devices aligned",
+    ):
         assert needle in out
     assert "activities in issue order" not in out
     assert main(["report", str(trace), "--timeline", "1", "--order", "time"]) == 0
@@ -230,11 +252,14 @@ def test_report_of_a_saved_trace(capsys, tmp_path):
     assert "activities in time order" in out and "1 more activities" in out
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    ('{"traceEvents": []}', "not an asyncgpu trace"),
-    ("[1, 2", "not an asyncgpu trace"),
-    (None, "cannot read"),
-])
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"traceEvents": []}', "not an asyncgpu trace"),
+        ("[1, 2", "not an asyncgpu trace"),
+        (None, "cannot read"),
+    ],
+)
 def test_report_of_a_file_that_is_not_ours_exits_2_in_one_line(capsys, tmp_path, content, message):
     path = tmp_path / "foreign.json"
     if content is not None:
@@ -245,6 +270,7 @@ def test_report_of_a_file_that_is_not_ours_exits_2_in_one_line(capsys, tmp_path,
 
 
 def test_console_entry_point_bench_help():
-    out = subprocess.run([sys.executable, "-m", "asyncgpu", "bench", "--help"], capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "asyncgpu", "bench", "--help"], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0 and "MODULE:FUNCTION" in out.stdout

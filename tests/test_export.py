@@ -58,11 +58,16 @@ def assert_same(a: Timeline, b: Timeline) -> None:
     assert [a.names[i] for i in a.name] == [b.names[i] for i in b.name]
     for col in ("start_ns", "end_ns", "duration_ns"):
         np.testing.assert_allclose(getattr(a, col), getattr(b, col), rtol=0, atol=1.0, err_msg=col)
-    assert (a.scope_start_ns, a.scope_end_ns, a.error, a.cancelled) == (b.scope_start_ns, b.scope_end_ns, b.error,
-                                                                        b.cancelled)
+    assert (a.scope_start_ns, a.scope_end_ns, a.error, a.cancelled) == (
+        b.scope_start_ns,
+        b.scope_end_ns,
+        b.error,
+        b.cancelled,
+    )
     assert a.descriptions == b.descriptions and a.host_ranges == b.host_ranges
     assert [(c.aligned, c.reason, c.offset_ns, c.drift_ppm) for c in a.clocks] == [
-        (c.aligned, c.reason, c.offset_ns, c.drift_ppm) for c in b.clocks]
+        (c.aligned, c.reason, c.offset_ns, c.drift_ppm) for c in b.clocks
+    ]
 
 
 def synthetic() -> Timeline:
@@ -71,34 +76,57 @@ def synthetic() -> Timeline:
     overlaps block 0 without nesting (so does the second host block with the first)."""
     t0 = 5_000_000_000_000
     return Timeline.from_arrays(
-        label="synthetic", devices=["cuda:0", "cuda:1"], streams=[(0, "s0"), (0, "s1"), (1, "s0")],
-        device=[0, 0, 0, 0, 1, 0, 0], stream=[0, 0, 0, 1, 2, 1, 0],
-        names=["k", 'quote " comma, µs', "block"], name=[2, 0, 2, 1, 0, 0, 2],
+        label="synthetic",
+        devices=["cuda:0", "cuda:1"],
+        streams=[(0, "s0"), (0, "s1"), (1, "s0")],
+        device=[0, 0, 0, 0, 1, 0, 0],
+        stream=[0, 0, 0, 1, 2, 1, 0],
+        names=["k", 'quote " comma, µs', "block"],
+        name=[2, 0, 2, 1, 0, 0, 2],
         kind=["user", "kernel", "user", "memcpy", "kernel", "kernel", "user"],
         start_ns=[t0 + 100.25, t0 + 200, t0 + 200, t0 - 40, t0 + 1000.25, np.nan, t0 + 800],
         end_ns=[t0 + 900.25, t0 + 700, t0 + 800, t0 + 60, t0 + 3000.25, np.nan, t0 + 1500],
-        duration_ns=[800, 499.75, 600, 100, 2000, np.nan, 700], scope_start_ns=t0, scope_end_ns=t0 + 2000,
-        clocks=[DeviceClock("cuda:0", True, 350.0, 12, 0.02),
-                DeviceClock("cuda:1", False, float("nan"), reason="clock calibration failed (busy)")],
-        host_ranges=(HostRange("synthetic", "scope", t0, t0 + 2000, "MainThread"),
-                     HostRange("block", "user", t0 + 10, t0 + 500, "MainThread"),
-                     HostRange("block", "user", t0 + 300, t0 + 800, "MainThread")),
-        descriptions=("NVIDIA H200 (sm_90)", "NVIDIA H200 (sm_90)"), error="RuntimeError: boom")
+        duration_ns=[800, 499.75, 600, 100, 2000, np.nan, 700],
+        scope_start_ns=t0,
+        scope_end_ns=t0 + 2000,
+        clocks=[
+            DeviceClock("cuda:0", True, 350.0, 12, 0.02),
+            DeviceClock("cuda:1", False, float("nan"), reason="clock calibration failed (busy)"),
+        ],
+        host_ranges=(
+            HostRange("synthetic", "scope", t0, t0 + 2000, "MainThread"),
+            HostRange("block", "user", t0 + 10, t0 + 500, "MainThread"),
+            HostRange("block", "user", t0 + 300, t0 + 800, "MainThread"),
+        ),
+        descriptions=("NVIDIA H200 (sm_90)", "NVIDIA H200 (sm_90)"),
+        error="RuntimeError: boom",
+    )
 
 
 def test_trace_structure_labels_and_round_trip(tmp_path):
     tl = synthetic()
     doc = trace_dict(tl)
     procs = check_trace(doc)
-    assert procs == {1: "host", 2: "cuda:0 NVIDIA H200 (sm_90)",
-                     3: "cuda:1 NVIDIA H200 (sm_90) (NOT aligned: relative time)"}
+    assert procs == {
+        1: "host",
+        2: "cuda:0 NVIDIA H200 (sm_90)",
+        3: "cuda:1 NVIDIA H200 (sm_90) (NOT aligned: relative time)",
+    }
     meta = doc["otherData"]
     assert meta["asyncgpu_trace_version"] == 1 and meta["label"] == "synthetic"
     assert meta["origin_ns"] == 5_000_000_000_000 - 40  # the earliest start: every ts is >= 0
     assert meta["unfinished_rows"] == 1 and meta["rows"] == 7
-    assert meta["devices"][0] == {"name": "cuda:0", "description": "NVIDIA H200 (sm_90)", "aligned": True,
-                                       "bound_ns": 350.0, "offset_ns": 12, "drift_ppm": 0.02, "reason": "",
-                                       "overhead_ns": 0.0, "pid": 2}
+    assert meta["devices"][0] == {
+        "name": "cuda:0",
+        "description": "NVIDIA H200 (sm_90)",
+        "aligned": True,
+        "bound_ns": 350.0,
+        "offset_ns": 12,
+        "drift_ppm": 0.02,
+        "reason": "",
+        "overhead_ns": 0.0,
+        "pid": 2,
+    }
     assert meta["devices"][1]["aligned"] is False and meta["devices"][1]["bound_ns"] is None
     xs = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["pid"] != 1]
     assert len(xs) == 6 and sorted(e["args"]["row"] for e in xs) == [0, 1, 2, 3, 4, 6]
@@ -148,24 +176,47 @@ async def test_trace_of_host_scopes(two_devs, tmp_path):
 
 def test_merged_devices_keep_their_worst_clock():
     def one(label, names, clocks):
-        return Timeline.from_arrays(label=label, devices=names, device=range(len(names)),
-                                    start_ns=[1e6] * len(names), end_ns=[2e6] * len(names), clocks=clocks)
+        return Timeline.from_arrays(
+            label=label,
+            devices=names,
+            device=range(len(names)),
+            start_ns=[1e6] * len(names),
+            end_ns=[2e6] * len(names),
+            clocks=clocks,
+        )
 
     a = one("a", ["cuda:0"], [DeviceClock("cuda:0", True, 100.0)])
-    b = one("b", ["cuda:1", "cuda:0"], [DeviceClock("cuda:1", False, float("nan"), reason="busy"),
-                                        DeviceClock("cuda:0", True, 300.0)])
+    b = one(
+        "b",
+        ["cuda:1", "cuda:0"],
+        [DeviceClock("cuda:1", False, float("nan"), reason="busy"), DeviceClock("cuda:0", True, 300.0)],
+    )
     c = one("a", ["cuda:1"], [DeviceClock("cuda:1", True, 5.0)])
     meta = trace_dict([a, b, c])["otherData"]
     assert meta["label"] == "a + b"
     assert [(d["name"], d["aligned"], d["bound_ns"], d["reason"]) for d in meta["devices"]] == [
-        ("cuda:0", True, 300.0, ""), ("cuda:1", False, None, "busy")]
+        ("cuda:0", True, 300.0, ""),
+        ("cuda:1", False, None, "busy"),
+    ]
     assert meta["streams"] == [[0, "s0"], [1, "s0"]] and meta["rows"] == 4
 
 
 def test_a_timeline_without_clocks_is_not_called_aligned():
-    tl = Timeline("bare", ("cuda:0",), ((0, "s0"),), ("k",), np.zeros(1, np.int16), np.zeros(1, np.int32),
-                  np.zeros(1, np.int32), np.zeros(1, np.int8), np.array([1e6]), np.array([2e6]), np.array([1e6]),
-                  0, 3_000_000)
+    tl = Timeline(
+        "bare",
+        ("cuda:0",),
+        ((0, "s0"),),
+        ("k",),
+        np.zeros(1, np.int16),
+        np.zeros(1, np.int32),
+        np.zeros(1, np.int32),
+        np.zeros(1, np.int8),
+        np.array([1e6]),
+        np.array([2e6]),
+        np.array([1e6]),
+        0,
+        3_000_000,
+    )
     doc = trace_dict(tl)
     assert check_trace(doc)[2] == "cuda:0 (NOT aligned: relative time)"
     assert doc["otherData"]["devices"][0]["reason"] == "the timeline has no clock information"
@@ -175,17 +226,32 @@ def test_csv_and_json_records():
     tl = synthetic()
     rows = list(csv.DictReader(io.StringIO(to_csv(tl))))
     assert len(rows) == 7 and rows[3]["name"] == 'quote " comma, µs' and rows[3]["stream"] == "s1"
-    assert rows[1] == {"device": "cuda:0", "stream": "s0", "name": "k", "kind": "kernel",
-                            "start_ns": "5000000000200", "end_ns": "5000000000700", "duration_ns": "500",
-                            "start_ms": "0.000200"}
+    assert rows[1] == {
+        "device": "cuda:0",
+        "stream": "s0",
+        "name": "k",
+        "kind": "kernel",
+        "start_ns": "5000000000200",
+        "end_ns": "5000000000700",
+        "duration_ns": "500",
+        "start_ms": "0.000200",
+    }
     assert rows[5]["start_ns"] == rows[5]["duration_ns"] == rows[5]["start_ms"] == ""
     doc = json.loads(to_json(tl))
     assert doc["label"] == "synthetic" and doc["error"] == "RuntimeError: boom" and len(doc["host_ranges"]) == 3
     assert doc["devices"][1]["aligned"] is False
     recs = doc["records"]
     assert [r["name"] for r in recs] == [tl.names[i] for i in tl.name]
-    assert recs[4] == {"device": "cuda:1", "stream": "s0", "name": "k", "kind": "kernel", "start_ns": 5000000001000,
-                       "end_ns": 5000000003000, "duration_ns": 2000, "start_ms": 0.001}
+    assert recs[4] == {
+        "device": "cuda:1",
+        "stream": "s0",
+        "name": "k",
+        "kind": "kernel",
+        "start_ns": 5000000001000,
+        "end_ns": 5000000003000,
+        "duration_ns": 2000,
+        "start_ms": 0.001,
+    }
     assert recs[5]["start_ns"] is None and recs[5]["duration_ns"] is None
 
 
@@ -197,8 +263,16 @@ def test_files_and_text_agree(tmp_path):
 
 
 def test_empty_timeline(tmp_path):
-    tl = Timeline.from_arrays(label="empty", devices=["host:0"], device=[], start_ns=[], end_ns=[],
-                              scope_start_ns=10, scope_end_ns=20, descriptions=("host worker threads",))
+    tl = Timeline.from_arrays(
+        label="empty",
+        devices=["host:0"],
+        device=[],
+        start_ns=[],
+        end_ns=[],
+        scope_start_ns=10,
+        scope_end_ns=20,
+        descriptions=("host worker threads",),
+    )
     doc = trace_dict(tl)
     assert check_trace(doc) == {1: "host", 2: "host:0 host worker threads"}
     assert [e for e in doc["traceEvents"] if e["ph"] == "X"] == []
@@ -232,13 +306,16 @@ def test_unwritable_paths_name_the_fix(tmp_path):
             to_json(tl, tmp_path / "ro" / "r.json")
 
 
-@pytest.mark.parametrize("text, why", [
-    ('{"traceEvents": [], "displayTimeUnit": "ns"}', "was not written by asyncgpu"),
-    ('[{"ph": "X", "pid": 1, "tid": 1, "ts": 0, "dur": 1}]', "was not written by asyncgpu"),
-    ('{"traceEvents": [', "not valid JSON"),
-    ('{"otherData": {"asyncgpu_trace_version": 99}, "traceEvents": []}', "version 99"),
-    ('{"otherData": {"asyncgpu_trace_version": 1}, "traceEvents": []}', "corrupt"),
-])
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ('{"traceEvents": [], "displayTimeUnit": "ns"}', "was not written by asyncgpu"),
+        ('[{"ph": "X", "pid": 1, "tid": 1, "ts": 0, "dur": 1}]', "was not written by asyncgpu"),
+        ('{"traceEvents": [', "not valid JSON"),
+        ('{"otherData": {"asyncgpu_trace_version": 99}, "traceEvents": []}', "version 99"),
+        ('{"otherData": {"asyncgpu_trace_version": 1}, "traceEvents": []}', "corrupt"),
+    ],
+)
 def test_read_trace_rejects_other_files(tmp_path, text, why):
     path = tmp_path / "other.json"
     path.write_text(text)

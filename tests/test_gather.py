@@ -22,12 +22,12 @@ import numpy as np
 import pytest
 
 import asyncgpu
+from asyncgpu._records import Timeline
+from asyncgpu._report import render
 from asyncgpu.ranks import exchange as _gather
 from asyncgpu.ranks import wire as _wire_ranks
 from asyncgpu.ranks.exchange import GatherError, gather, mark_collective, offset_from_pings
 from asyncgpu.ranks.merge import Merger, RankTimeline
-from asyncgpu._records import Timeline
-from asyncgpu._report import render
 from asyncgpu.ranks.wire import Marks, timeline_to_payload, unpack
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,16 +57,27 @@ def _steps(devs: list, rank: int, barrier) -> asyncgpu.Timer:
 
 def _shifted(tl: Timeline, marks: list, shift_ns: int) -> Timeline:
     """``tl`` as a host whose clock reads ``shift_ns`` more would have recorded it."""
-    from asyncgpu._records import HostRange
-
     from asyncgpu._records import CollectiveMark, HostRange
 
-    return Timeline(tl.label, tl.devices, tl.streams, tl.names, tl.device, tl.stream, tl.name, tl.kind,
-                    tl.start_ns + shift_ns, tl.end_ns + shift_ns, tl.duration_ns, tl.scope_start_ns + shift_ns,
-                    tl.scope_end_ns + shift_ns, tl.clocks,
-                    tuple(HostRange(r.name, r.kind, r.start_ns + shift_ns, r.end_ns + shift_ns, r.thread)
-                          for r in tl.host_ranges), tl.descriptions,
-                    marks=tuple(CollectiveMark(n, t + shift_ns, row, th) for n, t, row, th in marks))
+    return Timeline(
+        tl.label,
+        tl.devices,
+        tl.streams,
+        tl.names,
+        tl.device,
+        tl.stream,
+        tl.name,
+        tl.kind,
+        tl.start_ns + shift_ns,
+        tl.end_ns + shift_ns,
+        tl.duration_ns,
+        tl.scope_start_ns + shift_ns,
+        tl.scope_end_ns + shift_ns,
+        tl.clocks,
+        tuple(HostRange(r.name, r.kind, r.start_ns + shift_ns, r.end_ns + shift_ns, r.thread) for r in tl.host_ranges),
+        tl.descriptions,
+        marks=tuple(CollectiveMark(n, t + shift_ns, row, th) for n, t, row, th in marks),
+    )
 
 
 def _outcome(fn) -> dict:
@@ -82,12 +93,17 @@ def _summary(res: RankTimeline | None) -> dict | None:
     if res is None:
         return None
     b = res.balance()
-    return {"devices": list(res.timeline.devices), "rows": len(res.timeline), "label": res.timeline.label,
-            "offsets": [[r.offset_ns, r.bound_ns, r.rtt_ns] for r in res.ranks],
-            "straggler_rank": b.straggler_rank, "points": [[p.straggler_rank, p.spread_ms] for p in b.points],
-            "rank_wait_ms": [r.wait_ms for r in b.ranks], "threads": sorted({h.thread for h in
-                                                                              res.timeline.host_ranges}),
-            "start_ns_by_rank": [res.rank(r).start_ns.tolist() for r in range(res.world)]}
+    return {
+        "devices": list(res.timeline.devices),
+        "rows": len(res.timeline),
+        "label": res.timeline.label,
+        "offsets": [[r.offset_ns, r.bound_ns, r.rtt_ns] for r in res.ranks],
+        "straggler_rank": b.straggler_rank,
+        "points": [[p.straggler_rank, p.spread_ms] for p in b.points],
+        "rank_wait_ms": [r.wait_ms for r in b.ranks],
+        "threads": sorted({h.thread for h in res.timeline.host_ranges}),
+        "start_ns_by_rank": [res.rank(r).start_ns.tolist() for r in range(res.world)],
+    }
 
 
 def _worker(rank: int, world: int, store: str, out: str) -> None:
@@ -120,15 +136,30 @@ def _worker(rank: int, world: int, store: str, out: str) -> None:
     results["inject"] = _outcome(lambda: _summary(gather(src, timeout_s=20)))
     _gather._now_ns = time.perf_counter_ns
     # disagreements: every rank must raise the same error
-    other = Timeline.from_arrays(label="eval" if rank == 2 else "step", devices=["host:0", "host:1"],
-                                 device=[0, 1], start_ns=[1e9, 1e9], end_ns=[2e9, 2e9])
+    other = Timeline.from_arrays(
+        label="eval" if rank == 2 else "step",
+        devices=["host:0", "host:1"],
+        device=[0, 1],
+        start_ns=[1e9, 1e9],
+        end_ns=[2e9, 2e9],
+    )
     results["label"] = _outcome(lambda: gather(other, timeout_s=20))
     results["label_lax"] = _outcome(lambda: _summary(gather(other, timeout_s=20, strict=False)))
-    one = Timeline.from_arrays(label="step", devices=["host:0"] if rank == 1 else ["host:0", "host:1"],
-                               device=[0], start_ns=[1e9], end_ns=[2e9])
+    one = Timeline.from_arrays(
+        label="step",
+        devices=["host:0"] if rank == 1 else ["host:0", "host:1"],
+        device=[0],
+        start_ns=[1e9],
+        end_ns=[2e9],
+    )
     results["devices"] = _outcome(lambda: gather(one, timeout_s=20))
-    mixed = Timeline.from_arrays(label="step", devices=["cuda:0", "cuda:1"] if rank == 2 else ["host:0", "host:1"],
-                                 device=[0], start_ns=[1e9], end_ns=[2e9])
+    mixed = Timeline.from_arrays(
+        label="step",
+        devices=["cuda:0", "cuda:1"] if rank == 2 else ["host:0", "host:1"],
+        device=[0],
+        start_ns=[1e9],
+        end_ns=[2e9],
+    )
     results["backend"] = _outcome(lambda: gather(mixed, timeout_s=20))
     if rank == 1:
         _wire_ranks.WIRE_VERSION = 0  # an older asyncgpu on rank 1
@@ -146,8 +177,10 @@ def _worker(rank: int, world: int, store: str, out: str) -> None:
 # -- spawning ---------------------------------------------------------------------------------------------------
 def _run_ranks(cmds: list[list[str]], timeout_s: float, env: dict | None = None) -> list[str]:
     """Run the rank processes; kill every one of them if any fails or time runs out. Returns their output."""
-    procs = [subprocess.Popen(c, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for c in cmds]
+    procs = [
+        subprocess.Popen(c, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for c in cmds
+    ]
     deadline = time.monotonic() + timeout_s
     outs = []
     try:
@@ -177,8 +210,14 @@ def ranks(tmp_path_factory):
     pytest.importorskip("torch.distributed", reason="torch is not installed (pip install 'asyncgpu[torch]')")
     tmp = tmp_path_factory.mktemp("gather")
     outs = [tmp / f"rank{r}.json" for r in range(WORLD)]
-    _run_ranks([[sys.executable, "-m", "tests.test_gather", "worker", str(r), str(WORLD), str(tmp / "store"),
-                 str(outs[r])] for r in range(WORLD)], 150, _env())
+    _run_ranks(
+        [
+            [sys.executable, "-m", "tests.test_gather", "worker", str(r), str(WORLD), str(tmp / "store"), str(outs[r])]
+            for r in range(WORLD)
+        ],
+        150,
+        _env(),
+    )
     return [json.loads(o.read_text()) for o in outs]
 
 
@@ -255,12 +294,15 @@ def test_an_injected_clock_offset_is_measured_and_removed(ranks):
     assert d["straggler_rank"] == 2 and [p[0] for p in d["points"]] == [2] * STEPS
 
 
-@pytest.mark.parametrize("case, words", [
-    ("label", ["scope label", "rank 2 'eval'", "strict=False"]),
-    ("devices", ["number of devices", "rank 1 1 (host:0)", "rank 0 2"]),
-    ("backend", ["device backend", "rank 2 'cuda'", "rank 0 'host'"]),
-    ("version", ["rank 1 sends payload version 0", "reads version 1", "same asyncgpu version"]),
-])
+@pytest.mark.parametrize(
+    "case, words",
+    [
+        ("label", ["scope label", "rank 2 'eval'", "strict=False"]),
+        ("devices", ["number of devices", "rank 1 1 (host:0)", "rank 0 2"]),
+        ("backend", ["device backend", "rank 2 'cuda'", "rank 0 'host'"]),
+        ("version", ["rank 1 sends payload version 0", "reads version 1", "same asyncgpu version"]),
+    ],
+)
 def test_disagreeing_ranks_all_raise_the_same_error(ranks, case, words):
     assert all(not r[case]["ok"] for r in ranks), [r[case] for r in ranks]
     errors = {r[case]["error"] for r in ranks}
@@ -304,8 +346,9 @@ def _mpi_worker(out: str) -> None:
     rank = comm.Get_rank()
     t = _steps(asyncgpu.devices("host", count=2), rank, comm.Barrier)
     results = {"ok": _outcome(lambda: _summary(gather(t, comm, to_all=True, timeout_s=20)))}
-    other = Timeline.from_arrays(label="eval" if rank == 1 else "step", devices=["host:0"], device=[0],
-                                 start_ns=[1e9], end_ns=[2e9])
+    other = Timeline.from_arrays(
+        label="eval" if rank == 1 else "step", devices=["host:0"], device=[0], start_ns=[1e9], end_ns=[2e9]
+    )
     results["label"] = _outcome(lambda: gather(other, comm, timeout_s=20))
     if rank == 0:
         results["missing"] = _outcome(lambda: gather(t, comm, timeout_s=1.0))
@@ -316,8 +359,11 @@ def test_mpi_ranks(tmp_path):
     mpi_spec = importlib.util.find_spec("mpi4py")
     if mpi_spec is None:
         pytest.skip("mpi4py is not installed (pip install 'asyncgpu[mpi]' and an MPI: mpich or openmpi)")
-    mpiexec = shutil.which("mpiexec") or shutil.which("mpirun") or shutil.which(
-        "mpiexec", path=os.path.dirname(sys.executable))
+    mpiexec = (
+        shutil.which("mpiexec")
+        or shutil.which("mpirun")
+        or shutil.which("mpiexec", path=os.path.dirname(sys.executable))
+    )
     if mpiexec is None:
         pytest.skip("no mpiexec/mpirun on PATH")
     out = tmp_path / "mpi"
@@ -343,9 +389,26 @@ def test_example_under_torchrun(tmp_path):
         pytest.skip("asyncgpu/__init__.py does not export gather and mark_collective yet (the example uses them)")
     trace = tmp_path / "ranks.trace.json"
     env = dict(_env(), CUDA_VISIBLE_DEVICES="")  # the gloo + host backend path, on a GPU machine too
-    out = _run_ranks([[sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                       str(_free_port()), "examples/gather_ranks.py", "--steps", "3", "--trace", str(trace)]], 120,
-                     env)[0]
+    out = _run_ranks(
+        [
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc-per-node",
+                "2",
+                "--master-port",
+                str(_free_port()),
+                "examples/gather_ranks.py",
+                "--steps",
+                "3",
+                "--trace",
+                str(trace),
+            ]
+        ],
+        120,
+        env,
+    )[0]
     assert "gloo" in out and "straggler rank 1" in out, out[-3000:]
     assert asyncgpu.read_trace(trace).devices[:2] == ("r0/host:0", "r0/host:1")
 
@@ -361,15 +424,21 @@ def _free_port() -> int:
 # -- in process: the payload, the merge, the clock estimate, the scale ------------------------------------------
 def _rank_timeline(rank: int, n: int = 50, shift: int = 0) -> tuple[Timeline, Marks]:
     start = 1e12 + shift + np.arange(n) * 1e4
-    tl = Timeline.from_arrays(label="s", devices=["host:0", "host:1"], device=np.arange(n) % 2, start_ns=start,
-                              end_ns=start + 5e3 * (1 + rank))
+    tl = Timeline.from_arrays(
+        label="s",
+        devices=["host:0", "host:1"],
+        device=np.arange(n) % 2,
+        start_ns=start,
+        end_ns=start + 5e3 * (1 + rank),
+    )
     return tl, Marks.from_tuples([("ar", int(1e12 + shift + 1e5 * k - 2e4), 10 * k, "main") for k in range(1, 4)])
 
 
 def _payload(rank: int, **kw) -> np.ndarray:
     tl, mk = _rank_timeline(rank, **kw)
-    return timeline_to_payload(tl, mk, {"rank": rank, "host": "h", "pid": 1, "backend": "host",
-                                        "asyncgpu_version": asyncgpu.__version__})
+    return timeline_to_payload(
+        tl, mk, {"rank": rank, "host": "h", "pid": 1, "backend": "host", "asyncgpu_version": asyncgpu.__version__}
+    )
 
 
 def test_payload_round_trip_is_columns_not_objects():
@@ -438,9 +507,11 @@ def test_scale_32_ranks_4_devices_10000_activities(host_ranges):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     fig = bench.run_scale(ranks=32, devices=4, per_device=10_000, marks=100, repeat=1, host_ranges=host_ranges)
-    print(f"\ngather scale ({'a host range per activity' if host_ranges else 'records'}): {fig['activities']:,} "
-          f"activities, root {fig['root_s']:.3f} s (merge {fig['merge_s']:.3f} s), peak "
-          f"{fig['peak_bytes_per_activity']:.1f} B/activity, payload {fig['payload_bytes_per_activity']:.1f} B/activity")
+    print(
+        f"\ngather scale ({'a host range per activity' if host_ranges else 'records'}): {fig['activities']:,} "
+        f"activities, root {fig['root_s']:.3f} s (merge {fig['merge_s']:.3f} s), peak "
+        f"{fig['peak_bytes_per_activity']:.1f} B/activity, payload {fig['payload_bytes_per_activity']:.1f} B/activity"
+    )
     assert fig["activities"] == 1_280_000
     assert fig["root_s"] <= 5.0 * 2  # target 5 s (measured: 0.3 s here); twice the target for a slow, shared CI box
     assert fig["peak_bytes_per_activity"] <= 200  # memory does not depend on the box: the target itself

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import asyncgpu
-from asyncgpu import BackendError, ClosedError, DeviceMismatchError, ScopeError, gpu_timer
+from asyncgpu import ClosedError, DeviceMismatchError, ScopeError, gpu_timer
 
 pytestmark = pytest.mark.anyio
 
@@ -46,7 +46,7 @@ async def test_every_replay_times_the_graph_and_each_part(dev):
     assert all(r.complete for r in recs)
     slack_ms = 0.1 if dev.backend == "cuda" else 8.0  # host spins are sleeps: a loaded machine oversleeps
     for k in range(3):
-        whole, spin, stage, inc, short = recs[5 * k:5 * k + 5]
+        whole, spin, stage, inc, short = recs[5 * k : 5 * k + 5]
         assert 1.99 < spin.duration_ms < 2.0 + slack_ms, spin
         assert 0.49 < short.duration_ms < 0.5 + slack_ms, short
         assert whole.duration_ms >= spin.duration_ms + stage.duration_ms - TOL_MS

@@ -13,16 +13,16 @@ import pytest
 
 import asyncgpu
 from asyncgpu._backends import cuda as _cuda
+from asyncgpu._backends.kernels import FORMAT, HostLane, format_path, parse_format
 from asyncgpu._errors import DeviceMismatchError, KernelRecordsError, KernelRecordsOverflowError
 from asyncgpu._export import trace_dict
-from asyncgpu.kernel.records import KernelRecords, decode, decode_tirx
-from asyncgpu._backends.kernels import FORMAT, HostLane, format_path, parse_format
-from asyncgpu.kernel.profiler import INC_LOOP_STAGES, KernelLayer, KernelProfiler
 from asyncgpu._records import Timeline
+from asyncgpu.kernel.profiler import INC_LOOP_STAGES, KernelLayer, KernelProfiler
+from asyncgpu.kernel.records import KernelRecords, decode, decode_tirx
 
 F = FORMAT
 M32 = 0xFFFFFFFF
-B, E, I = F.KIND_BEGIN, F.KIND_END, F.KIND_INSTANT
+B, E, I = F.KIND_BEGIN, F.KIND_END, F.KIND_INSTANT  # noqa: E741 (the format's kind letters)
 
 
 # -- helpers: buffers written the way the header writes them (through FORMAT, checked against C below) ---------------
@@ -35,11 +35,18 @@ def armed(groups: int, lanes: int, cap: int) -> np.ndarray:
 def lane_words(buf: np.ndarray, lane: int) -> np.ndarray:
     cap = int(buf[: F.HEADER_WORDS].view(np.uint32)[F.HDR_CAPACITY])
     at = F.HEADER_WORDS + lane * (F.LANE_WORDS + cap)
-    return buf[at: at + F.LANE_WORDS + cap]
+    return buf[at : at + F.LANE_WORDS + cap]
 
 
-def write_lane(buf: np.ndarray, lane: int, start: int, records: list[tuple[int, int, int]], end: int | None,
-               attempted: int | None = None, flags: int = 0) -> None:
+def write_lane(
+    buf: np.ndarray,
+    lane: int,
+    start: int,
+    records: list[tuple[int, int, int]],
+    end: int | None,
+    attempted: int | None = None,
+    flags: int = 0,
+) -> None:
     """``records``: (kind, stage, full time ns); the lane keeps the low 32 bits, as a leader does."""
     w = lane_words(buf, lane)
     w[F.LANE_START] = start
@@ -73,8 +80,14 @@ def reference_decode(buf: np.ndarray) -> list[tuple[int, int, int, int]]:
 
 
 def as_tuples(r: KernelRecords, start_base: int) -> list[tuple[int, int, int, int]]:
-    return sorted(zip(r.lane.tolist(), r.stage.tolist(), (np.rint(r.start_ns) + start_base).astype(np.int64).tolist(),
-                      (np.rint(r.end_ns) + start_base).astype(np.int64).tolist()))
+    return sorted(
+        zip(
+            r.lane.tolist(),
+            r.stage.tolist(),
+            (np.rint(r.start_ns) + start_base).astype(np.int64).tolist(),
+            (np.rint(r.end_ns) + start_base).astype(np.int64).tolist(),
+        )
+    )
 
 
 def placement_slack_ns(dev) -> float:
@@ -88,8 +101,11 @@ def placement_slack_ns(dev) -> float:
 
 def check_layer_trace(doc: dict) -> list[dict]:
     """The kernel-stage events of a trace: on named device tracks, non-negative, nested per track."""
-    names = {ev["tid"]: (ev["pid"], ev["args"]["name"]) for ev in doc["traceEvents"]
-             if ev["ph"] == "M" and ev["name"] == "thread_name"}
+    names = {
+        ev["tid"]: (ev["pid"], ev["args"]["name"])
+        for ev in doc["traceEvents"]
+        if ev["ph"] == "M" and ev["name"] == "thread_name"
+    }
     stage_events = [ev for ev in doc["traceEvents"] if ev.get("cat") == "kernel_stage"]
     tracks: dict[int, list] = {}
     for ev in stage_events:
@@ -120,12 +136,11 @@ def test_format_is_read_from_the_header_only():
 
 def _agreement_source(values: dict[str, int]) -> str:
     lines = ['#include "asyncgpu_profile.cuh"']
-    lines += [f"static_assert(AGK_{k} == {v}ull, \"AGK_{k}\");" for k, v in values.items()]
+    lines += [f'static_assert(AGK_{k} == {v}ull, "AGK_{k}");' for k, v in values.items()]
     for kind, stage in ((B, 0), (E, 7), (I, 4095), (E, 4096 + 5), (3, 1)):
-        lines.append(f"static_assert(asyncgpu::profile_tag({kind}u, {stage}u) == {F.tag(kind, stage)}u, \"tag\");")
+        lines.append(f'static_assert(asyncgpu::profile_tag({kind}u, {stage}u) == {F.tag(kind, stage)}u, "tag");')
     for n, flags in ((0, 0), (5, F.FLAG_REUSED), (M32, 0xFFFF)):
-        lines.append(f"static_assert(asyncgpu::profile_fin_word({n}u, {flags}u) == {F.fin_word(n, flags)}ull, "
-                     "\"fin\");")
+        lines.append(f'static_assert(asyncgpu::profile_fin_word({n}u, {flags}u) == {F.fin_word(n, flags)}ull, "fin");')
     lines.append('extern "C" __global__ void k(unsigned long long* r) { asyncgpu::Profiler p(r); p.finalize(); }')
     return "\n".join(lines)
 
@@ -161,8 +176,12 @@ extern "C" __global__ void k(float* x, int n, unsigned long long* records) {{
 
 
 def _user_kernel(switch: str, calls: bool) -> bytes:
-    parts = {"decl": "asyncgpu::Profiler prof(records, threadIdx.x / 64, threadIdx.x % 64 == 0);",
-             "region": "auto r = prof.region(1);", "instant": "prof.instant(2);", "fin": "prof.finalize();"}
+    parts = {
+        "decl": "asyncgpu::Profiler prof(records, threadIdx.x / 64, threadIdx.x % 64 == 0);",
+        "region": "auto r = prof.region(1);",
+        "instant": "prof.instant(2);",
+        "fin": "prof.finalize();",
+    }
     if not calls:
         parts = dict.fromkeys(parts, "")
     return _cuda.compile_source(USER_KERNEL.format(switch=switch, **parts), "90").code
@@ -292,13 +311,16 @@ def test_a_buffer_too_small_for_the_launch_and_a_bad_group():
     assert r.instant_block.tolist() == [0, 0] and r.instant_group.tolist() == [0, 1]
 
 
-@pytest.mark.parametrize("words, match", [
-    (np.zeros(0, np.uint64), "empty"),
-    (np.zeros(2, np.uint64), "fewer than its"),
-    (np.zeros(64, np.uint64), "all zeros: it was never armed"),
-    (np.arange(1, 65, dtype=np.uint64), "without the magic"),
-    (np.zeros(3, np.uint8), "whole uint64 words"),
-])
+@pytest.mark.parametrize(
+    "words, match",
+    [
+        (np.zeros(0, np.uint64), "empty"),
+        (np.zeros(2, np.uint64), "fewer than its"),
+        (np.zeros(64, np.uint64), "all zeros: it was never armed"),
+        (np.arange(1, 65, dtype=np.uint64), "without the magic"),
+        (np.zeros(3, np.uint8), "whole uint64 words"),
+    ],
+)
 def test_unreadable_buffers_raise_always(words, match):
     with pytest.raises(KernelRecordsError, match=match):
         decode(words, strict=False)
@@ -359,8 +381,23 @@ def test_stale_records_past_the_count_are_caught():
 
 def test_unmatched_nested_and_overlapping_regions():
     buf = armed(1, 1, 16)
-    write_lane(buf, 0, 100, [(B, 0, 110), (B, 1, 120), (B, 0, 125), (E, 0, 130), (E, 0, 140), (E, 1, 150),
-                             (I, 2, 155), (B, 3, 160), (E, 4, 170)], 200)
+    write_lane(
+        buf,
+        0,
+        100,
+        [
+            (B, 0, 110),
+            (B, 1, 120),
+            (B, 0, 125),
+            (E, 0, 130),
+            (E, 0, 140),
+            (E, 1, 150),
+            (I, 2, 155),
+            (B, 3, 160),
+            (E, 4, 170),
+        ],
+        200,
+    )
     with pytest.raises(KernelRecordsError) as info:
         decode(buf, ("outer", "other", "mark", "open", "close"))
     assert "began but never ended (stages open" in str(info.value.problems)
@@ -372,8 +409,9 @@ def test_unmatched_nested_and_overlapping_regions():
 
 
 # -- TIRx / flashinfer / warpscope -----------------------------------------------------------------------------------
-def tirx_buffer(blocks: int, groups: int, slots: int, lanes_records: dict[int, list[tuple[int, int, int]]],
-                sm: int | None = None) -> np.ndarray:
+def tirx_buffer(
+    blocks: int, groups: int, slots: int, lanes_records: dict[int, list[tuple[int, int, int]]], sm: int | None = None
+) -> np.ndarray:
     buf = np.zeros(1 + blocks * groups * slots, np.uint64)
     buf[0] = (groups << 32) | blocks
     stride = blocks * groups
@@ -387,8 +425,15 @@ def tirx_buffer(blocks: int, groups: int, slots: int, lanes_records: dict[int, l
 
 def test_tirx_buffers_decode_with_wrap_and_finalize():
     t0 = (9 << 32) - 300
-    buf = tirx_buffer(2, 2, 6, {0: [(0, 1, t0), (1, 1, t0 + 1_000), (3, 0, t0 + 1_100)],
-                                3: [(0, 0, t0 + 50), (2, 2, t0 + 60), (1, 0, t0 + 250), (3, 0, t0 + 260)]})
+    buf = tirx_buffer(
+        2,
+        2,
+        6,
+        {
+            0: [(0, 1, t0), (1, 1, t0 + 1_000), (3, 0, t0 + 1_100)],
+            3: [(0, 0, t0 + 50), (2, 2, t0 + 60), (1, 0, t0 + 250), (3, 0, t0 + 260)],
+        },
+    )
     r = decode_tirx(buf, ("a", "b", "c"))
     assert r.format == "tirx" and not r.aligned
     assert r.block.tolist() == [0, 1] and r.group.tolist() == [0, 1] and r.duration_ns.tolist() == [1_000, 200]
@@ -423,7 +468,7 @@ def test_profiler_arguments_and_states():
         KernelProfiler(dev, groups=0)
     prof = KernelProfiler(dev)
     with pytest.raises(KernelRecordsError, match="not armed"):
-        prof.pointer
+        prof.pointer  # noqa: B018 (the property raises)
     with pytest.raises(KernelRecordsError, match="nothing to gather"):
         prof.collect_sync()
     with pytest.raises(ValueError, match="grid"):
@@ -457,6 +502,7 @@ async def test_inc_loop_records_land_inside_the_kernel_on_every_device(two_devs)
                 prof.inc_loop(a, 5)
                 out[d.name] = await prof.collect()
             assert np.all(a.to_numpy() == 5)
+
         async with anyio.create_task_group() as tg:
             for d in two_devs:
                 tg.start_soon(one, d)
@@ -471,8 +517,11 @@ async def test_inc_loop_records_land_inside_the_kernel_on_every_device(two_devs)
     doc = trace_dict(t)
     events = check_layer_trace(doc)
     assert {ev["pid"] for ev in events} == {2, 3}  # every device's process
-    names = [ev["args"]["name"] for ev in doc["traceEvents"] if ev["ph"] == "M" and "inc_loop b" in
-             ev["args"].get("name", "")]
+    names = [
+        ev["args"]["name"]
+        for ev in doc["traceEvents"]
+        if ev["ph"] == "M" and "inc_loop b" in ev["args"].get("name", "")
+    ]
     assert names.count(f"inc_loop b0 g0 [first 2 of {blocks} lanes]") == 2 and len(names) == 4
     assert sum(ev["ph"] == "X" for ev in events) == 2 * 2 * 3
 
@@ -494,7 +543,7 @@ def test_a_users_host_kernel_with_two_groups_handing_over():
                     with lane.region(0):
                         handoff[1].acquire()
                     with lane.region(1):
-                        slots[k % 2] = x[(b * tiles + k) * 1000: (b * tiles + k + 1) * 1000].copy()
+                        slots[k % 2] = x[(b * tiles + k) * 1000 : (b * tiles + k + 1) * 1000].copy()
                     handoff[0].release()
                 lane.finalize()
 
@@ -508,11 +557,13 @@ def test_a_users_host_kernel_with_two_groups_handing_over():
                     handoff[1].release()
                 lane.instant(4)
                 lane.finalize()
+
             threads = [threading.Thread(target=producer), threading.Thread(target=consumer)]
             for th in threads:
                 th.start()
             for th in threads:
                 th.join()
+
         for b in range(blocks):
             block(b)
 
@@ -521,7 +572,7 @@ def test_a_users_host_kernel_with_two_groups_handing_over():
         prof.arm(blocks)
         dev.stream.launch(kernel, None, prof.array, name="ws")
         recs = prof.collect_sync()
-    assert np.allclose(out, [np.sum(x[b * tiles * 1000:(b + 1) * tiles * 1000] ** 2) for b in range(blocks)])
+    assert np.allclose(out, [np.sum(x[b * tiles * 1000 : (b + 1) * tiles * 1000] ** 2) for b in range(blocks)])
     s = recs.summary()
     assert s.names == stages[:4] and s.count.tolist() == [tiles * blocks] * 4 and s.blocks.tolist() == [2] * 4
     assert recs.instant_group.tolist() == [1, 1] and recs.name == "ws"
@@ -564,13 +615,15 @@ def test_relative_records_are_marked_in_the_trace():
     buf = armed(1, 1, 4)
     write_lane(buf, 0, 1000, [(B, 0, 1100), (E, 0, 1600)], 2000)
     recs = decode(buf, ("work",), device="cuda:0", name="k")
-    tl = Timeline.from_arrays(devices=["cuda:0"], device=[0], start_ns=[10_000], end_ns=[20_000],
-                              scope_start_ns=9_000, scope_end_ns=30_000)
+    tl = Timeline.from_arrays(
+        devices=["cuda:0"], device=[0], start_ns=[10_000], end_ns=[20_000], scope_start_ns=9_000, scope_end_ns=30_000
+    )
     events, used = KernelLayer(recs, 4).trace_events(tl, 9_000, 50)
     assert used == 1 and events[0]["args"]["name"] == "k b0 g0 (NOT aligned: relative time)"
     assert events[1]["ts"] == 0.1 and events[1]["dur"] == 0.5  # relative 100 ns after the scope's start
-    assert KernelLayer(recs, 4).trace_events(Timeline.from_arrays(devices=["cuda:1"], device=[0], start_ns=[0],
-                                                                  end_ns=[1]), 0, 0) == ([], 0)
+    assert KernelLayer(recs, 4).trace_events(
+        Timeline.from_arrays(devices=["cuda:1"], device=[0], start_ns=[0], end_ns=[1]), 0, 0
+    ) == ([], 0)
 
 
 # -- GPU -------------------------------------------------------------------------------------------------------------
@@ -675,6 +728,7 @@ async def test_gpu_two_devices_records_on_each_process():
             with KernelProfiler(d, max_tracks=2) as prof:
                 prof.inc_loop(a, 200)
                 results[d.name] = await prof.collect()
+
         async with anyio.create_task_group() as tg:
             for d in devs:
                 tg.start_soon(one, d)

@@ -15,7 +15,6 @@ from IPython.testing.tools import AssertPrints  # noqa: E402
 
 from asyncgpu._bench import BenchmarkError, BenchmarkResult  # noqa: E402
 
-
 EXTENSION = "asyncgpu._magic"  # what `%load_ext asyncgpu` loads, through asyncgpu.load_ipython_extension
 
 
@@ -70,8 +69,11 @@ def test_statement_sees_stream_device_and_the_users_names(ip):
 
 def test_cell_magic_times_the_cell_and_keeps_its_names_local(ip):
     ip.user_ns["us"] = 100
-    r = ip.run_cell_magic("gpu_timeit", "-n 2 -w 1 -o --devices host:0 --name cellwork",
-                          "local_only = us\nstream.spin_us(local_only)\nhits.append(1)")
+    r = ip.run_cell_magic(
+        "gpu_timeit",
+        "-n 2 -w 1 -o --devices host:0 --name cellwork",
+        "local_only = us\nstream.spin_us(local_only)\nhits.append(1)",
+    )
     assert r.name == "cellwork" and r.n_repeat == 2 and ip.user_ns["hits"] == [1, 1, 1]
     assert "local_only" not in ip.user_ns
 
@@ -88,20 +90,23 @@ def test_max_duration_and_max_noise(ip):
     assert r.stop_reason == "max_noise"
 
 
-@pytest.mark.parametrize(("line", "match"), [
-    ("-n 0 pass", "-n must be >= 1"),
-    ("-n two pass", "-n takes a whole number"),
-    ("-w -1 pass", "-w must be >= 0"),
-    ("--max-duration -1 pass", "--max-duration must be >= 0"),
-    ("--max-duration nan pass", "--max-duration must be >= 0"),
-    ("--max-noise 0 pass", "--max-noise must be > 0"),
-    ("--bogus 3 pass", "--bogus not recognized"),
-    ("--devices host:99 pass", "host:99"),
-    ("--devices tpu:0 pass", "unknown device"),
-    ("--devices , pass", "no device"),
-    ("--backend tpu pass", "--backend is cuda or host"),
-    ("-n 3", "nothing to time"),
-])
+@pytest.mark.parametrize(
+    ("line", "match"),
+    [
+        ("-n 0 pass", "-n must be >= 1"),
+        ("-n two pass", "-n takes a whole number"),
+        ("-w -1 pass", "-w must be >= 0"),
+        ("--max-duration -1 pass", "--max-duration must be >= 0"),
+        ("--max-duration nan pass", "--max-duration must be >= 0"),
+        ("--max-noise 0 pass", "--max-noise must be > 0"),
+        ("--bogus 3 pass", "--bogus not recognized"),
+        ("--devices host:99 pass", "host:99"),
+        ("--devices tpu:0 pass", "unknown device"),
+        ("--devices , pass", "no device"),
+        ("--backend tpu pass", "--backend is cuda or host"),
+        ("-n 3", "nothing to time"),
+    ],
+)
 def test_bad_options_are_usage_errors(ip, line, match):
     with pytest.raises(UsageError, match=match):
         ip.run_line_magic("gpu_timeit", f"--devices host:0 {line}" if "--devices" not in line else line)

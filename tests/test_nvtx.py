@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncgpu import KINDS, ScopeError, _nvtx
-from asyncgpu import profiler_range
+from asyncgpu import KINDS, ScopeError, _nvtx, profiler_range
 
 pytestmark = pytest.mark.anyio
 
@@ -41,8 +40,15 @@ def test_capture_starts_and_stops_once_in_order(two_devs, calls):
     a, b = two_devs
     with profiler_range(two_devs):
         calls.append(("body", ""))
-    assert calls == [("profiler_start", a.name), ("profiler_start", b.name), ("nvtx start", "capture"),
-                     ("body", ""), ("nvtx end", "capture"), ("profiler_stop", b.name), ("profiler_stop", a.name)]
+    assert calls == [
+        ("profiler_start", a.name),
+        ("profiler_start", b.name),
+        ("nvtx start", "capture"),
+        ("body", ""),
+        ("nvtx end", "capture"),
+        ("profiler_stop", b.name),
+        ("profiler_stop", a.name),
+    ]
 
 
 async def test_capture_stops_when_the_body_raises(two_devs, calls):
@@ -50,8 +56,12 @@ async def test_capture_stops_when_the_body_raises(two_devs, calls):
         async with profiler_range(two_devs[1]):
             raise RuntimeError("boom")
     name = two_devs[1].name
-    assert calls == [("profiler_start", name), ("nvtx start", "capture"), ("nvtx end", "capture"),
-                     ("profiler_stop", name)]
+    assert calls == [
+        ("profiler_start", name),
+        ("nvtx start", "capture"),
+        ("nvtx end", "capture"),
+        ("profiler_stop", name),
+    ]
 
 
 def test_inactive_capture_does_nothing(two_devs, calls, monkeypatch):
@@ -62,8 +72,12 @@ def test_inactive_capture_does_nothing(two_devs, calls, monkeypatch):
     with profiler_range(active=False):  # resolves no device: the default backend would raise
         pass
     name = two_devs[0].name
-    assert calls == [("profiler_start", name), ("nvtx start", "capture"), ("nvtx end", "capture"),
-                     ("profiler_stop", name)]
+    assert calls == [
+        ("profiler_start", name),
+        ("nvtx start", "capture"),
+        ("nvtx end", "capture"),
+        ("profiler_stop", name),
+    ]
 
 
 def test_a_failed_start_stops_the_devices_already_started(two_devs, calls, monkeypatch):

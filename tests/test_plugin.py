@@ -29,7 +29,8 @@ def run(pytester, monkeypatch):
 
 
 def test_gpu_marker_skips_without_enough_gpus_and_says_why(run):
-    result = run("""
+    result = run(
+        """
         import pytest
 
         @pytest.mark.gpu
@@ -42,7 +43,9 @@ def test_gpu_marker_skips_without_enough_gpus_and_says_why(run):
 
         def test_plain():
             pass
-    """, "-rs")
+    """,
+        "-rs",
+    )
     if CUDA_OK:
         result.assert_outcomes(passed=2, skipped=1)
         result.stdout.fnmatch_lines([f"*needs 99 CUDA GPUs (this machine has {CUDA_COUNT})*"])
@@ -52,13 +55,17 @@ def test_gpu_marker_skips_without_enough_gpus_and_says_why(run):
 
 
 def test_gpu_marker_is_registered_for_strict_markers(run):
-    result = run("""
+    result = run(
+        """
         import pytest
 
         @pytest.mark.gpu(1)
         def test_x():
             pass
-    """, "--strict-markers", "--markers")
+    """,
+        "--strict-markers",
+        "--markers",
+    )
     assert result.ret == 0
     result.stdout.fnmatch_lines(["@pytest.mark.gpu(count=1): needs `count` CUDA GPUs*"])
 
@@ -76,7 +83,8 @@ def test_gpu_marker_with_a_bad_count_is_an_error(run):
 
 
 def test_timer_fixture_records_the_tests_launches_and_reports_them(run):
-    result = run("""
+    result = run(
+        """
         import threading
         import asyncgpu
 
@@ -91,21 +99,26 @@ def test_timer_fixture_records_the_tests_launches_and_reports_them(run):
         def test_fails(asyncgpu_timer):
             asyncgpu_timer.devices[0].stream.spin_us(1000)
             assert False, "on purpose"
-    """, "--asyncgpu-backend", "host", "-rA")
+    """,
+        "--asyncgpu-backend",
+        "host",
+        "-rA",
+    )
     result.assert_outcomes(passed=1, failed=1)
     out = result.stdout.str()
     # The report section of each test: its activities, then the per-device totals.
-    failure = out[out.index("_ test_fails _"):out.index("= PASSES =")]
+    failure = out[out.index("_ test_fails _") : out.index("= PASSES =")]
     assert "Captured asyncgpu call" in failure and "gpu_timer 'test_fails'" in failure  # a failure shows its timing
     assert "spin" in failure and "inc_loop" not in failure
-    passed = out[out.index("_ test_timed _"):]
+    passed = out[out.index("_ test_timed _") :]
     assert "Captured asyncgpu call" in passed and "gpu_timer 'test_timed'" in passed
     assert re.search(r"spin\s+│ kernel │\s+2 │", passed)  # one spin per device
     assert re.search(r"inc_loop\s+│ kernel │\s+1 │", passed)  # and the plain thread's inc_loop
 
 
 def test_timer_fixture_results_are_readable_after_the_test(run):
-    result = run("""
+    result = run(
+        """
         import pytest
 
         @pytest.fixture
@@ -116,16 +129,22 @@ def test_timer_fixture_results_are_readable_after_the_test(run):
 
         def test_it(check, asyncgpu_timer):
             asyncgpu_timer.devices[0].stream.spin_us(1000)
-    """, "--asyncgpu-backend", "host")
+    """,
+        "--asyncgpu-backend",
+        "host",
+    )
     result.assert_outcomes(passed=1)
 
 
 @pytest.mark.skipif(CUDA_OK, reason="checks the machine without a GPU")
 def test_timer_fixture_skips_without_devices(run):
-    result = run("""
+    result = run(
+        """
         def test_needs_devices(asyncgpu_timer):
             pass
-    """, "-rs")
+    """,
+        "-rs",
+    )
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*no usable CUDA GPU*ASYNCGPU_BACKEND=host*"])
 

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-
 import time
-import types
 
 import numpy as np
 import pytest
@@ -33,17 +31,31 @@ def step_timeline() -> Timeline:
     """Two GPUs, two streams each, a copy, two GEMMs and an all-reduce overlapping them (ms from T0).
     cuda:0: busy [0.1, 6.6] = 6.5, sum 9.5; cuda:1: busy [0.2, 4.7] + [5.0, 8.0] = 7.5, sum 7.5. Window 9."""
     rows = [  # device, stream, name, kind, start, end
-        (0, 0, 0, "memcpy", 0.1, 0.6), (1, 2, 0, "memcpy", 0.2, 0.7), (0, 0, 1, "kernel", 0.6, 3.6),
-        (1, 2, 1, "kernel", 0.7, 2.7), (0, 1, 2, "kernel", 2.0, 5.0), (0, 0, 1, "kernel", 3.6, 6.6),
-        (1, 2, 1, "kernel", 2.7, 4.7), (1, 3, 2, "kernel", 5.0, 8.0),
+        (0, 0, 0, "memcpy", 0.1, 0.6),
+        (1, 2, 0, "memcpy", 0.2, 0.7),
+        (0, 0, 1, "kernel", 0.6, 3.6),
+        (1, 2, 1, "kernel", 0.7, 2.7),
+        (0, 1, 2, "kernel", 2.0, 5.0),
+        (0, 0, 1, "kernel", 3.6, 6.6),
+        (1, 2, 1, "kernel", 2.7, 4.7),
+        (1, 3, 2, "kernel", 5.0, 8.0),
     ]
     d, s, n, k, lo, hi = zip(*rows)
-    return Timeline.from_arrays(label="step", devices=["cuda:0", "cuda:1"], device=d,
-                                streams=[(0, "s0"), (0, "s1"), (1, "s0"), (1, "s1")], stream=s,
-                                names=["h2d batch", "gemm", "allreduce"], name=n, kind=k,
-                                start_ns=T0 + np.array(lo) * MS, end_ns=T0 + np.array(hi) * MS,
-                                scope_start_ns=T0, scope_end_ns=T0 + 9 * MS,
-                                descriptions=("NVIDIA H200 (sm_90)",) * 2)
+    return Timeline.from_arrays(
+        label="step",
+        devices=["cuda:0", "cuda:1"],
+        device=d,
+        streams=[(0, "s0"), (0, "s1"), (1, "s0"), (1, "s1")],
+        stream=s,
+        names=["h2d batch", "gemm", "allreduce"],
+        name=n,
+        kind=k,
+        start_ns=T0 + np.array(lo) * MS,
+        end_ns=T0 + np.array(hi) * MS,
+        scope_start_ns=T0,
+        scope_end_ns=T0 + 9 * MS,
+        descriptions=("NVIDIA H200 (sm_90)",) * 2,
+    )
 
 
 def step_timer():
@@ -52,21 +64,40 @@ def step_timer():
 
 def hard_timer():
     """An error, an unaligned clock, an unfinished activity and an idle device in one scope."""
-    clocks = [DeviceClock("host:0", True, 0.0), DeviceClock("host:1", False, float("nan"), reason="no calibration"),
-              DeviceClock("host:2", True, 0.0)]
-    tl = Timeline.from_arrays(label="bad", devices=["host:0", "host:1", "host:2"], device=[0, 0, 0, 1, 1],
-                              names=["gemm", "copy"], name=[0, 0, 1, 0, 1],
-                              kind=["kernel", "kernel", "memcpy", "kernel", "memcpy"],
-                              streams=[(0, "s0"), (0, "s1"), (1, "s0")], stream=[0, 1, 0, 2, 2],
-                              start_ns=T0 + np.array([1, 2, 6, 0, np.nan]) * MS,
-                              end_ns=T0 + np.array([4, 3, 7, 2, np.nan]) * MS, scope_start_ns=T0,
-                              scope_end_ns=T0 + 5 * MS, clocks=clocks, error="RuntimeError: boom")
+    clocks = [
+        DeviceClock("host:0", True, 0.0),
+        DeviceClock("host:1", False, float("nan"), reason="no calibration"),
+        DeviceClock("host:2", True, 0.0),
+    ]
+    tl = Timeline.from_arrays(
+        label="bad",
+        devices=["host:0", "host:1", "host:2"],
+        device=[0, 0, 0, 1, 1],
+        names=["gemm", "copy"],
+        name=[0, 0, 1, 0, 1],
+        kind=["kernel", "kernel", "memcpy", "kernel", "memcpy"],
+        streams=[(0, "s0"), (0, "s1"), (1, "s0")],
+        stream=[0, 1, 0, 2, 2],
+        start_ns=T0 + np.array([1, 2, 6, 0, np.nan]) * MS,
+        end_ns=T0 + np.array([4, 3, 7, 2, np.nan]) * MS,
+        scope_start_ns=T0,
+        scope_end_ns=T0 + 5 * MS,
+        clocks=clocks,
+        error="RuntimeError: boom",
+    )
     return fake_timer(tl)
 
 
 def empty_timer():
-    tl = Timeline.from_arrays(label="idle", devices=["cuda:0"], device=[], start_ns=[], end_ns=[],
-                              scope_start_ns=T0, scope_end_ns=T0 + MS // 2)
+    tl = Timeline.from_arrays(
+        label="idle",
+        devices=["cuda:0"],
+        device=[],
+        start_ns=[],
+        end_ns=[],
+        scope_start_ns=T0,
+        scope_end_ns=T0 + MS // 2,
+    )
     return fake_timer(tl, 0.5, 0.0, 0.25)
 
 
@@ -224,15 +255,21 @@ def render_text_of(tl: Timeline) -> str:
     return render(timeline_report(tl))
 
 
-@pytest.mark.parametrize("make, expected", [
-    (lambda: render_text_of(step_timer()), STEP_REPORT),
-    (lambda: render(balance_renderable(balance(step_timeline(), {"cuda:0": 64, "cuda:1": 64}))),
-     STEP_BALANCE_WITH_UNITS),
-    (lambda: render_text_of(hard_timer()), HARD_REPORT),
-    (lambda: render(timeline_table(step_timeline(), order="time", limit=3)), TIME_ORDER_LIMITED),
-    (lambda: render(records_report(step_timeline().records()[:3], "    ")), RECORDS_INDENTED),
-    (lambda: render_text_of(empty_timer()), EMPTY_REPORT),
-], ids=["step", "balance-units", "hard", "time-limited", "records", "empty"])
+@pytest.mark.parametrize(
+    "make, expected",
+    [
+        (lambda: render_text_of(step_timer()), STEP_REPORT),
+        (
+            lambda: render(balance_renderable(balance(step_timeline(), {"cuda:0": 64, "cuda:1": 64}))),
+            STEP_BALANCE_WITH_UNITS,
+        ),
+        (lambda: render_text_of(hard_timer()), HARD_REPORT),
+        (lambda: render(timeline_table(step_timeline(), order="time", limit=3)), TIME_ORDER_LIMITED),
+        (lambda: render(records_report(step_timeline().records()[:3], "    ")), RECORDS_INDENTED),
+        (lambda: render_text_of(empty_timer()), EMPTY_REPORT),
+    ],
+    ids=["step", "balance-units", "hard", "time-limited", "records", "empty"],
+)
 def test_golden(make, expected):
     assert plain(make()) == expected.rstrip("\n")
 
@@ -245,8 +282,9 @@ def test_render_is_plain_text_of_the_given_width():
 
 def test_timeline_table_limits_a_large_timeline_cheaply():
     n = 1_000_000
-    tl = Timeline.from_arrays(devices=["a", "b"], device=np.arange(n) % 2, start_ns=np.arange(n) * 1e3,
-                              end_ns=np.arange(n) * 1e3 + 500)
+    tl = Timeline.from_arrays(
+        devices=["a", "b"], device=np.arange(n) % 2, start_ns=np.arange(n) * 1e3, end_ns=np.arange(n) * 1e3 + 500
+    )
     t = time.perf_counter()
     text = render(timeline_table(tl, order="time", limit=5))
     assert time.perf_counter() - t < 2
@@ -272,9 +310,19 @@ async def test_host_scope_renders_every_section(two_devs):
             with t.activity("block", device=d):
                 d.stream.spin_us(1_000)
     text = str(t)
-    for needle in ("gpu_timer 'real': activities in issue order", "totals per kind and activity",
-                   "totals per device", "balance: busy time per device", "scope 'real': host", "waiting for the",
-                   "spin", "block", a.name, b.name, f"straggler {b.name}"):
+    for needle in (
+        "gpu_timer 'real': activities in issue order",
+        "totals per kind and activity",
+        "totals per device",
+        "balance: busy time per device",
+        "scope 'real': host",
+        "waiting for the",
+        "spin",
+        "block",
+        a.name,
+        b.name,
+        f"straggler {b.name}",
+    ):
         assert needle in text, needle
     rep = t.balance({a: 10, b: 10})
     assert rep.straggler == b.name and sum(r.suggested_units for r in rep.rows) == 20

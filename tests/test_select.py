@@ -7,8 +7,8 @@ import pytest
 
 import asyncgpu
 from asyncgpu import ClosedError, DeviceMismatchError, NoDeviceError
-from asyncgpu.errors import UnknownDeviceError
 from asyncgpu._backends import load_backend
+from asyncgpu.errors import UnknownDeviceError
 
 from .conftest import CUDA_OK
 
@@ -128,8 +128,14 @@ def test_closed_device_everywhere(backend):
     s = d.create_stream()
     d.close()
     d.close()  # idempotent
-    for call in (d.record, d.create_event, d.create_stream, d.synchronize, lambda: d.alloc_pinned(4),
-                 lambda: asyncgpu.device(d)):
+    for call in (
+        d.record,
+        d.create_event,
+        d.create_stream,
+        d.synchronize,
+        lambda: d.alloc_pinned(4),
+        lambda: asyncgpu.device(d),
+    ):
         with pytest.raises(ClosedError, match="asyncgpu.device"):
             call()
     assert s.device is d

@@ -27,9 +27,19 @@ def timeline(devices, rows, *, scope_ms=None, clocks=None, error=None, names=("w
     start = [np.nan if r[1] is None else T0 + r[1] * MS for r in rows]
     end = [np.nan if r[2] is None else T0 + r[2] * MS for r in rows]
     name = [r[3] if len(r) > 3 else 0 for r in rows]
-    return Timeline.from_arrays(label="t", devices=devices, device=dev, start_ns=start, end_ns=end, names=names,
-                                name=name, scope_start_ns=T0,
-                                scope_end_ns=T0 + int((scope_ms or 0) * MS), clocks=clocks, error=error)
+    return Timeline.from_arrays(
+        label="t",
+        devices=devices,
+        device=dev,
+        start_ns=start,
+        end_ns=end,
+        names=names,
+        name=name,
+        scope_start_ns=T0,
+        scope_end_ns=T0 + int((scope_ms or 0) * MS),
+        clocks=clocks,
+        error=error,
+    )
 
 
 def brute_union_ms(intervals):
@@ -116,25 +126,43 @@ def test_unfinished_rows_are_counted_apart():
     assert (acts.count, acts.unfinished, acts.total_ms) == (1, 2, 2.0)
     k, late = acts.rows
     assert (k.name, k.count, k.unfinished, k.mean_ms) == ("k", 1, 1, 2.0)
-    assert (late.name, late.count, late.unfinished, late.total_ms, late.mean_ms, late.min_ms) == \
-        ("late", 0, 1, 0.0, None, None)
+    assert (late.name, late.count, late.unfinished, late.total_ms, late.mean_ms, late.min_ms) == (
+        "late",
+        0,
+        1,
+        0.0,
+        None,
+        None,
+    )
     s = device_summary(tl).rows[0]
     assert (s.count, s.unfinished, s.busy_ms) == (1, 2, 2.0)
     assert any("2 unfinished activities" in n for n in balance(tl).notes)
 
 
 def test_activity_summary_groups_by_name_and_kind_longest_total_first():
-    tl = Timeline.from_arrays(devices=["a", "b"], device=[0, 1, 0, 1, 0], names=["gemm", "copy"],
-                              name=[0, 0, 1, 1, 0], kind=["kernel", "kernel", "memcpy", "memcpy", "user"],
-                              start_ns=np.array([0, 0, 1, 2, 5]) * MS, end_ns=np.array([1, 3, 6, 4, 5.5]) * MS)
+    tl = Timeline.from_arrays(
+        devices=["a", "b"],
+        device=[0, 1, 0, 1, 0],
+        names=["gemm", "copy"],
+        name=[0, 0, 1, 1, 0],
+        kind=["kernel", "kernel", "memcpy", "memcpy", "user"],
+        start_ns=np.array([0, 0, 1, 2, 5]) * MS,
+        end_ns=np.array([1, 3, 6, 4, 5.5]) * MS,
+    )
     rows = [(r.name, r.kind, r.count, r.total_ms, r.mean_ms, r.min_ms, r.max_ms) for r in activity_summary(tl).rows]
-    assert rows == [("copy", "memcpy", 2, 7.0, 3.5, 2.0, 5.0), ("gemm", "kernel", 2, 4.0, 2.0, 1.0, 3.0),
-                    ("gemm", "user", 1, 0.5, 0.5, 0.5, 0.5)]
+    assert rows == [
+        ("copy", "memcpy", 2, 7.0, 3.5, 2.0, 5.0),
+        ("gemm", "kernel", 2, 4.0, 2.0, 1.0, 3.0),
+        ("gemm", "user", 1, 0.5, 0.5, 0.5, 0.5),
+    ]
 
 
 def test_unaligned_device_keeps_its_own_window_and_makes_waits_incomparable():
-    clocks = [DeviceClock("a", True, 0.0), DeviceClock("b", True, 0.0),
-              DeviceClock("x", False, float("nan"), reason="calibration failed")]
+    clocks = [
+        DeviceClock("a", True, 0.0),
+        DeviceClock("b", True, 0.0),
+        DeviceClock("x", False, float("nan"), reason="calibration failed"),
+    ]
     tl = timeline(["a", "b", "x"], [(0, 0, 10), (1, 0, 4), (2, 0, 30)], scope_ms=5, clocks=clocks)
     ds = device_summary(tl)
     assert ds.window_ms == 10.0  # x's times do not stretch it
@@ -205,14 +233,17 @@ def test_balance_accepts_a_device_summary():
     assert balance(device_summary(tl), [1, 1]) == balance(tl, [1, 1])
 
 
-@pytest.mark.parametrize("units, match", [
-    ({"a": 1, "b": 1, "z": 2}, "names z, not in this timeline: use some of a, b"),
-    ({"a": 1}, "no entry for b: give every device"),
-    ([1, 2, 3], "3 values for 2 devices"),
-    ([1, -1], "whole numbers ≥ 0"),
-    ([1, 2.5], "whole numbers ≥ 0"),
-    ([1, float("nan")], "whole numbers ≥ 0"),
-])
+@pytest.mark.parametrize(
+    "units, match",
+    [
+        ({"a": 1, "b": 1, "z": 2}, "names z, not in this timeline: use some of a, b"),
+        ({"a": 1}, "no entry for b: give every device"),
+        ([1, 2, 3], "3 values for 2 devices"),
+        ([1, -1], "whole numbers ≥ 0"),
+        ([1, 2.5], "whole numbers ≥ 0"),
+        ([1, float("nan")], "whole numbers ≥ 0"),
+    ],
+)
 def test_bad_work_units_name_the_fix(units, match):
     tl = timeline(["a", "b"], [(0, 0, 2), (1, 0, 6)], scope_ms=6)
     with pytest.raises(ValueError, match=match):

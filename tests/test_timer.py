@@ -183,8 +183,16 @@ async def test_report_renders_every_table(dev):
         a = dev.alloc(10)
         dev.stream.memset(a, 1)
     text = str(t)
-    for needle in ("gpu_timer 'rep': activities", "totals per kind", "totals per device", "spin", "memset",
-                   dev.name, "scope 'rep': host", "waiting"):
+    for needle in (
+        "gpu_timer 'rep': activities",
+        "totals per kind",
+        "totals per device",
+        "spin",
+        "memset",
+        dev.name,
+        "scope 'rep': host",
+        "waiting",
+    ):
         assert needle in text
     assert np.all(a.to_numpy().view(np.uint8) == 1)
 

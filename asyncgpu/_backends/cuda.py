@@ -17,21 +17,26 @@ import ctypes
 import os
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .._errors import BackendError, ClockError, DeviceMismatchError, NoDeviceError, NotReadyError, UnknownDeviceError
 from .contract import Backend, BackendDevice
 from .kernels import kernels_dir
-from .._errors import BackendError, ClockError, DeviceMismatchError, NoDeviceError, NotReadyError, UnknownDeviceError
 
 __all__ = ["CudaBackend", "CudaDevice", "backend_class"]
 
-_KERNEL_SOURCES = {"asyncgpu_spin": "workloads.cu", "asyncgpu_inc_loop": "workloads.cu",
-                   "asyncgpu_clock_pingpong": "clock.cu", "asyncgpu_clock_bracket": "clock.cu",
-                   "asyncgpu_inc_loop_profiled": "profiled.cu", "asyncgpu_kp_bench": "profiled.cu",
-                   "asyncgpu_inc_loop_profiled_off": "profiled_off.cu", "asyncgpu_kp_bench_off": "profiled_off.cu"}
+_KERNEL_SOURCES = {
+    "asyncgpu_spin": "workloads.cu",
+    "asyncgpu_inc_loop": "workloads.cu",
+    "asyncgpu_clock_pingpong": "clock.cu",
+    "asyncgpu_clock_bracket": "clock.cu",
+    "asyncgpu_inc_loop_profiled": "profiled.cu",
+    "asyncgpu_kp_bench": "profiled.cu",
+    "asyncgpu_inc_loop_profiled_off": "profiled_off.cu",
+    "asyncgpu_kp_bench_off": "profiled_off.cu",
+}
 _INC_BLOCK = 256
 _MASK32 = 0xFFFFFFFF
 # Calibration page (mapped pinned host memory), uint32 word indices and the byte offset of the stamps.
@@ -50,8 +55,9 @@ def compile_source(source: str, arch: str, include_path: list[str] | None = None
         program = Program(source, "c++", options)
     except RuntimeError as exc:
         if "nvrtc" in str(exc).lower():
-            raise BackendError(f"NVRTC is missing ({exc}): install asyncgpu[cu13] (CUDA 13 driver) or "
-                               "asyncgpu[cu12] (CUDA 12 driver)") from exc
+            raise BackendError(
+                f"NVRTC is missing ({exc}): install asyncgpu[cu13] (CUDA 13 driver) or asyncgpu[cu12] (CUDA 12 driver)"
+            ) from exc
         raise
     return program.compile("cubin")
 
@@ -149,8 +155,10 @@ class CudaDevice(BackendDevice):
             raise TypeError(f"cannot adopt {type(obj).__name__}: a CUDA stream must implement __cuda_stream__")
         s = self._dev.create_stream(obj)
         if s.device.device_id != self.index:
-            raise DeviceMismatchError(f"that stream belongs to cuda:{s.device.device_id}, not {self.name}: adopt it "
-                                      f"with asyncgpu.device({s.device.device_id})")
+            raise DeviceMismatchError(
+                f"that stream belongs to cuda:{s.device.device_id}, not {self.name}: adopt it "
+                f"with asyncgpu.device({s.device.device_id})"
+            )
         return (s, s.handle, int(s.handle), ctypes.c_void_p(int(s.handle)))
 
     def stream_handle(self, raw_stream: Any) -> int:
@@ -251,30 +259,42 @@ class CudaDevice(BackendDevice):
             raise self._drv.error(err, "cuMemHostGetDevicePointer")
         return int(dptr) + offset
 
-    def wait_value_record(self, raw_stream: Any, flag_dptr: int, value: int, raw_event: Any,
-                          ack_dptr: int | None = None) -> None:
+    def wait_value_record(
+        self, raw_stream: Any, flag_dptr: int, value: int, raw_event: Any, ack_dptr: int | None = None
+    ) -> None:
         """Enqueue: wait (on the device) until the uint32 at ``flag_dptr`` reaches ``value`` (cyclic compare),
         record ``raw_event``, then write ``value`` to ``ack_dptr``. No SM is involved."""
         d = self._drv.d
-        err = d.cuStreamWaitValue32(raw_stream[1], flag_dptr, value & _MASK32,
-                                    d.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)[0]
+        err = d.cuStreamWaitValue32(
+            raw_stream[1], flag_dptr, value & _MASK32, d.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ
+        )[0]
         if err is not self._drv.SUCCESS:
-            raise ClockError(f"{self.name} cannot wait on host memory (cuStreamWaitValue32: {err.name}): stream "
-                             "memory operations are unsupported by this driver or device")
+            raise ClockError(
+                f"{self.name} cannot wait on host memory (cuStreamWaitValue32: {err.name}): stream "
+                "memory operations are unsupported by this driver or device"
+            )
         self.record(raw_event, raw_stream)
         if ack_dptr is not None:
-            err = d.cuStreamWriteValue32(raw_stream[1], ack_dptr, value & _MASK32,
-                                         d.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT)[0]
+            err = d.cuStreamWriteValue32(
+                raw_stream[1], ack_dptr, value & _MASK32, d.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT
+            )[0]
             if err is not self._drv.SUCCESS:
                 raise self._drv.error(err, "cuStreamWriteValue32")
 
-    def launch_pingpong(self, raw_stream: Any, flag_dptr: int, started_dptr: int, ack_dptr: int,
-                        stamps_dptr: int, first: int, n: int) -> None:
+    def launch_pingpong(
+        self, raw_stream: Any, flag_dptr: int, started_dptr: int, ack_dptr: int, stamps_dptr: int, first: int, n: int
+    ) -> None:
         """Launch kernels/clock.cu's ``asyncgpu_clock_pingpong`` (one thread)."""
         from cuda.core import LaunchConfig
 
-        args = (np.uint64(flag_dptr), np.uint64(started_dptr), np.uint64(ack_dptr), np.uint64(stamps_dptr),
-                np.uint32(first & _MASK32), np.uint32(n))
+        args = (
+            np.uint64(flag_dptr),
+            np.uint64(started_dptr),
+            np.uint64(ack_dptr),
+            np.uint64(stamps_dptr),
+            np.uint32(first & _MASK32),
+            np.uint32(n),
+        )
         self.launch(raw_stream, self._kernel("asyncgpu_clock_pingpong"), LaunchConfig(grid=1, block=1), args)
 
     def calibrate_events(self, raw_events: list, timeout_ns: int) -> np.ndarray:
@@ -284,8 +304,7 @@ class CudaDevice(BackendDevice):
         cal.next_e = (first + n) & _MASK32
         try:
             for k, raw in enumerate(raw_events):
-                self.wait_value_record(cal.stream, cal.dptr + 4 * _W_FLAG_E, first + k, raw,
-                                       cal.dptr + 4 * _W_ACK_E)
+                self.wait_value_record(cal.stream, cal.dptr + 4 * _W_FLAG_E, first + k, raw, cal.dptr + 4 * _W_ACK_E)
         except BaseException:
             cal.words[_W_FLAG_E] = (first + n - 1) & _MASK32  # release what was enqueued
             raise
@@ -296,17 +315,24 @@ class CudaDevice(BackendDevice):
             raise ValueError(f"between 1 and {_MAX_STAMPS} globaltimer samples, not {n}")
         cal = self._calibration()
         if not self.query(cal.kernel_done):
-            raise ClockError(f"{self.name}'s previous calibration kernel has not run yet: the device is busy "
-                             "(every SM taken by long kernels); calibrate again when it is idle")
+            raise ClockError(
+                f"{self.name}'s previous calibration kernel has not run yet: the device is busy "
+                "(every SM taken by long kernels); calibrate again when it is idle"
+            )
         first = cal.next_k
         cal.next_k = (first + n) & _MASK32
         d, words = cal.dptr, cal.words
-        self.launch_pingpong(cal.stream, d + 4 * _W_FLAG_K, d + 4 * _W_STARTED_K, d + 4 * _W_ACK_K,
-                             d + _STAMPS_OFFSET, first, n)
+        self.launch_pingpong(
+            cal.stream, d + 4 * _W_FLAG_K, d + 4 * _W_STARTED_K, d + 4 * _W_ACK_K, d + _STAMPS_OFFSET, first, n
+        )
         if raw_event is not None:
             self.record(raw_event, cal.stream)
-            err = self._drv.d.cuStreamWriteValue32(cal.stream[1], d + 4 * _W_ACK_A, first,
-                                                   self._drv.d.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT)[0]
+            err = self._drv.d.cuStreamWriteValue32(
+                cal.stream[1],
+                d + 4 * _W_ACK_A,
+                first,
+                self._drv.d.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT,
+            )[0]
             if err is not self._drv.SUCCESS:
                 raise self._drv.error(err, "cuStreamWriteValue32")
         self.record(cal.kernel_done, cal.stream)
@@ -314,8 +340,10 @@ class CudaDevice(BackendDevice):
         while words[_W_STARTED_K] != first:
             if time.perf_counter_ns() > deadline:
                 words[_W_FLAG_K] = (first + n - 1) & _MASK32  # the kernel runs through at once when it starts
-                raise ClockError(f"{self.name}'s calibration kernel did not start within "
-                                 f"{_START_TIMEOUT_NS // 1_000_000} ms: the device is busy")
+                raise ClockError(
+                    f"{self.name}'s calibration kernel did not start within "
+                    f"{_START_TIMEOUT_NS // 1_000_000} ms: the device is busy"
+                )
         hosts = host_pingpong(words, _W_FLAG_K, _W_ACK_K, first, n, timeout_ns, self.name)
         after = None
         if raw_event is not None:
@@ -468,8 +496,10 @@ class CudaDevice(BackendDevice):
 
         src = Device(src_index)
         if not self._dev.can_access_peer(src_index):
-            raise BackendError(f"{self.name} cannot read cuda:{src_index}'s memory directly (no peer access between "
-                               "them): copy through pinned host memory (copy_to_host, then a host-to-device copy)")
+            raise BackendError(
+                f"{self.name} cannot read cuda:{src_index}'s memory directly (no peer access between "
+                "them): copy through pinned host memory (copy_to_host, then a host-to-device copy)"
+            )
         src.memory_resource.peer_accessible_by.add(self.index)
         self._peer_sources.add(src_index)
 
@@ -545,8 +575,10 @@ class CudaDevice(BackendDevice):
                 by_event[int(event)] = node
         missing = sum(raw[2] not in by_event for raw in raw_events)
         if missing:
-            raise BackendError(f"{missing} of {len(raw_events)} timing events left no event-record node in the "
-                               "captured graph: this driver ignores CU_EVENT_RECORD_EXTERNAL; update the driver")
+            raise BackendError(
+                f"{missing} of {len(raw_events)} timing events left no event-record node in the "
+                "captured graph: this driver ignores CU_EVENT_RECORD_EXTERNAL; update the driver"
+            )
         return [by_event[raw[2]] for raw in raw_events]
 
     def set_graph_events(self, raw_graph: Any, nodes: list, raw_events: list) -> None:
@@ -644,8 +676,10 @@ def host_pingpong(words: Any, flag: int, ack: int, first: int, n: int, timeout_n
         while (words[ack] - v) & _MASK32 >= 0x80000000:  # cyclic: ack has not reached v yet
             if clock() > deadline:
                 words[flag] = (first + n - 1) & _MASK32
-                raise ClockError(f"{name} did not answer a clock ping within {timeout_ns / 1e6:.1f} ms: its "
-                                 "calibration stream is queued behind other work (too many busy streams)")
+                raise ClockError(
+                    f"{name} did not answer a clock ping within {timeout_ns / 1e6:.1f} ms: its "
+                    "calibration stream is queued behind other work (too many busy streams)"
+                )
         out[k, 0], out[k, 1] = h0, clock()
     return out
 
@@ -700,8 +734,10 @@ class CudaBackend(Backend):
     def open_device(self, index: int) -> CudaDevice:
         ok, why = self.available()
         if not ok:
-            raise NoDeviceError(f"CUDA is not usable here: {why}. Use the host backend: asyncgpu.devices('host') "
-                                "or ASYNCGPU_BACKEND=host")
+            raise NoDeviceError(
+                f"CUDA is not usable here: {why}. Use the host backend: asyncgpu.devices('host') "
+                "or ASYNCGPU_BACKEND=host"
+            )
         if not 0 <= index < self._count:
             raise UnknownDeviceError(f"no device cuda:{index}: this machine has cuda:0..cuda:{self._count - 1}")
         assert self._drv is not None

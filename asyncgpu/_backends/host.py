@@ -19,8 +19,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .contract import Backend, BackendDevice
 from .._errors import BackendError, NotReadyError, ScopeError, UnknownDeviceError
+from .contract import Backend, BackendDevice
 
 __all__ = ["HostBackend", "HostDevice", "backend_class"]
 
@@ -112,8 +112,10 @@ class HostDevice(BackendDevice):
 
     def _check(self) -> None:
         if self.error is not None:
-            raise BackendError(f"work on {self.name} raised {type(self.error).__name__}: {self.error}; the device "
-                               "is poisoned, fix the failing work and open a new process") from self.error
+            raise BackendError(
+                f"work on {self.name} raised {type(self.error).__name__}: {self.error}; the device "
+                "is poisoned, fix the failing work and open a new process"
+            ) from self.error
 
     def create_stream(self) -> _HostStream:
         self._count += 1
@@ -170,8 +172,10 @@ class HostDevice(BackendDevice):
 
     def sync_stream(self, raw_stream: _HostStream) -> None:
         if raw_stream.capture is not None:
-            raise ScopeError(f"cannot synchronize a stream of {self.name} while it is being captured (nothing on "
-                               "it runs until the graph is launched): synchronize after the capture block")
+            raise ScopeError(
+                f"cannot synchronize a stream of {self.name} while it is being captured (nothing on "
+                "it runs until the graph is launched): synchronize after the capture block"
+            )
         marker = _HostEvent(False)
         self.record(marker, raw_stream)
         self.sync_event(marker)
@@ -278,8 +282,9 @@ class HostDevice(BackendDevice):
     def inc_loop_profiled_blocks(self, n: int) -> int:
         return max(1, -(-n // _PROFILED_BLOCK))
 
-    def inc_loop_profiled(self, raw_stream: _HostStream, array: np.ndarray, n: int, iterations: int,
-                          records: np.ndarray) -> None:
+    def inc_loop_profiled(
+        self, raw_stream: _HostStream, array: np.ndarray, n: int, iterations: int, records: np.ndarray
+    ) -> None:
         self.launch(raw_stream, _inc_loop_profiled, None, (array[:n], iterations, records))
 
 
@@ -293,7 +298,7 @@ def _inc_loop_profiled(a: np.ndarray, iterations: int, records: np.ndarray) -> N
     blocks = max(1, -(-a.size // _PROFILED_BLOCK))
     for b in range(blocks):
         lane = HostLane(records, b, blocks=blocks)
-        chunk = a[b * _PROFILED_BLOCK: (b + 1) * _PROFILED_BLOCK]
+        chunk = a[b * _PROFILED_BLOCK : (b + 1) * _PROFILED_BLOCK]
         with lane.region(0):
             v = chunk.copy()
         with lane.region(1):

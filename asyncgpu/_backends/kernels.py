@@ -49,8 +49,10 @@ def parse_format(text: str) -> dict[str, int]:
             continue
         m = _DEFINE.match(line)
         if m is None:
-            raise ValueError(f"asyncgpu_profile_format.h: cannot read {line.strip()!r}: write `#define AGK_NAME "
-                             "<integer literal>` only")
+            raise ValueError(
+                f"asyncgpu_profile_format.h: cannot read {line.strip()!r}: write `#define AGK_NAME "
+                "<integer literal>` only"
+            )
         name, literal = m.groups()
         try:
             out[name[4:]] = int(literal.rstrip("uUlL"), 0)
@@ -74,8 +76,10 @@ class _Format:
         self.CHECK_MASK = 0xFFFFFFFF & ~(self.KIND_MASK | (self.STAGE_MASK << v["STAGE_SHIFT"]))
         self.CHECK_VALUE = v["RECORD_MARK"] << v["MARK_SHIFT"]
         if v["STAGE_SHIFT"] + v["STAGE_BITS"] > 16 or v["KIND_BITS"] > v["STAGE_SHIFT"]:
-            raise ValueError("asyncgpu_profile_format.h: the decoder reads the stage from the tag's low 16 bits: "
-                             "keep STAGE_SHIFT + STAGE_BITS <= 16 and the kind below the stage")
+            raise ValueError(
+                "asyncgpu_profile_format.h: the decoder reads the stage from the tag's low 16 bits: "
+                "keep STAGE_SHIFT + STAGE_BITS <= 16 and the kind below the stage"
+            )
 
     def tag(self, kind: int, stage: int) -> int:
         """The tag word of a record, as the header's ``profile_tag`` computes it."""
@@ -88,8 +92,7 @@ class _Format:
     def header(self, groups: int, lanes: int, capacity: int) -> np.ndarray:
         """The header as the host writes it when arming: uint32 fields (``AGK_HDR_*`` indices), device fields 0."""
         h = np.zeros(2 * self.HEADER_WORDS, np.uint32)
-        h[[self.HDR_MAGIC, self.HDR_GROUPS, self.HDR_LANES, self.HDR_CAPACITY]] = (self.MAGIC, groups, lanes,
-                                                                                   capacity)
+        h[[self.HDR_MAGIC, self.HDR_GROUPS, self.HDR_LANES, self.HDR_CAPACITY]] = (self.MAGIC, groups, lanes, capacity)
         return h
 
     def words_for(self, lanes: int, capacity: int) -> int:
@@ -105,12 +108,16 @@ def words_of(buffer: Any) -> np.ndarray:
     host-backend `DeviceArray`. No copy."""
     if hasattr(buffer, "live") and getattr(buffer, "device", None) is not None:
         if buffer.device.backend != "host":
-            raise TypeError(f"that array lives on {buffer.device.name}: only the kernel writes a GPU buffer (include "
-                            "asyncgpu_profile.cuh); HostLane writes host-backend buffers")
+            raise TypeError(
+                f"that array lives on {buffer.device.name}: only the kernel writes a GPU buffer (include "
+                "asyncgpu_profile.cuh); HostLane writes host-backend buffers"
+            )
         buffer = buffer.live()
     if not isinstance(buffer, np.ndarray) or not buffer.flags.c_contiguous or buffer.nbytes % 8:
-        raise TypeError("records live in a C-contiguous numpy array of whole uint64 words (or a host DeviceArray), "
-                        f"not {type(buffer).__name__}")
+        raise TypeError(
+            "records live in a C-contiguous numpy array of whole uint64 words (or a host DeviceArray), "
+            f"not {type(buffer).__name__}"
+        )
     return buffer.reshape(-1).view(np.uint64)
 
 

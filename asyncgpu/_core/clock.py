@@ -73,18 +73,29 @@ class ClockCalibration:
     def globaltimer_to_host_ns(self, stamps_ns: Any) -> np.ndarray:
         """Convert ``%globaltimer`` stamps (ns, int or array) to host time (float64 ns)."""
         if self.gt_point is None:
-            raise ClockError(f"{self.device} has no %globaltimer calibration (the host backend has no such clock, "
-                             "or the calibration kernel could not run)")
+            raise ClockError(
+                f"{self.device} has no %globaltimer calibration (the host backend has no such clock, "
+                "or the calibration kernel could not run)"
+            )
         g0, h0 = self.gt_point
         return h0 + (np.asarray(stamps_ns, dtype=np.int64) - g0).astype(np.float64) * self.rate
 
     def to_dict(self) -> dict[str, Any]:
-        return {"device": self.device, "host_ns": self.host_ns, "bound_ns": self.bound_ns, "samples": self.samples,
-                "rtt_ns": self.rtt_ns, "taken_ns": self.taken_ns, "globaltimer_offset_ns": self.globaltimer_offset_ns,
-                "globaltimer_bound_ns": self.globaltimer_bound_ns, "naive_offset_ns": self.naive_offset_ns,
-                "drift_ppm": self.drift_ppm, "anchor_source": self.anchor_source,
-                "kernel_anchor_bound_ns": self.kernel_anchor_bound_ns,
-                "bracket_overhead_ns": self.bracket_overhead_ns}
+        return {
+            "device": self.device,
+            "host_ns": self.host_ns,
+            "bound_ns": self.bound_ns,
+            "samples": self.samples,
+            "rtt_ns": self.rtt_ns,
+            "taken_ns": self.taken_ns,
+            "globaltimer_offset_ns": self.globaltimer_offset_ns,
+            "globaltimer_bound_ns": self.globaltimer_bound_ns,
+            "naive_offset_ns": self.naive_offset_ns,
+            "drift_ppm": self.drift_ppm,
+            "anchor_source": self.anchor_source,
+            "kernel_anchor_bound_ns": self.kernel_anchor_bound_ns,
+            "bracket_overhead_ns": self.bracket_overhead_ns,
+        }
 
 
 _LAUNCH_KINDS = ("kernel", "graph")  # kinds whose event pairs lose the bracket overhead
@@ -103,8 +114,16 @@ class Placement:
 
     __slots__ = ("device", "anchor", "anchor_ns", "rate", "overhead_ns", "clock", "calibration")
 
-    def __init__(self, device: Device, anchor: Any, anchor_ns: float, rate: float, overhead_ns: float,
-                 clock: DeviceClock, calibration: ClockCalibration | None) -> None:
+    def __init__(
+        self,
+        device: Device,
+        anchor: Any,
+        anchor_ns: float,
+        rate: float,
+        overhead_ns: float,
+        clock: DeviceClock,
+        calibration: ClockCalibration | None,
+    ) -> None:
         self.device, self.anchor, self.anchor_ns, self.rate = device, anchor, anchor_ns, rate
         self.overhead_ns, self.clock, self.calibration = overhead_ns, clock, calibration
 
@@ -123,8 +142,7 @@ class Placement:
         cut = min(duration_ns, self.overhead_ns)
         return start_ns + cut / 2, duration_ns - cut
 
-    def trim_columns(self, rows: np.ndarray, kind_col: np.ndarray, start_col: np.ndarray,
-                     dur_col: np.ndarray) -> None:
+    def trim_columns(self, rows: np.ndarray, kind_col: np.ndarray, start_col: np.ndarray, dur_col: np.ndarray) -> None:
         """`trim`, in place, on the rows of the columns selected by the boolean mask ``rows``."""
         if self.overhead_ns <= 0:
             return
@@ -140,8 +158,14 @@ class Placement:
         return self.calibration.globaltimer_to_host_ns(stamps_ns)
 
 
-def placement(device: Device, *, max_age_s: float = CLOCK_MAX_AGE_S, subtract_overhead: bool = True,
-              fallback: tuple[Any, float] | None = None, refresh: bool = True) -> Placement:
+def placement(
+    device: Device,
+    *,
+    max_age_s: float = CLOCK_MAX_AGE_S,
+    subtract_overhead: bool = True,
+    fallback: tuple[Any, float] | None = None,
+    refresh: bool = True,
+) -> Placement:
     """The `Placement` of ``device``'s events now: through its clock calibration (re-measured when older than
     ``max_age_s``; that blocks the calling thread about 0.1 ms; ``refresh=False`` never measures and uses the
     last calibration, for threads that must not block, such as the waiter thread). When the clock cannot be
@@ -157,14 +181,19 @@ def placement(device: Device, *, max_age_s: float = CLOCK_MAX_AGE_S, subtract_ov
         anchor, anchor_ns = fallback if fallback is not None else (None, 0.0)
         return Placement(device, anchor, float(anchor_ns), 1.0, 0.0, clock, None)
     overhead = cal.bracket_overhead_ns if subtract_overhead else 0.0
-    clock = DeviceClock(device.name, True, cal.bound_ns, cal.globaltimer_offset_ns, cal.drift_ppm,
-                        overhead_ns=overhead)
-    return Placement(device, cal.anchor, float(cal.host_ns), cal.rate, overhead, clock,
-                     cal if cal.gt_point is not None else None)
+    clock = DeviceClock(device.name, True, cal.bound_ns, cal.globaltimer_offset_ns, cal.drift_ppm, overhead_ns=overhead)
+    return Placement(
+        device, cal.anchor, float(cal.host_ns), cal.rate, overhead, clock, cal if cal.gt_point is not None else None
+    )
 
 
-def calibrate(device: Device, samples: int = DEFAULT_SAMPLES, *, previous: ClockCalibration | None = None,
-              timeout_ns: int = TIMEOUT_NS) -> ClockCalibration:
+def calibrate(
+    device: Device,
+    samples: int = DEFAULT_SAMPLES,
+    *,
+    previous: ClockCalibration | None = None,
+    timeout_ns: int = TIMEOUT_NS,
+) -> ClockCalibration:
     """Measure ``device``'s clocks against the host (see the module docstring). ``previous`` (an older
     calibration of the same device) gives the drift. Raises `ClockError` if the device does not answer."""
     if samples < 1:
@@ -221,8 +250,23 @@ def calibrate(device: Device, samples: int = DEFAULT_SAMPLES, *, previous: Clock
             overhead = bd.bracket_overhead_ns()
         except ClockError:
             pass
-    return ClockCalibration(device.name, host_ns, bound_ns, samples, float(rtt[best]), time.perf_counter_ns(),
-                            gt_offset, gt_bound, naive, drift, source, k_bound, overhead, anchor, gt_point)
+    return ClockCalibration(
+        device.name,
+        host_ns,
+        bound_ns,
+        samples,
+        float(rtt[best]),
+        time.perf_counter_ns(),
+        gt_offset,
+        gt_bound,
+        naive,
+        drift,
+        source,
+        k_bound,
+        overhead,
+        anchor,
+        gt_point,
+    )
 
 
 def check_alignment(devices: Iterable[Device], trials: int = 30, samples: int = DEFAULT_SAMPLES) -> dict[str, Any]:
@@ -251,8 +295,7 @@ def check_alignment(devices: Iterable[Device], trials: int = 30, samples: int = 
             for i, bd in enumerate(bds):
                 base = bd.device_pointer(page)
                 off = 256 + i * per
-                bd.launch_pingpong(streams[i], base + flag_off, base + off, base + off + 4, base + off + 16,
-                                   trial, 1)
+                bd.launch_pingpong(streams[i], base + flag_off, base + off, base + off + 4, base + off + 16, trial, 1)
                 bd.record(events[i], streams[i])  # lands when the kernel ends, just after it saw the flag
             deadline = time.perf_counter_ns() + 1_000_000_000
             while any(words[(256 + i * per) // 4] != trial for i in range(len(devs))):
@@ -261,12 +304,13 @@ def check_alignment(devices: Iterable[Device], trials: int = 30, samples: int = 
             words[flag_off // 4] = trial  # one store: the physical instant every device stamps
             for i, bd in enumerate(bds):
                 bd.sync_stream(streams[i])
-            stamps = np.array([np.frombuffer(page.view, np.uint64, 1, 256 + i * per + 16)[0]
-                               for i in range(len(devs))], dtype=np.int64)
+            stamps = np.array(
+                [np.frombuffer(page.view, np.uint64, 1, 256 + i * per + 16)[0] for i in range(len(devs))],
+                dtype=np.int64,
+            )
             aligned = [cals[i].globaltimer_to_host_ns(stamps[i]) for i in range(len(devs))]
             naive = [stamps[i] - cals[i].naive_offset_ns for i in range(len(devs))]
-            ev_host = [c.host_ns + bds[i].elapsed_ms(c.anchor, events[i]) * 1e6 * c.rate
-                       for i, c in enumerate(cals)]
+            ev_host = [c.host_ns + bds[i].elapsed_ms(c.anchor, events[i]) * 1e6 * c.rate for i, c in enumerate(cals)]
             for i in range(1, len(devs)):
                 rows["raw"].append(float(stamps[0] - stamps[i]))
                 rows["aligned"].append(float(aligned[0] - aligned[i]))
@@ -283,8 +327,15 @@ def check_alignment(devices: Iterable[Device], trials: int = 30, samples: int = 
             d.timing_pool.give(raw)
         page.free()
     out: dict[str, Any] = {k: np.asarray(v) for k, v in rows.items()}
-    out["summary"] = {k: {"median_abs_ns": float(np.median(np.abs(v))), "max_abs_ns": float(np.max(np.abs(v))),
-                          "mean_ns": float(np.mean(v))} for k, v in out.items() if len(v)}
+    out["summary"] = {
+        k: {
+            "median_abs_ns": float(np.median(np.abs(v))),
+            "max_abs_ns": float(np.max(np.abs(v))),
+            "mean_ns": float(np.mean(v)),
+        }
+        for k, v in out.items()
+        if len(v)
+    }
     out["devices"] = [d.name for d in devs]
     out["trials"] = trials
     return out

@@ -19,9 +19,9 @@ from typing import Any, Callable, final
 import numpy as np
 
 from .._backends.contract import BackendDevice
+from .._errors import BackendError, ClosedError, DeviceMismatchError
 from .clock import CLOCK_MAX_AGE_S, DEFAULT_SAMPLES, ClockCalibration, calibrate
 from .engine import KIND_RELEASE, RELEASE_LAST, Engine
-from .._errors import BackendError, ClosedError, DeviceMismatchError
 from .event import Event
 from .memory import DeviceArray
 from .pool import EventPool, PoolStats
@@ -38,8 +38,9 @@ class Device:
         raise TypeError("open devices with asyncgpu.device(...) or asyncgpu.devices()")
 
     @classmethod
-    def _open(cls, bd: BackendDevice, *, streams: int, max_events: int,
-              on_close: Callable[[Device], None] | None = None) -> Device:
+    def _open(
+        cls, bd: BackendDevice, *, streams: int, max_events: int, on_close: Callable[[Device], None] | None = None
+    ) -> Device:
         """Open the worker of ``bd``. ``on_close(device)`` runs first thing in `close` (the registry of open
         workers, `asyncgpu._core.select`, forgets it there)."""
         if streams < 1:
@@ -72,8 +73,9 @@ class Device:
         return self
 
     # -- clock --------------------------------------------------------------------------------------------
-    def clock(self, *, refresh: bool = False, max_age_s: float = CLOCK_MAX_AGE_S, samples: int = DEFAULT_SAMPLES
-              ) -> ClockCalibration:
+    def clock(
+        self, *, refresh: bool = False, max_age_s: float = CLOCK_MAX_AGE_S, samples: int = DEFAULT_SAMPLES
+    ) -> ClockCalibration:
         """This device's clock calibration against the host clock (``time.perf_counter_ns()``): the anchor
         that places its events on the host time base, its error bound, the ``%globaltimer`` offset and drift.
         Re-measured when older than ``max_age_s`` (or when ``refresh``): that blocks the calling thread about

@@ -65,11 +65,26 @@ _now = time.perf_counter_ns
 class Waiter:
     """One pending wait. Created by `Engine.add`; the engine thread and the owner's loop read its fields."""
 
-    __slots__ = ("raw", "key", "seq", "tag", "record_ns", "kind", "loop", "target", "state", "error",
-                 "early_ok", "poll_until_ns", "dispatch_ns", "woke_ns")
+    __slots__ = (
+        "raw",
+        "key",
+        "seq",
+        "tag",
+        "record_ns",
+        "kind",
+        "loop",
+        "target",
+        "state",
+        "error",
+        "early_ok",
+        "poll_until_ns",
+        "dispatch_ns",
+        "woke_ns",
+    )
 
-    def __init__(self, raw: Any, key: int, seq: int, tag: Any, record_ns: int, kind: int, loop: Any,
-                 target: Any) -> None:
+    def __init__(
+        self, raw: Any, key: int, seq: int, tag: Any, record_ns: int, kind: int, loop: Any, target: Any
+    ) -> None:
         self.raw, self.key, self.seq, self.tag, self.record_ns = raw, key, seq, tag, record_ns
         self.kind, self.loop, self.target = kind, loop, target
         self.state = PENDING
@@ -111,8 +126,7 @@ class Engine:
         device.on_progress = self.kick
 
     # -- called from loops / other threads ----------------------------------------------------------------
-    def add(self, raw: Any, key: int, seq: int, tag: Any, record_ns: int, kind: int, loop: Any,
-            target: Any) -> Waiter:
+    def add(self, raw: Any, key: int, seq: int, tag: Any, record_ns: int, kind: int, loop: Any, target: Any) -> Waiter:
         """Register a wait. Raises `ClosedError` after `close`."""
         w = Waiter(raw, key, seq, tag, record_ns, kind, loop, target)
         with self._lock:
@@ -126,8 +140,7 @@ class Engine:
             heapq.heappush(heap, (seq, next(self._tiebreak), w))
             self._live += 1
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=f"asyncgpu-{self._dev.name}-waiter",
-                                                daemon=True)
+                self._thread = threading.Thread(target=self._run, name=f"asyncgpu-{self._dev.name}-waiter", daemon=True)
                 self._thread.start()
             elif self._sleeping and heap[0][2] is w and self._due_ns(w) < self._wake_at_ns:
                 self._cv.notify()

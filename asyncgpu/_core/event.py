@@ -88,8 +88,11 @@ class Event:
 
     def sync(self, timeout: float | None = None) -> None:
         """Deprecated name of `wait_sync` (``timeout`` is ``timeout_s`` there)."""
-        warnings.warn("Event.sync() is now Event.wait_sync(timeout_s=...) (the old name goes in the next release)",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "Event.sync() is now Event.wait_sync(timeout_s=...) (the old name goes in the next release)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         self.wait_sync(timeout_s=timeout)
 
     def block_until(self, deadline_ns: int | None) -> bool:
@@ -97,8 +100,17 @@ class Event:
         the waiter thread wakes it shortly before the predicted completion; without a deadline it then
         finishes with the driver's spin wait."""
         dev = self.device
-        return block_until_complete(dev.engine, dev.bd.query, self.checked(), self.key, self.seq, self.tag,
-                                    self.record_ns, deadline_ns, dev.bd.sync_event)
+        return block_until_complete(
+            dev.engine,
+            dev.bd.query,
+            self.checked(),
+            self.key,
+            self.seq,
+            self.tag,
+            self.record_ns,
+            deadline_ns,
+            dev.bd.sync_event,
+        )
 
     async def wait(self) -> None:
         """Resume the calling task once the device has passed the event; the loop runs other tasks meanwhile.
@@ -156,8 +168,7 @@ class Event:
         raw = self.raw
         if raw is None:
             raise ReleasedError(
-                "this event went back to its pool (released, or its scope closed): take a new one with "
-                "device.record()"
+                "this event went back to its pool (released, or its scope closed): take a new one with device.record()"
             )
         return raw
 

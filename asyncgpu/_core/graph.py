@@ -43,8 +43,8 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, final
 
 from .._errors import ClosedError, DeviceMismatchError, ScopeError
-from .stream import Stream
 from . import hooks
+from .stream import Stream
 
 if TYPE_CHECKING:
     from .device import Device
@@ -93,8 +93,22 @@ class Graph:
     `launch` and `close` may be called from any thread; see the module docstring for the rules of capture.
     """
 
-    __slots__ = ("device", "stream", "bd", "_state", "_why", "_capture", "_res", "_parts", "_nodes", "_pointed",
-                 "_kinds", "_lock", "_finalizer", "__weakref__")
+    __slots__ = (
+        "device",
+        "stream",
+        "bd",
+        "_state",
+        "_why",
+        "_capture",
+        "_res",
+        "_parts",
+        "_nodes",
+        "_pointed",
+        "_kinds",
+        "_lock",
+        "_finalizer",
+        "__weakref__",
+    )
 
     def __init__(self) -> None:
         raise TypeError("graphs come from `with stream.capture() as graph:`")
@@ -131,8 +145,10 @@ class Graph:
         """``with graph.part(name):`` inside the capture: the launches in the block form one part (kind
         ``user``), timed on every replay besides each launch of its own. Parts may nest."""
         if self._state != _CAPTURING:
-            raise ScopeError(f"graph.part({name!r}) is outside the capture: use it inside the "
-                             "`with stream.capture() as graph:` block")
+            raise ScopeError(
+                f"graph.part({name!r}) is outside the capture: use it inside the "
+                "`with stream.capture() as graph:` block"
+            )
         assert self._capture is not None
         return _PartBlock(self._capture, name)
 
@@ -163,8 +179,10 @@ class Graph:
             s = self.stream
         elif isinstance(stream, Stream):
             if stream.device is not dev:
-                raise DeviceMismatchError(f"this graph was captured on {dev.name} and cannot run on a stream of "
-                                          f"{stream.device.name}: capture it again there")
+                raise DeviceMismatchError(
+                    f"this graph was captured on {dev.name} and cannot run on a stream of "
+                    f"{stream.device.name}: capture it again there"
+                )
             s = stream
         else:
             s = dev.adopt_stream(stream)
@@ -238,8 +256,9 @@ class Graph:
     def _unusable(self) -> Exception:
         if self._state == _CAPTURING:
             return ScopeError("this graph is still being captured: launch it after the `with stream.capture()` block")
-        return ClosedError(f"this graph is closed ({self._why}): capture a new one with "
-                           "`with stream.capture() as graph:`")
+        return ClosedError(
+            f"this graph is closed ({self._why}): capture a new one with `with stream.capture() as graph:`"
+        )
 
     # -- lifetime -----------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -272,8 +291,10 @@ class _PartBlock:
     def __enter__(self) -> _PartBlock:
         cap = self._capture
         if cap.graph is None or cap.graph._state != _CAPTURING:
-            raise ScopeError(f"graph.part({self._name!r}) is outside the capture: use it inside the "
-                             "`with stream.capture() as graph:` block")
+            raise ScopeError(
+                f"graph.part({self._name!r}) is outside the capture: use it inside the "
+                "`with stream.capture() as graph:` block"
+            )
         self._start = cap._event_node()
         self._slot = len(cap._parts)
         cap._parts.append(None)  # the place of this part in capture order, filled at the end of the block
@@ -359,8 +380,10 @@ class GraphCapture:
         self._parts.append((name, kind, start, self._event_node()))
 
     def refuse_graph(self, stream: Stream) -> None:
-        raise ScopeError(f"{stream.label} of {stream.device.name} is being captured: a graph cannot be launched "
-                         "into a capture; launch it after the `with stream.capture()` block")
+        raise ScopeError(
+            f"{stream.label} of {stream.device.name} is being captured: a graph cannot be launched "
+            "into a capture; launch it after the `with stream.capture()` block"
+        )
 
     def _event_node(self) -> int:
         """Add an event-record node with a placeholder event of its own; returns its index."""
@@ -410,9 +433,11 @@ class _OtherStream:
     def _refuse(self, what: str) -> None:
         if _current.get() is self.capture:
             s, captured = self.stream, self.capture.stream
-            raise ScopeError(f"{what} was launched on {s.label} of {s.device.name} while {captured.label} is "
-                               "being captured: it would run at once, outside the graph. Launch it on the "
-                               f"captured stream ({captured.label}), or after the `with stream.capture()` block")
+            raise ScopeError(
+                f"{what} was launched on {s.label} of {s.device.name} while {captured.label} is "
+                "being captured: it would run at once, outside the graph. Launch it on the "
+                f"captured stream ({captured.label}), or after the `with stream.capture()` block"
+            )
 
     def timed(self, name: str, kind: str, fn: Any, args: tuple) -> None:
         self._refuse(repr(name))
@@ -426,9 +451,13 @@ def _check_free(stream: Stream) -> None:
     """Raise `ScopeError` unless a capture may begin on ``stream``. Holds ``_active_lock``."""
     dev = stream.device
     if isinstance(stream.capture_hook, GraphCapture):
-        raise ScopeError(f"{stream.label} of {dev.name} is already being captured: captures do not nest; end that "
-                         "`with stream.capture()` block first")
+        raise ScopeError(
+            f"{stream.label} of {dev.name} is already being captured: captures do not nest; end that "
+            "`with stream.capture()` block first"
+        )
     other = _active.get(dev)
     if other is not None:
-        raise ScopeError(f"{other.stream.label} of {dev.name} is being captured: one capture per device at a time; "
-                         "end that capture first")
+        raise ScopeError(
+            f"{other.stream.label} of {dev.name} is being captured: one capture per device at a time; "
+            "end that capture first"
+        )

@@ -26,8 +26,17 @@ if TYPE_CHECKING:
     from .device import Device
     from .stream import Stream
 
-__all__ = ["LaunchObserver", "OBSERVERS", "adopt", "attach", "install", "launch", "launch_now", "uninstall",
-           "wanted_kinds"]
+__all__ = [
+    "LaunchObserver",
+    "OBSERVERS",
+    "adopt",
+    "attach",
+    "install",
+    "launch",
+    "launch_now",
+    "uninstall",
+    "wanted_kinds",
+]
 
 
 class LaunchObserver(Protocol):

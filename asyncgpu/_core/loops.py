@@ -21,8 +21,18 @@ import sys
 import threading
 from typing import Any, Iterable
 
-__all__ = ["ASYNCIO", "THREAD", "TRIO", "Parked", "checkpoint", "current", "deliver", "fresh_error",
-           "is_cancellation", "trio_module"]
+__all__ = [
+    "ASYNCIO",
+    "THREAD",
+    "TRIO",
+    "Parked",
+    "checkpoint",
+    "current",
+    "deliver",
+    "fresh_error",
+    "is_cancellation",
+    "trio_module",
+]
 
 ASYNCIO, TRIO, THREAD = 0, 1, 2  #: where a caller runs (the completion engine's waiter kinds use the same codes)
 WAITING, WOKEN, WITHDRAWN = 0, 1, 2  #: states of a `Parked`

@@ -56,8 +56,14 @@ class DeviceArray:
     def __cuda_array_interface__(self) -> dict:
         if self.device.backend != "cuda":
             raise AttributeError("__cuda_array_interface__: a host-backend array is not in GPU memory")
-        return {"shape": (self.size,), "typestr": self.dtype.str, "data": (self.ptr, False), "version": 3,
-                "strides": None, "stream": None}
+        return {
+            "shape": (self.size,),
+            "typestr": self.dtype.str,
+            "data": (self.ptr, False),
+            "version": 3,
+            "strides": None,
+            "stream": None,
+        }
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         out = self.to_numpy()

@@ -32,8 +32,15 @@ class PoolStats:
 
 
 class EventPool:
-    def __init__(self, device: BackendDevice, *, timing: bool, max_events: int, grow_by: int = 64,
-                 reclaim: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        device: BackendDevice,
+        *,
+        timing: bool,
+        max_events: int,
+        grow_by: int = 64,
+        reclaim: Callable[[], None] | None = None,
+    ) -> None:
         self._device = device
         self._reclaim = reclaim  # at the bound: give back released events the device has passed, then retry
         self._timing = timing
@@ -87,8 +94,10 @@ class EventPool:
 
     def _exhausted(self) -> str:
         kind = "timing" if self._timing else "non-timing"
-        return (f"{self._device.name}: all {self._max} {kind} events are in use. Release events you no longer need "
-                "(event.release(), or let scopes close), or open the device with a larger max_events")
+        return (
+            f"{self._device.name}: all {self._max} {kind} events are in use. Release events you no longer need "
+            "(event.release(), or let scopes close), or open the device with a larger max_events"
+        )
 
     def stats(self) -> PoolStats:
         free = len(self._free)

@@ -12,11 +12,19 @@ import threading
 from typing import Any, Iterable
 
 from .._backends import BACKEND_NAMES, load_backend
-from .device import Device
 from .._errors import NoDeviceError, UnknownDeviceError
+from .device import Device
 
-__all__ = ["DEFAULT_MAX_EVENTS", "DEFAULT_STREAMS", "backend_available", "close_all", "default_backend", "device", "devices",
-           "resolve_devices"]
+__all__ = [
+    "DEFAULT_MAX_EVENTS",
+    "DEFAULT_STREAMS",
+    "backend_available",
+    "close_all",
+    "default_backend",
+    "device",
+    "devices",
+    "resolve_devices",
+]
 
 DEFAULT_STREAMS = 2
 DEFAULT_MAX_EVENTS = 1 << 21  #: per pool: a bound that catches leaks, far above any steady state
@@ -54,8 +62,9 @@ def _parse(spec: Any, backend: str | None) -> tuple[str, int]:
     raise TypeError(f"a device is an index, a name like 'cuda:0' or 'host:1', or a Device, not {type(spec).__name__}")
 
 
-def device(spec: Any = 0, *, backend: str | None = None, streams: int | None = None,
-           max_events: int | None = None) -> Device:
+def device(
+    spec: Any = 0, *, backend: str | None = None, streams: int | None = None, max_events: int | None = None
+) -> Device:
     """The worker of one device, opened on first use: ``device(0)``, ``device("cuda:1")``, ``device("host:0")``.
 
     ``streams`` (default 2) and ``max_events`` (per event pool) apply when the worker is opened; asking an
@@ -69,19 +78,26 @@ def device(spec: Any = 0, *, backend: str | None = None, streams: int | None = N
         dev = _open.get((name, index))
         if dev is None:
             bd = load_backend(name).open_device(index)
-            dev = Device._open(bd, streams=DEFAULT_STREAMS if streams is None else streams,
-                               max_events=DEFAULT_MAX_EVENTS if max_events is None else max_events, on_close=_forget)
+            dev = Device._open(
+                bd,
+                streams=DEFAULT_STREAMS if streams is None else streams,
+                max_events=DEFAULT_MAX_EVENTS if max_events is None else max_events,
+                on_close=_forget,
+            )
             _open[(name, index)] = dev
             return dev
     for key, want in (("streams", streams), ("max_events", max_events)):
         if want is not None and dev.options[key] != want:
-            raise ValueError(f"{dev.name} is open with {key}={dev.options[key]}: close it (device.close()) before "
-                             f"opening it with {key}={want}")
+            raise ValueError(
+                f"{dev.name} is open with {key}={dev.options[key]}: close it (device.close()) before "
+                f"opening it with {key}={want}"
+            )
     return dev
 
 
-def devices(backend: str | None = None, *, count: int | None = None, streams: int | None = None,
-            max_events: int | None = None) -> list[Device]:
+def devices(
+    backend: str | None = None, *, count: int | None = None, streams: int | None = None, max_events: int | None = None
+) -> list[Device]:
     """Every device of ``backend`` (default: `default_backend`), or the first ``count``.
 
     CUDA without a usable GPU raises `NoDeviceError` naming the fix. The host backend has as many devices as
@@ -92,8 +108,10 @@ def devices(backend: str | None = None, *, count: int | None = None, streams: in
     if name == "cuda":
         ok, why = be.available()
         if not ok:
-            raise NoDeviceError(f"no usable CUDA GPU: {why}. To run on host worker threads instead, pass "
-                                "backend='host' or set ASYNCGPU_BACKEND=host")
+            raise NoDeviceError(
+                f"no usable CUDA GPU: {why}. To run on host worker threads instead, pass "
+                "backend='host' or set ASYNCGPU_BACKEND=host"
+            )
         n = be.device_count() if count is None else count
     else:
         n = DEFAULT_HOST_DEVICES if count is None else count

@@ -127,8 +127,10 @@ class Stream:
         ``out`` holds the data once an event recorded after this call has completed."""
         self._check_array(array)
         if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or out.nbytes < array.nbytes:
-            raise ValueError(f"out must be a C-contiguous numpy array of at least {array.nbytes} bytes "
-                             "(make one with device.alloc_pinned(n, dtype))")
+            raise ValueError(
+                f"out must be a C-contiguous numpy array of at least {array.nbytes} bytes "
+                "(make one with device.alloc_pinned(n, dtype))"
+            )
         run_timed(self, "copy_to_host", "memcpy", self.bd.copy_to_host, self.raw, array.live(), out, array.nbytes)
 
     def copy(self, dst: DeviceArray, src: DeviceArray) -> None:
@@ -138,8 +140,10 @@ class Stream:
         if not isinstance(src, DeviceArray):
             raise TypeError(f"expected an asyncgpu DeviceArray (device.alloc), not {type(src).__name__}")
         if src.device.backend != self.device.backend:
-            raise DeviceMismatchError(f"cannot copy from {src.device.name} to {self.device.name}: copy through a "
-                                      "host array (copy_to_host) between backends")
+            raise DeviceMismatchError(
+                f"cannot copy from {src.device.name} to {self.device.name}: copy through a "
+                "host array (copy_to_host) between backends"
+            )
         if dst.nbytes < src.nbytes:
             raise ValueError(f"dst holds {dst.nbytes} bytes, src {src.nbytes}: allocate a large enough dst")
         run_timed(self, "copy", "memcpy", self.bd.copy, self.raw, dst.live(), src.live(), src.nbytes)
@@ -148,9 +152,10 @@ class Stream:
         if not isinstance(array, DeviceArray):
             raise TypeError(f"expected an asyncgpu DeviceArray (device.alloc), not {type(array).__name__}")
         if array.device is not self.device:
-            raise DeviceMismatchError(f"that array lives on {array.device.name}, this stream on {self.device.name}: "
-                                      "allocate it on this device or copy it first")
+            raise DeviceMismatchError(
+                f"that array lives on {array.device.name}, this stream on {self.device.name}: "
+                "allocate it on this device or copy it first"
+            )
 
     def __repr__(self) -> str:
         return f"<asyncgpu.Stream {self.device.name}/{self.label} handle={self.handle:#x}>"
-

@@ -24,8 +24,9 @@ __all__ = ["await_completion", "block_until_complete"]
 _now = time.perf_counter_ns
 
 
-async def await_completion(engine: Engine, query: Callable[[Any], bool], raw: Any, key: int, seq: int, tag: Any,
-                           record_ns: int) -> None:
+async def await_completion(
+    engine: Engine, query: Callable[[Any], bool], raw: Any, key: int, seq: int, tag: Any, record_ns: int
+) -> None:
     """Resume the calling task once ``query(raw)`` is true. Always a checkpoint. Raises what the engine failed."""
     kind, loop = loops.current()
     if kind == loops.TRIO:
@@ -62,8 +63,9 @@ async def _poll_asyncio(engine: Engine, w: Waiter, query: Callable[[Any], bool])
         await sleep(0)
 
 
-async def _await_trio(trio: Any, engine: Engine, query: Callable[[Any], bool], raw: Any, key: int, seq: int,
-                      tag: Any, record_ns: int) -> None:
+async def _await_trio(
+    trio: Any, engine: Engine, query: Callable[[Any], bool], raw: Any, key: int, seq: int, tag: Any, record_ns: int
+) -> None:
     lowlevel = trio.lowlevel
     if query(raw):
         await lowlevel.checkpoint()
@@ -93,9 +95,17 @@ async def _await_trio(trio: Any, engine: Engine, query: Callable[[Any], bool], r
         raise
 
 
-def block_until_complete(engine: Engine, query: Callable[[Any], bool], raw: Any, key: int, seq: int, tag: Any,
-                         record_ns: int, deadline_ns: int | None = None,
-                         sync: Callable[[Any], None] | None = None) -> bool:
+def block_until_complete(
+    engine: Engine,
+    query: Callable[[Any], bool],
+    raw: Any,
+    key: int,
+    seq: int,
+    tag: Any,
+    record_ns: int,
+    deadline_ns: int | None = None,
+    sync: Callable[[Any], None] | None = None,
+) -> bool:
     """Block the calling plain thread (GIL released) until ``query(raw)`` is true, or until ``deadline_ns``
     (``time.perf_counter_ns`` base; None: no limit). Returns False on timeout, with the wait withdrawn. Raises
     what the engine failed (`BackendError`, `ClosedError`).

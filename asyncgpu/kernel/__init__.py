@@ -15,15 +15,24 @@ from __future__ import annotations
 from .._backends.kernels import FORMAT as FORMAT
 from .._backends.kernels import HostLane as HostLane
 from .._public import publish
+from .profiler import INC_LOOP_STAGES as INC_LOOP_STAGES
+from .profiler import KernelProfiler as KernelProfiler
+from .profiler import include_dir as include_dir
 from .records import KernelRecords as KernelRecords
 from .records import StageSummary as StageSummary
 from .records import decode as decode
 from .records import decode_tirx as decode_tirx
-from .profiler import INC_LOOP_STAGES as INC_LOOP_STAGES
-from .profiler import KernelProfiler as KernelProfiler
-from .profiler import include_dir as include_dir
 
-__all__ = ["FORMAT", "INC_LOOP_STAGES", "HostLane", "KernelProfiler", "KernelRecords", "StageSummary", "decode",
-           "decode_tirx", "include_dir"]
+__all__ = [
+    "FORMAT",
+    "INC_LOOP_STAGES",
+    "HostLane",
+    "KernelProfiler",
+    "KernelRecords",
+    "StageSummary",
+    "decode",
+    "decode_tirx",
+    "include_dir",
+]
 
 publish(__name__, globals(), __all__)

@@ -52,16 +52,27 @@ class KernelProfiler:
     per (block, group); ``stages`` names the stage ids (0, 1, …) the kernel uses. ``max_tracks``: how many
     (block, group) lanes the trace draws (the first ones). See the module docstring."""
 
-    def __init__(self, device: Device, *, stages: Sequence[str] = (), groups: int = 1, capacity: int = 256,
-                 name: str = "kernel", max_tracks: int = 16) -> None:
+    def __init__(
+        self,
+        device: Device,
+        *,
+        stages: Sequence[str] = (),
+        groups: int = 1,
+        capacity: int = 256,
+        name: str = "kernel",
+        max_tracks: int = 16,
+    ) -> None:
         if not 1 <= capacity <= _MAX_U32:
-            raise ValueError(f"capacity must be 1 .. {_MAX_U32} records per (block, group), not {capacity} (a "
-                             "zero-length buffer holds no record)")
+            raise ValueError(
+                f"capacity must be 1 .. {_MAX_U32} records per (block, group), not {capacity} (a "
+                "zero-length buffer holds no record)"
+            )
         if not 1 <= groups <= _MAX_U32:
             raise ValueError(f"groups must be >= 1 (leaders per block), not {groups}")
         if len(stages) > FORMAT.MAX_STAGES:
-            raise ValueError(f"at most {FORMAT.MAX_STAGES} stages (ids 0 .. {FORMAT.MAX_STAGES - 1}), "
-                             f"not {len(stages)}")
+            raise ValueError(
+                f"at most {FORMAT.MAX_STAGES} stages (ids 0 .. {FORMAT.MAX_STAGES - 1}), not {len(stages)}"
+            )
         if max_tracks < 0:
             raise ValueError(f"max_tracks must be >= 0, not {max_tracks}")
         device.check_open()
@@ -102,8 +113,10 @@ class KernelProfiler:
         if lanes > _MAX_U32:
             raise ValueError(f"{blocks} blocks x {self.groups} groups = {lanes} lanes: at most {_MAX_U32}")
         if self._state == "gathering":
-            raise KernelRecordsError("a collect() of this profiler is still running: await it before arming again "
-                                     "(or use one profiler per concurrent launch)")
+            raise KernelRecordsError(
+                "a collect() of this profiler is still running: await it before arming again "
+                "(or use one profiler per concurrent launch)"
+            )
         s = self.device.stream_of(stream)
         prev = self._stream
         if prev is not None and prev is not s:  # the old stream's use of the buffer (a gather's copy) comes first
@@ -131,8 +144,10 @@ class KernelProfiler:
         if not isinstance(array, DeviceArray):
             raise TypeError(f"expected an asyncgpu DeviceArray (device.alloc), not {type(array).__name__}")
         if array.device is not self.device:
-            raise DeviceMismatchError(f"that array lives on {array.device.name}, this profiler on {self.device.name}: "
-                                      "use a profiler of the array's device")
+            raise DeviceMismatchError(
+                f"that array lives on {array.device.name}, this profiler on {self.device.name}: "
+                "use a profiler of the array's device"
+            )
         if array.dtype != np.float32:
             raise TypeError(f"inc_loop works on float32 arrays, not {array.dtype}")
         s = self.device.stream_of(stream)
@@ -141,8 +156,17 @@ class KernelProfiler:
         self._launch = (self.name if self.name != "kernel" else "inc_loop", self.stages or INC_LOOP_STAGES)
         bd.prepare("inc_loop_profiled")
         assert self._buf is not None
-        hooks.launch(s, "inc_loop", "kernel", bd.inc_loop_profiled, s.raw, array.live(), array.size, int(iterations),
-                  self._buf.live())
+        hooks.launch(
+            s,
+            "inc_loop",
+            "kernel",
+            bd.inc_loop_profiled,
+            s.raw,
+            array.live(),
+            array.size,
+            int(iterations),
+            self._buf.live(),
+        )
 
     # -- collecting -----------------------------------------------------------------------------------------------
     async def collect(self, *, strict: bool = True) -> KernelRecords:
@@ -177,8 +201,9 @@ class KernelProfiler:
         if self._state == "gathering":
             raise KernelRecordsError("a collect() of this profiler is already running: await it first")
         if self._state not in ("armed", "gathered"):
-            raise KernelRecordsError("nothing to gather: arm() the profiler, launch the kernel with its pointer, "
-                                     "then collect()")
+            raise KernelRecordsError(
+                "nothing to gather: arm() the profiler, launch the kernel with its pointer, then collect()"
+            )
         s, buf = self._stream, self._buf
         assert s is not None and buf is not None
         if self._host is None or self._host.size < self._words:
@@ -192,8 +217,15 @@ class KernelProfiler:
         self._state = "gathered"
         to_host, time_base = self._placement()
         name, stages = self._launch
-        recs = decode(self._host[: self._words], stages, strict=strict, to_host=to_host, time_base=time_base,
-                      name=name, device=self.device.name)
+        recs = decode(
+            self._host[: self._words],
+            stages,
+            strict=strict,
+            to_host=to_host,
+            time_base=time_base,
+            name=name,
+            device=self.device.name,
+        )
         hooks.attach(self.device, lambda: KernelLayer(recs, self.max_tracks))
         return recs
 
@@ -205,11 +237,14 @@ class KernelProfiler:
         try:
             place.globaltimer_to_host_ns(0)  # raises ClockError without a %globaltimer calibration
         except ClockError as exc:
-            return None, (f"relative: ns from the kernel's first stamp ({self.device.name}'s %globaltimer could not "
-                          f"be aligned to the host clock: {exc})")
+            return None, (
+                f"relative: ns from the kernel's first stamp ({self.device.name}'s %globaltimer could not "
+                f"be aligned to the host clock: {exc})"
+            )
         assert place.calibration is not None
-        return place.globaltimer_to_host_ns, ("host time (%globaltimer aligned within "
-                                              f"±{place.calibration.globaltimer_bound_ns:.0f} ns)")
+        return place.globaltimer_to_host_ns, (
+            f"host time (%globaltimer aligned within ±{place.calibration.globaltimer_bound_ns:.0f} ns)"
+        )
 
     # -- lifetime --------------------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -253,8 +288,9 @@ class KernelProfiler:
         return self.collect_sync(strict=strict)
 
     def __repr__(self) -> str:
-        return (f"<asyncgpu.KernelProfiler {self.device.name} {self._state} groups={self.groups} "
-                f"capacity={self.capacity}>")
+        return (
+            f"<asyncgpu.KernelProfiler {self.device.name} {self._state} groups={self.groups} capacity={self.capacity}>"
+        )
 
 
 def include_dir() -> str:
@@ -264,8 +300,11 @@ def include_dir() -> str:
 
 
 def _deprecated(old: str, new: str) -> None:
-    warnings.warn(f"KernelProfiler.{old}() is now KernelProfiler.{new}() (the old name goes in the next release)",
-                  DeprecationWarning, stacklevel=3)
+    warnings.warn(
+        f"KernelProfiler.{old}() is now KernelProfiler.{new}() (the old name goes in the next release)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
 
 
 def _blocks(grid: int | Sequence[int]) -> int:
@@ -316,17 +355,42 @@ class KernelLayer:
             sub = nesting_lanes(s_ns, e_ns)
             n_sub = int(sub.max()) + 1 if sub.size else 1
             for j in range(n_sub):
-                events.append({"ph": "M", "pid": pid, "tid": tid + j, "ts": 0, "name": "thread_name",
-                               "args": {"name": label if j == 0 else f"{label} ({j + 1})"}})
+                events.append(
+                    {
+                        "ph": "M",
+                        "pid": pid,
+                        "tid": tid + j,
+                        "ts": 0,
+                        "name": "thread_name",
+                        "args": {"name": label if j == 0 else f"{label} ({j + 1})"},
+                    }
+                )
             for i in np.lexsort((s_ns - e_ns, s_ns)).tolist():
                 row = int(rows[i])
-                events.append({"name": r.stages[r.stage[row]], "cat": "kernel_stage", "ph": "X", "pid": pid,
-                               "tid": tid + int(sub[i]), "ts": round(int(s_ns[i]) / 1e3, 3),
-                               "dur": round(int(e_ns[i] - s_ns[i]) / 1e3, 3),
-                               "args": {"block": block, "group": group, "duration_ns": int(r.duration_ns[row])}})
+                events.append(
+                    {
+                        "name": r.stages[r.stage[row]],
+                        "cat": "kernel_stage",
+                        "ph": "X",
+                        "pid": pid,
+                        "tid": tid + int(sub[i]),
+                        "ts": round(int(s_ns[i]) / 1e3, 3),
+                        "dur": round(int(e_ns[i] - s_ns[i]) / 1e3, 3),
+                        "args": {"block": block, "group": group, "duration_ns": int(r.duration_ns[row])},
+                    }
+                )
             for i in np.flatnonzero(inst_col == lane).tolist():
-                events.append({"name": r.stages[r.instant_stage[i]], "cat": "kernel_stage", "ph": "i", "s": "t",
-                               "pid": pid, "tid": tid, "ts": round(int(i_all[i]) / 1e3, 3),
-                               "args": {"block": block, "group": group}})
+                events.append(
+                    {
+                        "name": r.stages[r.instant_stage[i]],
+                        "cat": "kernel_stage",
+                        "ph": "i",
+                        "s": "t",
+                        "pid": pid,
+                        "tid": tid,
+                        "ts": round(int(i_all[i]) / 1e3, 3),
+                        "args": {"block": block, "group": group},
+                    }
+                )
             tid += n_sub
         return events, tid - first_tid

@@ -23,8 +23,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .._errors import KernelRecordsError, KernelRecordsOverflowError
 from .._backends.kernels import FORMAT
+from .._errors import KernelRecordsError, KernelRecordsOverflowError
 
 __all__ = ["KernelRecords", "StageSummary", "decode", "decode_tirx"]
 
@@ -41,8 +41,17 @@ class StageSummary:
     total time in that stage (ns). Columns are numpy arrays in stage-id order; stages without regions are
     left out."""
 
-    def __init__(self, names: tuple[str, ...], ids: np.ndarray, count: np.ndarray, total_ns: np.ndarray,
-                 blocks: np.ndarray, p50_ns: np.ndarray, p99_ns: np.ndarray, note: str) -> None:
+    def __init__(
+        self,
+        names: tuple[str, ...],
+        ids: np.ndarray,
+        count: np.ndarray,
+        total_ns: np.ndarray,
+        blocks: np.ndarray,
+        p50_ns: np.ndarray,
+        p99_ns: np.ndarray,
+        note: str,
+    ) -> None:
         self.names, self.ids, self.count, self.total_ns = names, ids, count, total_ns
         self.mean_ns = total_ns / np.maximum(count, 1)
         self.blocks, self.p50_ns, self.p99_ns, self.note = blocks, p50_ns, p99_ns, note
@@ -51,19 +60,32 @@ class StageSummary:
         return len(self.ids)
 
     def to_dict(self) -> dict[str, dict[str, float]]:
-        return {n: {"count": int(c), "total_ns": float(t), "mean_ns": float(m), "blocks": int(b),
-                    "p50_block_ns": float(p5), "p99_block_ns": float(p9)}
-                for n, c, t, m, b, p5, p9 in zip(self.names, self.count, self.total_ns, self.mean_ns, self.blocks,
-                                                 self.p50_ns, self.p99_ns)}
+        return {
+            n: {
+                "count": int(c),
+                "total_ns": float(t),
+                "mean_ns": float(m),
+                "blocks": int(b),
+                "p50_block_ns": float(p5),
+                "p99_block_ns": float(p9),
+            }
+            for n, c, t, m, b, p5, p9 in zip(
+                self.names, self.count, self.total_ns, self.mean_ns, self.blocks, self.p50_ns, self.p99_ns
+            )
+        }
 
     def __str__(self) -> str:
         width = max([5, *map(len, self.names)])
-        lines = [f"{'stage':<{width}} {'count':>9} {'total µs':>11} {'mean µs':>10} {'blocks':>7} "
-                 f"{'p50/block µs':>13} {'p99/block µs':>13}"]
-        for n, c, t, m, b, p5, p9 in zip(self.names, self.count, self.total_ns, self.mean_ns, self.blocks,
-                                         self.p50_ns, self.p99_ns):
-            lines.append(f"{n:<{width}} {c:>9} {t / 1e3:>11.3f} {m / 1e3:>10.3f} {b:>7} {p5 / 1e3:>13.3f} "
-                         f"{p9 / 1e3:>13.3f}")
+        lines = [
+            f"{'stage':<{width}} {'count':>9} {'total µs':>11} {'mean µs':>10} {'blocks':>7} "
+            f"{'p50/block µs':>13} {'p99/block µs':>13}"
+        ]
+        for n, c, t, m, b, p5, p9 in zip(
+            self.names, self.count, self.total_ns, self.mean_ns, self.blocks, self.p50_ns, self.p99_ns
+        ):
+            lines.append(
+                f"{n:<{width}} {c:>9} {t / 1e3:>11.3f} {m / 1e3:>10.3f} {b:>7} {p5 / 1e3:>13.3f} {p9 / 1e3:>13.3f}"
+            )
         if self.note:
             lines.append(self.note)
         return "\n".join(lines)
@@ -80,12 +102,32 @@ class KernelRecords:
     the kernel's first stamp; ``time_base`` says which and why. ``problems``: what a non-strict decode found.
     """
 
-    def __init__(self, *, name: str, device: str | None, stages: tuple[str, ...], fmt: str, groups: int,
-                 blocks: int, lanes: int, lanes_started: int, block: np.ndarray, group: np.ndarray,
-                 stage: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray, duration_ns: np.ndarray,
-                 instant_block: np.ndarray, instant_group: np.ndarray, instant_stage: np.ndarray,
-                 instant_ns: np.ndarray, dropped: np.ndarray, aligned: bool, time_base: str,
-                 problems: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        device: str | None,
+        stages: tuple[str, ...],
+        fmt: str,
+        groups: int,
+        blocks: int,
+        lanes: int,
+        lanes_started: int,
+        block: np.ndarray,
+        group: np.ndarray,
+        stage: np.ndarray,
+        start_ns: np.ndarray,
+        end_ns: np.ndarray,
+        duration_ns: np.ndarray,
+        instant_block: np.ndarray,
+        instant_group: np.ndarray,
+        instant_stage: np.ndarray,
+        instant_ns: np.ndarray,
+        dropped: np.ndarray,
+        aligned: bool,
+        time_base: str,
+        problems: tuple[str, ...],
+    ) -> None:
         self.name, self.device, self.format = name, device, fmt
         self.groups, self.blocks, self.lanes, self.lanes_started = groups, blocks, lanes, lanes_started
         self.block, self.group, self.stage = block, group, stage
@@ -103,8 +145,17 @@ class KernelRecords:
 
     # -- decoding -------------------------------------------------------------------------------------------
     @classmethod
-    def decode(cls, words: Any, stages: Sequence[str] = (), *, strict: bool = True, to_host: ToHost | None = None,
-               time_base: str | None = None, name: str = "kernel", device: str | None = None) -> KernelRecords:
+    def decode(
+        cls,
+        words: Any,
+        stages: Sequence[str] = (),
+        *,
+        strict: bool = True,
+        to_host: ToHost | None = None,
+        time_base: str | None = None,
+        name: str = "kernel",
+        device: str | None = None,
+    ) -> KernelRecords:
         """Decode an asyncgpu record buffer (see `decode`)."""
         return decode(words, stages, strict=strict, to_host=to_host, time_base=time_base, name=name, device=device)
 
@@ -136,21 +187,26 @@ class KernelRecords:
         p50 = np.array([np.percentile(per_block[s][present[s]], 50) for s in ids]) if ids.size else np.zeros(0)
         p99 = np.array([np.percentile(per_block[s][present[s]], 99) for s in ids]) if ids.size else np.zeros(0)
         note = f"{self.dropped_records} records dropped by full lanes" if self.dropped_records else ""
-        return StageSummary(tuple(self.stages[s] for s in ids), ids, count[ids], total[ids],
-                            present[ids].sum(axis=1), p50, p99, note)
+        return StageSummary(
+            tuple(self.stages[s] for s in ids), ids, count[ids], total[ids], present[ids].sum(axis=1), p50, p99, note
+        )
 
     def __str__(self) -> str:
-        head = (f"{self.name}{' on ' + self.device if self.device else ''}: {len(self)} regions, "
-                f"{len(self.instant_ns)} instants from {self.lanes_started} lanes ({self.groups} per block); "
-                f"{self.time_base}")
+        head = (
+            f"{self.name}{' on ' + self.device if self.device else ''}: {len(self)} regions, "
+            f"{len(self.instant_ns)} instants from {self.lanes_started} lanes ({self.groups} per block); "
+            f"{self.time_base}"
+        )
         body = [head, str(self.summary())]
         body += [f"problem: {p}" for p in self.problems]
         return "\n".join(body)
 
     def __repr__(self) -> str:
-        return (f"<asyncgpu.KernelRecords {self.name!r}{' ' + self.device if self.device else ''}: {len(self)} "
-                f"regions, {len(self.instant_ns)} instants, {self.lanes_started} lanes"
-                f"{'' if self.aligned else ', relative time'}{', problems' if self.problems else ''}>")
+        return (
+            f"<asyncgpu.KernelRecords {self.name!r}{' ' + self.device if self.device else ''}: {len(self)} "
+            f"regions, {len(self.instant_ns)} instants, {self.lanes_started} lanes"
+            f"{'' if self.aligned else ', relative time'}{', problems' if self.problems else ''}>"
+        )
 
 
 # -- shared steps -----------------------------------------------------------------------------------------------
@@ -169,19 +225,22 @@ class _Findings:
         if strict and self.items:
             cls = KernelRecordsOverflowError if self.overflow else KernelRecordsError
             more = f" (and {len(self.items) - 1} more: see .problems)" if len(self.items) > 1 else ""
-            raise cls(self.items[0] + more + "; decode with strict=False to keep the sound records",
-                      tuple(self.items))
+            raise cls(self.items[0] + more + "; decode with strict=False to keep the sound records", tuple(self.items))
         return tuple(self.items)
 
 
 def _words(words: Any) -> np.ndarray:
     a = np.asarray(words)
     if a.size == 0:
-        raise KernelRecordsError("the record buffer is empty (0 words): pass the whole buffer the profiler armed "
-                                 "(KernelProfiler.nbytes bytes), and arm it with capacity >= 1")
+        raise KernelRecordsError(
+            "the record buffer is empty (0 words): pass the whole buffer the profiler armed "
+            "(KernelProfiler.nbytes bytes), and arm it with capacity >= 1"
+        )
     if not a.flags.c_contiguous or a.nbytes % 8:
-        raise KernelRecordsError(f"records are whole uint64 words in a contiguous array, not {a.nbytes} bytes of "
-                                 f"{a.dtype}: pass the buffer as copied from the device")
+        raise KernelRecordsError(
+            f"records are whole uint64 words in a contiguous array, not {a.nbytes} bytes of "
+            f"{a.dtype}: pass the buffer as copied from the device"
+        )
     return a.reshape(-1).view(np.uint64)
 
 
@@ -211,8 +270,15 @@ class _Clock:
         return out
 
 
-def _pair(lane: np.ndarray, kind: np.ndarray, stage: np.ndarray, t: np.ndarray, findings: _Findings,
-          groups: int, stages: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _pair(
+    lane: np.ndarray,
+    kind: np.ndarray,
+    stage: np.ndarray,
+    t: np.ndarray,
+    findings: _Findings,
+    groups: int,
+    stages: Sequence[str],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Match begins with ends in flat per-record columns (lane-major, each lane in program order). Returns
     the begin and end indices of each region (sorted by begin) and the indices of the instants."""
     f = FORMAT
@@ -220,8 +286,12 @@ def _pair(lane: np.ndarray, kind: np.ndarray, stage: np.ndarray, t: np.ndarray, 
     n = len(kind)
     if inst.size == 0 and n % 2 == 0:  # every lane a sequence of begin/end pairs?
         b, e = np.arange(0, n, 2), np.arange(1, n, 2)
-        if (np.all(kind[0::2] == f.KIND_BEGIN) and np.all(kind[1::2] == f.KIND_END)
-                and np.array_equal(stage[0::2], stage[1::2]) and np.array_equal(lane[0::2], lane[1::2])):
+        if (
+            np.all(kind[0::2] == f.KIND_BEGIN)
+            and np.all(kind[1::2] == f.KIND_END)
+            and np.array_equal(stage[0::2], stage[1::2])
+            and np.array_equal(lane[0::2], lane[1::2])
+        ):
             return b, e, inst
     idx = np.flatnonzero(kind != f.KIND_INSTANT)
     # No stage nested in itself: per stage (a stable radix sort keeps lanes and program order), begins and ends
@@ -229,8 +299,12 @@ def _pair(lane: np.ndarray, kind: np.ndarray, stage: np.ndarray, t: np.ndarray, 
     by_stage = idx[np.argsort(stage[idx].astype(np.uint16), kind="stable")]
     if by_stage.size % 2 == 0:
         b, e = by_stage[0::2], by_stage[1::2]
-        if (np.all(kind[b] == f.KIND_BEGIN) and np.all(kind[e] == f.KIND_END) and np.array_equal(stage[b], stage[e])
-                and np.array_equal(lane[b], lane[e])):
+        if (
+            np.all(kind[b] == f.KIND_BEGIN)
+            and np.all(kind[e] == f.KIND_END)
+            and np.array_equal(stage[b], stage[e])
+            and np.array_equal(lane[b], lane[e])
+        ):
             o = np.argsort(b, kind="stable")
             return b[o], e[o], inst
     g = lane[idx].astype(np.int64) * f.MAX_STAGES + stage[idx]
@@ -258,35 +332,78 @@ def _pair(lane: np.ndarray, kind: np.ndarray, stage: np.ndarray, t: np.ndarray, 
             sel = um[kinds == k]
             if sel.size:
                 names = sorted({stages[s] if s < len(stages) else f"stage{s}" for s in stage[sel].tolist()})
-                findings.add(f"{sel.size} regions {what} (stages {', '.join(names)}; "
-                             f"{_where(np.unique(lane[sel]), groups)}): pair every begin(stage) with an end(stage) "
-                             "in the same (block, group), or use region()")
+                findings.add(
+                    f"{sel.size} regions {what} (stages {', '.join(names)}; "
+                    f"{_where(np.unique(lane[sel]), groups)}): pair every begin(stage) with an end(stage) "
+                    "in the same (block, group), or use region()"
+                )
     o = np.argsort(b, kind="stable")
     return b[o], e[o], inst
 
 
-def _build(name: str, device: str | None, stages: Sequence[str], fmt: str, groups: int, blocks: int, lanes: int,
-           started: int, lane: np.ndarray, kind: np.ndarray, stage: np.ndarray, t: np.ndarray,
-           dropped: np.ndarray, findings: _Findings, strict: bool, to_host: ToHost | None,
-           time_base: str | None, origin: int | None = None) -> KernelRecords:
+def _build(
+    name: str,
+    device: str | None,
+    stages: Sequence[str],
+    fmt: str,
+    groups: int,
+    blocks: int,
+    lanes: int,
+    started: int,
+    lane: np.ndarray,
+    kind: np.ndarray,
+    stage: np.ndarray,
+    t: np.ndarray,
+    dropped: np.ndarray,
+    findings: _Findings,
+    strict: bool,
+    to_host: ToHost | None,
+    time_base: str | None,
+    origin: int | None = None,
+) -> KernelRecords:
     """Records from flat per-record columns (the general path of both formats); relative times count from
     ``origin`` (default: the first record)."""
     b, e, inst = _pair(lane, kind, stage, t, findings, groups, stages)
     problems = findings.settle(strict)
     clock = _Clock(to_host, time_base, origin if origin is not None else (int(t.min()) if t.size else 0))
     lb, li = lane[b], lane[inst]
-    return KernelRecords(name=name, device=device, stages=tuple(stages), fmt=fmt, groups=groups, blocks=blocks,
-                         lanes=lanes, lanes_started=started, block=(lb // groups).astype(np.int32),
-                         group=(lb % groups).astype(np.int32), stage=stage[b].astype(np.int16),
-                         start_ns=clock(t[b]), end_ns=clock(t[e]), duration_ns=(t[e] - t[b]).astype(np.int64),
-                         instant_block=(li // groups).astype(np.int32), instant_group=(li % groups).astype(np.int32),
-                         instant_stage=stage[inst].astype(np.int16), instant_ns=clock(t[inst]), dropped=dropped,
-                         aligned=clock.aligned, time_base=clock.time_base, problems=problems)
+    return KernelRecords(
+        name=name,
+        device=device,
+        stages=tuple(stages),
+        fmt=fmt,
+        groups=groups,
+        blocks=blocks,
+        lanes=lanes,
+        lanes_started=started,
+        block=(lb // groups).astype(np.int32),
+        group=(lb % groups).astype(np.int32),
+        stage=stage[b].astype(np.int16),
+        start_ns=clock(t[b]),
+        end_ns=clock(t[e]),
+        duration_ns=(t[e] - t[b]).astype(np.int64),
+        instant_block=(li // groups).astype(np.int32),
+        instant_group=(li % groups).astype(np.int32),
+        instant_stage=stage[inst].astype(np.int16),
+        instant_ns=clock(t[inst]),
+        dropped=dropped,
+        aligned=clock.aligned,
+        time_base=clock.time_base,
+        problems=problems,
+    )
 
 
 # -- asyncgpu's format --------------------------------------------------------------------------------------------
-def decode(words: Any, stages: Sequence[str] = (), *, strict: bool = True, to_host: ToHost | None = None,
-           time_base: str | None = None, name: str = "kernel", device: str | None = None) -> KernelRecords:
+def decode(
+    words: Any,
+    stages: Sequence[str] = (),
+    *,
+    strict: bool = True,
+    to_host: ToHost | None = None,
+    time_base: str | None = None,
+    name: str = "kernel",
+    device: str | None = None,
+) -> KernelRecords:
     """Decode an asyncgpu record buffer (uint64 words as copied from the device, see
     ``kernels/asyncgpu_profile_format.h``). ``stages`` names the stage ids. ``to_host`` converts int64 device
     stamps to float64 host ns (`ClockCalibration.globaltimer_to_host_ns`); without it times are relative.
@@ -299,36 +416,49 @@ def decode(words: Any, stages: Sequence[str] = (), *, strict: bool = True, to_ho
     f = FORMAT
     w = _words(words)
     if w.size < f.HEADER_WORDS:
-        raise KernelRecordsError(f"the record buffer has {w.size} words, fewer than its {f.HEADER_WORDS}-word "
-                                 "header: pass the whole buffer the profiler armed (KernelProfiler.nbytes bytes)")
+        raise KernelRecordsError(
+            f"the record buffer has {w.size} words, fewer than its {f.HEADER_WORDS}-word "
+            "header: pass the whole buffer the profiler armed (KernelProfiler.nbytes bytes)"
+        )
     h = [int(x) for x in w[: f.HEADER_WORDS].view(np.uint32)]
     if h[f.HDR_MAGIC] != f.MAGIC:
         if not w.any():
-            raise KernelRecordsError("the record buffer is all zeros: it was never armed (KernelProfiler.arm() zeroes "
-                                     "it and writes its header on the stream before the launch), or the copy read "
-                                     "another buffer")
-        raise KernelRecordsError(f"not an asyncgpu record buffer: word 0 is {int(w[0]):#018x}, without the magic "
-                                 f"{f.MAGIC:#010x} (a corrupt header, or another format: TIRx, flashinfer and "
-                                 "warpscope buffers decode with KernelRecords.decode_tirx)")
+            raise KernelRecordsError(
+                "the record buffer is all zeros: it was never armed (KernelProfiler.arm() zeroes "
+                "it and writes its header on the stream before the launch), or the copy read "
+                "another buffer"
+            )
+        raise KernelRecordsError(
+            f"not an asyncgpu record buffer: word 0 is {int(w[0]):#018x}, without the magic "
+            f"{f.MAGIC:#010x} (a corrupt header, or another format: TIRx, flashinfer and "
+            "warpscope buffers decode with KernelRecords.decode_tirx)"
+        )
     groups, lanes, cap = h[f.HDR_GROUPS], h[f.HDR_LANES], h[f.HDR_CAPACITY]
     need = f.words_for(lanes, cap)
     if groups == 0 or lanes == 0 or cap == 0 or need > w.size:
-        raise KernelRecordsError(f"corrupt header: {groups} groups, {lanes} lanes of {cap} records = {need} words, "
-                                 f"in a buffer of {w.size} words: the header was overwritten (a kernel writing out "
-                                 "of bounds, or another buffer's pointer passed as the records pointer)")
+        raise KernelRecordsError(
+            f"corrupt header: {groups} groups, {lanes} lanes of {cap} records = {need} words, "
+            f"in a buffer of {w.size} words: the header was overwritten (a kernel writing out "
+            "of bounds, or another buffer's pointer passed as the records pointer)"
+        )
     findings = _Findings()
     blocks, no_room, bad_group = h[f.HDR_BLOCKS], h[f.HDR_NO_ROOM], h[f.HDR_BAD_GROUP]
     if bad_group:
-        findings.add(f"a leader said it is group {bad_group - 1}, but the profiler was armed for {groups} groups per "
-                     f"block (that group's records were not written): KernelProfiler(..., groups={bad_group})",
-                     overflow=True)
+        findings.add(
+            f"a leader said it is group {bad_group - 1}, but the profiler was armed for {groups} groups per "
+            f"block (that group's records were not written): KernelProfiler(..., groups={bad_group})",
+            overflow=True,
+        )
     if no_room:
-        findings.add(f"{no_room} (block, group) lanes found no room (their records were dropped): the launch had "
-                     f"{blocks} blocks x {groups} groups = {blocks * groups} lanes, the buffer holds {lanes}: arm the "
-                     f"profiler with the launch's grid (arm(grid={blocks}))", overflow=True)
-    lane_words = w[f.HEADER_WORDS:need].reshape(lanes, f.LANE_WORDS + cap)
+        findings.add(
+            f"{no_room} (block, group) lanes found no room (their records were dropped): the launch had "
+            f"{blocks} blocks x {groups} groups = {blocks * groups} lanes, the buffer holds {lanes}: arm the "
+            f"profiler with the launch's grid (arm(grid={blocks}))",
+            overflow=True,
+        )
+    lane_words = w[f.HEADER_WORDS : need].reshape(lanes, f.LANE_WORDS + cap)
     start, end, fin = (lane_words[:, k].astype(np.int64) for k in (f.LANE_START, f.LANE_END, f.LANE_FIN))
-    rec = lane_words[:, f.LANE_WORDS:]
+    rec = lane_words[:, f.LANE_WORDS :]
     started = start != 0
     finalized = (fin >> f.FIN_MARK_SHIFT) & 0xFFFF == f.FIN_MARK
     attempted = np.where(finalized, fin & 0xFFFFFFFF, 0)
@@ -352,38 +482,87 @@ def decode(words: Any, stages: Sequence[str] = (), *, strict: bool = True, to_ho
         if fast is not None:
             problems = findings.settle(strict)
             empty = np.zeros(0, np.int32)
-            return KernelRecords(name=name, device=device, stages=tuple(stages), fmt="asyncgpu", groups=groups,
-                                 blocks=blocks, lanes=lanes, lanes_started=n_started, **fast, instant_block=empty,
-                                 instant_group=empty, instant_stage=empty.astype(np.int16), instant_ns=np.zeros(0),
-                                 dropped=dropped, aligned=clock.aligned, time_base=clock.time_base,
-                                 problems=problems)
+            return KernelRecords(
+                name=name,
+                device=device,
+                stages=tuple(stages),
+                fmt="asyncgpu",
+                groups=groups,
+                blocks=blocks,
+                lanes=lanes,
+                lanes_started=n_started,
+                **fast,
+                instant_block=empty,
+                instant_group=empty,
+                instant_stage=empty.astype(np.int16),
+                instant_ns=np.zeros(0),
+                dropped=dropped,
+                aligned=clock.aligned,
+                time_base=clock.time_base,
+                problems=problems,
+            )
     lane, kind, stage, t = _flat_records(findings, rec, start, end, kept, finalized, simple, groups, cap)
     origin = int(start[kept > 0].min()) if np.any(kept > 0) else None
-    return _build(name, device, stages, "asyncgpu", groups, blocks, lanes, n_started, lane, kind, stage, t, dropped,
-                  findings, strict, to_host, time_base, origin)
+    return _build(
+        name,
+        device,
+        stages,
+        "asyncgpu",
+        groups,
+        blocks,
+        lanes,
+        n_started,
+        lane,
+        kind,
+        stage,
+        t,
+        dropped,
+        findings,
+        strict,
+        to_host,
+        time_base,
+        origin,
+    )
 
 
-def _check_lanes(findings: _Findings, groups: int, cap: int, started: np.ndarray, finalized: np.ndarray,
-                 fin: np.ndarray, start: np.ndarray, end: np.ndarray, in_use: np.ndarray, kept: np.ndarray,
-                 dropped: np.ndarray, bad: np.ndarray) -> None:
+def _check_lanes(
+    findings: _Findings,
+    groups: int,
+    cap: int,
+    started: np.ndarray,
+    finalized: np.ndarray,
+    fin: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    in_use: np.ndarray,
+    kept: np.ndarray,
+    dropped: np.ndarray,
+    bad: np.ndarray,
+) -> None:
     """Per-lane consistency (vectorised); marks lanes that cannot be trusted in ``bad``."""
     f = FORMAT
     lanes_at = np.flatnonzero
     garbage_fin = (fin != 0) & ~finalized
     no_start = finalized & ~started
     orphan = ~started & ~finalized & (in_use > 0)
-    for mask, what in ((garbage_fin, "a finalize word without its mark"),
-                       (no_start, "a finalize word but no start stamp"),
-                       (orphan, "records but neither a start stamp nor a finalize word")):
+    for mask, what in (
+        (garbage_fin, "a finalize word without its mark"),
+        (no_start, "a finalize word but no start stamp"),
+        (orphan, "records but neither a start stamp nor a finalize word"),
+    ):
         if mask.any():
-            findings.add(f"corrupt lanes ({what}): {_where(lanes_at(mask), groups)}: the buffer was overwritten "
-                         "(out-of-bounds writes in the kernel?) or is not an asyncgpu record buffer")
+            findings.add(
+                f"corrupt lanes ({what}): {_where(lanes_at(mask), groups)}: the buffer was overwritten "
+                "(out-of-bounds writes in the kernel?) or is not an asyncgpu record buffer"
+            )
             bad |= mask
     reused = finalized & (((fin >> f.FIN_FLAGS_SHIFT) & f.FLAG_REUSED) != 0)
     stale = finalized & ~reused & (in_use > kept)
     if reused.any() or stale.any():
-        findings.add(f"the buffer was reused without zeroing ({_where(lanes_at(reused | stale), groups)} hold "
-                     "records of an earlier launch): arm() the profiler before every launch")
+        findings.add(
+            f"the buffer was reused without zeroing ({_where(lanes_at(reused | stale), groups)} hold "
+            "records of an earlier launch): arm() the profiler before every launch"
+        )
         bad |= stale
     holes = finalized & ~reused & (in_use < kept)
     if holes.any():
@@ -391,22 +570,28 @@ def _check_lanes(findings: _Findings, groups: int, cap: int, started: np.ndarray
         bad |= holes
     never = started & ~finalized
     if never.any():
-        findings.add(f"{int(never.sum())} lanes never called finalize ({_where(lanes_at(never), groups)}): call "
-                     "prof.finalize() once at the end of the kernel on every leader, on every path that returns "
-                     "(their records are kept, their end is unknown)")
+        findings.add(
+            f"{int(never.sum())} lanes never called finalize ({_where(lanes_at(never), groups)}): call "
+            "prof.finalize() once at the end of the kernel on every leader, on every path that returns "
+            "(their records are kept, their end is unknown)"
+        )
     if dropped.any():
         worst = int((kept + dropped).max())
-        findings.add(f"{int(dropped.sum())} records dropped by {int((dropped > 0).sum())} full lanes "
-                     f"({_where(lanes_at(dropped > 0), groups)}): capacity is {cap} records per lane, the fullest "
-                     f"lane wanted {worst}: KernelProfiler(..., capacity={worst})", overflow=True)
+        findings.add(
+            f"{int(dropped.sum())} records dropped by {int((dropped > 0).sum())} full lanes "
+            f"({_where(lanes_at(dropped > 0), groups)}): capacity is {cap} records per lane, the fullest "
+            f"lane wanted {worst}: KernelProfiler(..., capacity={worst})",
+            overflow=True,
+        )
     backwards = finalized & started & (end < start)
     if backwards.any():
         findings.add(f"corrupt lanes (finalized before they started): {_where(lanes_at(backwards), groups)}")
         bad |= backwards
 
 
-def _decode_pairs(rec: np.ndarray, start: np.ndarray, kept: np.ndarray, cap: int, groups: int, clock: _Clock
-                  ) -> dict[str, np.ndarray] | None:
+def _decode_pairs(
+    rec: np.ndarray, start: np.ndarray, kept: np.ndarray, cap: int, groups: int, clock: _Clock
+) -> dict[str, np.ndarray] | None:
     """The fast path: every lane a sequence of (begin s, end s) pairs, decoded a pair at a time from the words'
     uint32 halves (the format is little-endian). For a sound pair the end's tag is the begin's plus one (same
     mark and stage, END = BEGIN + 1) and the begin's kind and check bits are right. None when the records are
@@ -443,7 +628,7 @@ def _decode_pairs(rec: np.ndarray, start: np.ndarray, kept: np.ndarray, cap: int
         else:
             shape = (o1 - o0,)
             mask = np.arange(pairs) < h[:, None]
-            wb, we = rec[l0:l1, 0: 2 * pairs: 2][mask], rec[l0:l1, 1: 2 * pairs: 2][mask]
+            wb, we = rec[l0:l1, 0 : 2 * pairs : 2][mask], rec[l0:l1, 1 : 2 * pairs : 2][mask]
             b32 = wb.view(np.uint32)
             tag_b, lo_b, stage16 = b32[0::2], b32[1::2], wb.view(np.uint16)[0::4]
             base, lo_start = np.repeat(lane_base[l0:l1], h), np.repeat(start_lo[l0:l1], h)
@@ -461,14 +646,27 @@ def _decode_pairs(rec: np.ndarray, start: np.ndarray, kept: np.ndarray, cap: int
             e_out *= clock.rate
         s_out += base
         e_out += s_out
-    return {"block": np.repeat((lane_ids // groups).astype(np.int32), half),
-            "group": np.repeat((lane_ids % groups).astype(np.int32), half), "stage": stage, "start_ns": start_ns,
-            "end_ns": end_ns, "duration_ns": dur}
+    return {
+        "block": np.repeat((lane_ids // groups).astype(np.int32), half),
+        "group": np.repeat((lane_ids % groups).astype(np.int32), half),
+        "stage": stage,
+        "start_ns": start_ns,
+        "end_ns": end_ns,
+        "duration_ns": dur,
+    }
 
 
-def _flat_records(findings: _Findings, rec: np.ndarray, start: np.ndarray, end: np.ndarray, kept: np.ndarray,
-                  finalized: np.ndarray, simple: np.ndarray, groups: int, cap: int
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _flat_records(
+    findings: _Findings,
+    rec: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    kept: np.ndarray,
+    finalized: np.ndarray,
+    simple: np.ndarray,
+    groups: int,
+    cap: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Every kept record as flat columns (lane, kind, stage, full device time), lane-major."""
     f = FORMAT
     words = rec.reshape(-1) if np.all(kept == cap) else rec[np.arange(cap) < kept[:, None]]
@@ -479,8 +677,10 @@ def _flat_records(findings: _Findings, rec: np.ndarray, start: np.ndarray, end: 
     lo_start = np.repeat((start & 0xFFFFFFFF).astype(np.uint32), kept)
     s = np.repeat(start, kept)
     if wrong.any():
-        findings.add(f"{int(wrong.sum())} words are not records (no record mark) in lanes "
-                     f"{_where(np.unique(lane[wrong]), groups)}: corrupt lanes, left out")
+        findings.add(
+            f"{int(wrong.sum())} words are not records (no record mark) in lanes "
+            f"{_where(np.unique(lane[wrong]), groups)}: corrupt lanes, left out"
+        )
         keep = ~np.isin(lane, np.unique(lane[wrong]))
         halves, lane, lo_start, s = halves.reshape(-1, 2)[keep].reshape(-1), lane[keep], lo_start[keep], s[keep]
         tag = halves[0::2]
@@ -503,11 +703,14 @@ def _flat_records(findings: _Findings, rec: np.ndarray, start: np.ndarray, end: 
         t[sel] = start[l_sel] + cs - base
         last = np.zeros(len(rec), np.int64)
         last[l_sel] = t[sel]  # the last record of each lane wins
-        gap = finalized[long_lanes] & ((last[long_lanes] > end[long_lanes])
-                                       | (end[long_lanes] - last[long_lanes] >= _WRAP_NS))
+        gap = finalized[long_lanes] & (
+            (last[long_lanes] > end[long_lanes]) | (end[long_lanes] - last[long_lanes] >= _WRAP_NS)
+        )
         if gap.any():
-            findings.add(f"lanes with more than 4.29 s between two records ({_where(long_lanes[gap], groups)}): "
-                         "their %globaltimer low words are ambiguous; record at least every 4 s")
+            findings.add(
+                f"lanes with more than 4.29 s between two records ({_where(long_lanes[gap], groups)}): "
+                "their %globaltimer low words are ambiguous; record at least every 4 s"
+            )
     kind = (tag & np.uint32(f.KIND_MASK)).astype(np.int8)
     stage = ((tag >> np.uint32(f.STAGE_SHIFT)) & np.uint32(f.STAGE_MASK)).astype(np.int16)
     return lane, kind, stage, t
@@ -518,9 +721,18 @@ TIRX_TYPE_BITS, TIRX_EVENT_SHIFT, TIRX_EVENT_BITS, TIRX_GROUP_SHIFT = 2, 2, 10, 
 TIRX_BEGIN, TIRX_END, TIRX_INSTANT, TIRX_FINALIZE = 0, 1, 2, 3
 
 
-def decode_tirx(words: Any, stages: Sequence[str] = (), *, strict: bool = True, sm_id: bool = False,
-                reference_ns: int | None = None, to_host: ToHost | None = None, time_base: str | None = None,
-                name: str = "kernel", device: str | None = None) -> KernelRecords:
+def decode_tirx(
+    words: Any,
+    stages: Sequence[str] = (),
+    *,
+    strict: bool = True,
+    sm_id: bool = False,
+    reference_ns: int | None = None,
+    to_host: ToHost | None = None,
+    time_base: str | None = None,
+    name: str = "kernel",
+    device: str | None = None,
+) -> KernelRecords:
     """Decode a buffer in the format of TVM TIRx, flashinfer and warpscope: word 0 is ``(num_groups << 32) |
     num_blocks``; record ``k`` of lane ``block * num_groups + group`` is word ``1 + lane + k * num_blocks *
     num_groups``, ``(globaltimer_lo32 << 32) | tag32`` with ``tag32 = (block_group << 12) | (event << 2) |
@@ -537,12 +749,16 @@ def decode_tirx(words: Any, stages: Sequence[str] = (), *, strict: bool = True, 
     lanes = n_blocks * n_groups
     if lanes == 0 or w.size < 1 + lanes:
         if not w[1:].any():
-            raise KernelRecordsError("the TIRx buffer holds no records (its header word is "
-                                     f"{int(w[0]):#x}): the kernel did not run with the profiler on")
-        raise KernelRecordsError(f"corrupt TIRx header: {n_blocks} blocks x {n_groups} groups in a buffer of {w.size} "
-                                 "words (word 0 must be (num_groups << 32) | num_blocks)")
+            raise KernelRecordsError(
+                "the TIRx buffer holds no records (its header word is "
+                f"{int(w[0]):#x}): the kernel did not run with the profiler on"
+            )
+        raise KernelRecordsError(
+            f"corrupt TIRx header: {n_blocks} blocks x {n_groups} groups in a buffer of {w.size} "
+            "words (word 0 must be (num_groups << 32) | num_blocks)"
+        )
     slots = (w.size - 1) // lanes
-    body = w[1: 1 + slots * lanes].reshape(slots, lanes).T  # (lanes, slots)
+    body = w[1 : 1 + slots * lanes].reshape(slots, lanes).T  # (lanes, slots)
     used = body != 0
     count = used.sum(axis=1)
     prefix = np.arange(slots) < count[:, None]
@@ -553,8 +769,11 @@ def decode_tirx(words: Any, stages: Sequence[str] = (), *, strict: bool = True, 
         bad[holes] = True
     full = np.flatnonzero(count == slots)
     if full.size and slots:
-        findings.add(f"{full.size} lanes filled all {slots} of their slots ({_where(full, n_groups)}): the format "
-                     "keeps no count, so records may have been dropped: give the buffer more slots", overflow=True)
+        findings.add(
+            f"{full.size} lanes filled all {slots} of their slots ({_where(full, n_groups)}): the format "
+            "keeps no count, so records may have been dropped: give the buffer more slots",
+            overflow=True,
+        )
     keep_n = np.where(bad, 0, count)
     valid = np.arange(slots) < keep_n[:, None]
     rec = body[valid]
@@ -567,9 +786,11 @@ def decode_tirx(words: Any, stages: Sequence[str] = (), *, strict: bool = True, 
     expect = lane & 0xFFF if sm_id else lane
     wrong = bg != expect
     if wrong.any():
-        findings.add(f"{int(wrong.sum())} TIRx records sit in the slots of another (block, group) (lanes "
-                     f"{_where(np.unique(lane[wrong]), n_groups)}): a corrupt buffer, or pass sm_id=True for "
-                     "flashinfer's variant with the SM id in the tag's top byte")
+        findings.add(
+            f"{int(wrong.sum())} TIRx records sit in the slots of another (block, group) (lanes "
+            f"{_where(np.unique(lane[wrong]), n_groups)}): a corrupt buffer, or pass sm_id=True for "
+            "flashinfer's variant with the SM id in the tag's top byte"
+        )
     fin = tirx_type == TIRX_FINALIZE
     kinds = np.zeros(1 << TIRX_TYPE_BITS, np.int8)
     kinds[[TIRX_BEGIN, TIRX_END, TIRX_INSTANT]] = (FORMAT.KIND_BEGIN, FORMAT.KIND_END, FORMAT.KIND_INSTANT)
@@ -579,8 +800,10 @@ def decode_tirx(words: Any, stages: Sequence[str] = (), *, strict: bool = True, 
     if has_fin.any():
         missing = np.flatnonzero((keep_n > 0) & ~has_fin)
         if missing.size:
-            findings.add(f"{missing.size} TIRx lanes have no finalize record ({_where(missing, n_groups)}): the "
-                         "kernel returned early on those leaders")
+            findings.add(
+                f"{missing.size} TIRx lanes have no finalize record ({_where(missing, n_groups)}): the "
+                "kernel returned early on those leaders"
+            )
     lo = (rec >> _U32).astype(np.int64)
     first = np.ones(len(lane), bool)
     first[1:] = lane[1:] != lane[:-1]
@@ -595,14 +818,36 @@ def decode_tirx(words: Any, stages: Sequence[str] = (), *, strict: bool = True, 
         full_first = ref - ((ref - lane_first) & 0xFFFFFFFF)
     else:
         if to_host is not None:
-            raise ValueError("to_host needs full device stamps: pass reference_ns (a %globaltimer reading taken "
-                             "after the kernel) with it")
+            raise ValueError(
+                "to_host needs full device stamps: pass reference_ns (a %globaltimer reading taken "
+                "after the kernel) with it"
+            )
         rel = ((lane_first - lane_first[0] + (1 << 31)) & 0xFFFFFFFF) - (1 << 31) if lane_first.size else lane_first
         full_first = rel  # lanes within +-2.1 s of the first lane
     t = full_first[np.cumsum(first) - 1] + within if len(lane) else lo
     ok = ~fin
-    return _build(name, device, stages, "tirx", max(n_groups, 1), n_blocks, lanes, int((keep_n > 0).sum()),
-                  lane[ok], kind[ok], stage[ok], t[ok], np.zeros(lanes, np.int64), findings, strict, to_host,
-                  time_base or (None if reference_ns is not None or to_host else
-                                "relative: ns from the kernel's first stamp (TIRx keeps 32-bit stamps; pass "
-                                "reference_ns to resolve them)"))
+    return _build(
+        name,
+        device,
+        stages,
+        "tirx",
+        max(n_groups, 1),
+        n_blocks,
+        lanes,
+        int((keep_n > 0).sum()),
+        lane[ok],
+        kind[ok],
+        stage[ok],
+        t[ok],
+        np.zeros(lanes, np.int64),
+        findings,
+        strict,
+        to_host,
+        time_base
+        or (
+            None
+            if reference_ns is not None or to_host
+            else "relative: ns from the kernel's first stamp (TIRx keeps 32-bit stamps; pass "
+            "reference_ns to resolve them)"
+        ),
+    )

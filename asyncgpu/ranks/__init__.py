@@ -21,7 +21,15 @@ from .merge import RankInfo as RankInfo
 from .merge import RankRow as RankRow
 from .merge import RankTimeline as RankTimeline
 
-__all__ = ["CollectivePoint", "RankBalance", "RankDeviceRow", "RankInfo", "RankRow", "RankTimeline", "gather",
-           "mark_collective"]
+__all__ = [
+    "CollectivePoint",
+    "RankBalance",
+    "RankDeviceRow",
+    "RankInfo",
+    "RankRow",
+    "RankTimeline",
+    "gather",
+    "mark_collective",
+]
 
 publish(__name__, globals(), __all__)

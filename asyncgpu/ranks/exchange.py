@@ -82,17 +82,28 @@ def mark_collective(name: str, timer: Timer | None = None) -> None:
     scopes = [timer] if timer is not None else list(_timer.current_scopes())
     scopes = [s for s in scopes if _timer.is_open(s)]
     if not scopes:
-        raise ScopeError(f"mark_collective({name!r}) outside a timing scope: call it inside `async with "
-                         "gpu_timer(...) as t:` (or pass timer=t while t is open)")
+        raise ScopeError(
+            f"mark_collective({name!r}) outside a timing scope: call it inside `async with "
+            "gpu_timer(...) as t:` (or pass timer=t while t is open)"
+        )
     thread = threading.current_thread().name
     for s in scopes:
         s.mark(name, now, thread)
 
 
-def gather(source: Timer | Timeline, group: Any = None, *, root: int = 0, to_all: bool = False,
-           timeout_s: float = 60.0, strict: bool = True, clock_samples: int = 16) -> RankTimeline | None:
-    """Gather a finished scope (a `Timer`, or a `Timeline`, with its collective ``marks``) from every rank of ``group`` onto ``root`` (every rank with
-    ``to_all``). Returns the `RankTimeline` there, None elsewhere. Call it on every rank, in the same order.
+def gather(
+    source: Timer | Timeline,
+    group: Any = None,
+    *,
+    root: int = 0,
+    to_all: bool = False,
+    timeout_s: float = 60.0,
+    strict: bool = True,
+    clock_samples: int = 16,
+) -> RankTimeline | None:
+    """Gather a finished scope (a `Timer`, or a `Timeline`, with its collective ``marks``) from every rank of
+    ``group`` onto ``root`` (every rank with ``to_all``). Returns the `RankTimeline` there, None elsewhere. Call
+    it on every rank, in the same order.
 
     ``group``: a ``torch.distributed`` process group (any backend; None: the default group) or an ``mpi4py``
     communicator. ``timeout_s``: how long each step waits for the other ranks. ``strict``: the ranks must agree
@@ -107,11 +118,23 @@ def gather(source: Timer | Timeline, group: Any = None, *, root: int = 0, to_all
         raise ValueError(f"root={root} is not a rank of this group (ranks 0..{tr.size - 1})")
     with _LOCK:
         seq = _SEQ[tr.key] = _SEQ.get(tr.key, -1) + 1
-    me = {"wire": wire.WIRE_VERSION, "asyncgpu_version": _version(), "seq": seq, "rank": tr.rank,
-          "label": tl.label, "devices": list(tl.devices), "backend": backend, "rows": len(tl), "root": root,
-          "to_all": bool(to_all), "host": socket.gethostname(), "pid": os.getpid()}
-    payload = wire.timeline_to_payload(tl, marks, {k: me[k] for k in ("rank", "host", "pid", "backend",
-                                                                       "asyncgpu_version")})
+    me = {
+        "wire": wire.WIRE_VERSION,
+        "asyncgpu_version": _version(),
+        "seq": seq,
+        "rank": tr.rank,
+        "label": tl.label,
+        "devices": list(tl.devices),
+        "backend": backend,
+        "rows": len(tl),
+        "root": root,
+        "to_all": bool(to_all),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+    }
+    payload = wire.timeline_to_payload(
+        tl, marks, {k: me[k] for k in ("rank", "host", "pid", "backend", "asyncgpu_version")}
+    )
     me["nbytes"] = int(payload.size)
     verdict = _check_in(tr, seq, root, me, timeout_s, strict, clock_samples)
     tr.open_data(timeout_s)
@@ -139,8 +162,9 @@ def _check_in(tr: Any, seq: int, root: int, me: dict, timeout_s: float, strict: 
     return verdict
 
 
-def _as_rank(tr: Any, payload: np.ndarray, verdict: dict, root: int, to_all: bool,
-             timeout_s: float) -> RankTimeline | None:
+def _as_rank(
+    tr: Any, payload: np.ndarray, verdict: dict, root: int, to_all: bool, timeout_s: float
+) -> RankTimeline | None:
     """Steps 2-4 on a rank that is not the root: answer the pings, send the payload, take the merge (to_all)."""
     _answer_pings(tr, root, verdict["samples"], timeout_s)
     tr.send(payload, root, "payload", timeout_s)
@@ -152,8 +176,7 @@ def _as_rank(tr: Any, payload: np.ndarray, verdict: dict, root: int, to_all: boo
 
 def _as_root(tr: Any, payload: np.ndarray, verdict: dict, root: int, to_all: bool, timeout_s: float) -> RankTimeline:
     """Steps 2-4 on the root: ping every rank, take the payloads one by one into the merge, send it (to_all)."""
-    offsets = [(0, 0.0, 0.0, 0) if r == root else _ping(tr, r, verdict["samples"], timeout_s)
-               for r in range(tr.size)]
+    offsets = [(0, 0.0, 0.0, 0) if r == root else _ping(tr, r, verdict["samples"], timeout_s) for r in range(tr.size)]
     merger = Merger(verdict["rows"], root)
     for r in range(tr.size):  # one received payload alive at a time, besides the merged columns
         merger.add(payload if r == root else tr.recv(verdict["nbytes"][r], r, "payload", timeout_s), offsets[r])
@@ -186,51 +209,72 @@ def _version() -> str:
     return __version__
 
 
-def _verdict(got: dict[int, bytes], missing: list[int], size: int, root: int, timeout_s: float, strict: bool,
-             samples: int) -> dict:
+def _verdict(
+    got: dict[int, bytes], missing: list[int], size: int, root: int, timeout_s: float, strict: bool, samples: int
+) -> dict:
     """``{"ok": True, rows, nbytes, samples}`` or ``{"ok": False, "error", "missing"}``: the root's decision."""
+
     def fail(msg: str, bad: list[int] | None = None) -> dict:
         return {"ok": False, "error": msg, "missing": bad or []}
 
     if missing:
         came = ", ".join(map(str, sorted(got))) or "none"
-        return fail(f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} of {size} did not reach "
-                    f"gather within {timeout_s:g} s (checked in: {came}): call asyncgpu.gather on every rank of the "
-                    "group, in the same order, or raise timeout_s", missing)
+        return fail(
+            f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} of {size} did not reach "
+            f"gather within {timeout_s:g} s (checked in: {came}): call asyncgpu.gather on every rank of the "
+            "group, in the same order, or raise timeout_s",
+            missing,
+        )
     info: dict[int, dict] = {}
     for r, raw in sorted(got.items()):
         try:
             c = json.loads(raw)
             int(c["wire"])
         except (ValueError, KeyError, TypeError):
-            return fail(f"rank {r}'s check-in is not an asyncgpu gather check-in ({raw[:60]!r}): run the same "
-                        "asyncgpu version on every rank")
+            return fail(
+                f"rank {r}'s check-in is not an asyncgpu gather check-in ({raw[:60]!r}): run the same "
+                "asyncgpu version on every rank"
+            )
         info[r] = c
     mine = info[root]
     old = {r: c for r, c in info.items() if c["wire"] != wire.WIRE_VERSION}
     if old:
-        who = "; ".join(f"rank {r} sends payload version {c['wire']} (asyncgpu {c.get('asyncgpu_version', '?')})"
-                        for r, c in old.items())
-        return fail(f"{who}; the root (rank {root}, asyncgpu {mine['asyncgpu_version']}) reads version "
-                    f"{wire.WIRE_VERSION}: install the same asyncgpu version on every rank")
+        who = "; ".join(
+            f"rank {r} sends payload version {c['wire']} (asyncgpu {c.get('asyncgpu_version', '?')})"
+            for r, c in old.items()
+        )
+        return fail(
+            f"{who}; the root (rank {root}, asyncgpu {mine['asyncgpu_version']}) reads version "
+            f"{wire.WIRE_VERSION}: install the same asyncgpu version on every rank"
+        )
     for key, what in (("seq", "call number (gathers so far on this group)"), ("root", "root"), ("to_all", "to_all")):
         values = {r: c.get(key) for r, c in info.items()}
         if len(set(map(json.dumps, values.values()))) > 1:
-            return fail(f"ranks disagree on the {what}: " + ", ".join(f"rank {r} {v!r}" for r, v in values.items())
-                        + ": call gather with the same root and to_all on every rank, in the same order")
+            return fail(
+                f"ranks disagree on the {what}: "
+                + ", ".join(f"rank {r} {v!r}" for r, v in values.items())
+                + ": call gather with the same root and to_all on every rank, in the same order"
+            )
     if strict:
         for key, what, fix in (
-                ("backend", "device backend", "time every rank on the same backend (or pass strict=False)"),
-                ("label", "scope label", "gather the same scope on every rank (or pass strict=False)"),
-                ("devices", "number of devices", "time the same number of devices on every rank (or pass "
-                                                 "strict=False)")):
+            ("backend", "device backend", "time every rank on the same backend (or pass strict=False)"),
+            ("label", "scope label", "gather the same scope on every rank (or pass strict=False)"),
+            ("devices", "number of devices", "time the same number of devices on every rank (or pass strict=False)"),
+        ):
             values = {r: (len(c[key]) if key == "devices" else c[key]) for r, c in info.items()}
             if len(set(values.values())) > 1:
-                shown = ", ".join(f"rank {r} {v!r}" + (f" ({', '.join(info[r]['devices'])})" if key == "devices"
-                                                       else "") for r, v in values.items())
+                shown = ", ".join(
+                    f"rank {r} {v!r}" + (f" ({', '.join(info[r]['devices'])})" if key == "devices" else "")
+                    for r, v in values.items()
+                )
                 return fail(f"ranks disagree on the {what}: {shown}: {fix}")
-    return {"ok": True, "rows": [info[r]["rows"] for r in range(size)],
-            "nbytes": [info[r]["nbytes"] for r in range(size)], "samples": samples, "missing": []}
+    return {
+        "ok": True,
+        "rows": [info[r]["rows"] for r in range(size)],
+        "nbytes": [info[r]["nbytes"] for r in range(size)],
+        "samples": samples,
+        "missing": [],
+    }
 
 
 # -- the clock ping-pong -----------------------------------------------------------------------------------------
@@ -275,20 +319,28 @@ def _transport(group: Any) -> Any:
             return _TorchTransport(torch_dist, torch_dist.group.WORLD)
         if mpi is not None:
             return _MpiTransport(mpi, mpi.COMM_WORLD)
-        why = ("torch.distributed is imported but not initialised" if torch_dist is not None
-               else "neither torch.distributed nor mpi4py is in use")
-        raise GatherError(f"no process group to gather over ({why}): call torch.distributed.init_process_group("
-                          "backend='nccl' or 'gloo') on every rank first (torchrun sets up its environment), or pass "
-                          "an mpi4py communicator (group=MPI.COMM_WORLD)")
+        why = (
+            "torch.distributed is imported but not initialised"
+            if torch_dist is not None
+            else "neither torch.distributed nor mpi4py is in use"
+        )
+        raise GatherError(
+            f"no process group to gather over ({why}): call torch.distributed.init_process_group("
+            "backend='nccl' or 'gloo') on every rank first (torchrun sets up its environment), or pass "
+            "an mpi4py communicator (group=MPI.COMM_WORLD)"
+        )
     if torch_dist is not None and isinstance(group, torch_dist.ProcessGroup):
         if not torch_dist.is_initialized():
-            raise GatherError("torch.distributed is not initialised: call torch.distributed.init_process_group() "
-                              "on every rank before gather")
+            raise GatherError(
+                "torch.distributed is not initialised: call torch.distributed.init_process_group() "
+                "on every rank before gather"
+            )
         return _TorchTransport(torch_dist, group)
     if mpi is not None and isinstance(group, mpi.Comm):
         return _MpiTransport(mpi, group)
-    raise TypeError(f"group must be a torch.distributed ProcessGroup or an mpi4py communicator, not "
-                    f"{type(group).__name__}")
+    raise TypeError(
+        f"group must be a torch.distributed ProcessGroup or an mpi4py communicator, not {type(group).__name__}"
+    )
 
 
 _SIDE_GROUPS: dict[tuple[int, ...], Any] = {}  # global ranks -> the private gloo group for steps 2-4
@@ -309,8 +361,10 @@ class _TorchTransport:
         try:
             self.store = dist.distributed_c10d._get_default_store()
         except (AttributeError, RuntimeError, ValueError) as exc:
-            raise GatherError(f"cannot reach torch.distributed's key-value store ({exc}): initialise the default "
-                              "process group with init_process_group()") from None
+            raise GatherError(
+                f"cannot reach torch.distributed's key-value store ({exc}): initialise the default "
+                "process group with init_process_group()"
+            ) from None
         self.side: Any = None
 
     def _k(self, seq: int, what: str) -> str:
@@ -343,17 +397,22 @@ class _TorchTransport:
             missing = sorted(set(absent) | {root}, key=lambda r: (r != root, r))
             others = [r for r in missing if r != root]
             nor = f", nor did rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))}" if others else ""
-            raise GatherError(f"the root (rank {root}) posted no verdict within {2 * timeout_s + 1:g} s: it did not "
-                              f"reach gather{nor} (call gather on every rank of the group, in the same order)",
-                              tuple(missing)) from None
+            raise GatherError(
+                f"the root (rank {root}) posted no verdict within {2 * timeout_s + 1:g} s: it did not "
+                f"reach gather{nor} (call gather on every rank of the group, in the same order)",
+                tuple(missing),
+            ) from None
         return bytes(self.store.get(key))
 
     def open_data(self, timeout_s: float) -> None:
         side = _SIDE_GROUPS.get(self.ranks)
         if side is None:
             side = _SIDE_GROUPS[self.ranks] = self.dist.new_group(
-                list(self.ranks), timeout=timedelta(seconds=max(timeout_s, 30.0)), backend="gloo",
-                use_local_synchronization=True)
+                list(self.ranks),
+                timeout=timedelta(seconds=max(timeout_s, 30.0)),
+                backend="gloo",
+                use_local_synchronization=True,
+            )
         self.side = side
 
     def send(self, arr: np.ndarray, to: int, what: str, timeout_s: float) -> None:
@@ -370,8 +429,10 @@ class _TorchTransport:
         try:
             work.wait(timeout=timedelta(seconds=timeout_s))
         except RuntimeError as exc:
-            raise GatherError(f"timed out or failed {doing} (within {timeout_s:g} s): that rank left or crashed "
-                              f"after checking in ({str(exc).splitlines()[0][:200]})") from None
+            raise GatherError(
+                f"timed out or failed {doing} (within {timeout_s:g} s): that rank left or crashed "
+                f"after checking in ({str(exc).splitlines()[0][:200]})"
+            ) from None
 
     def finish(self, seq: int, root: int) -> None:
         """After a gather that went through: the root removes the verdict (every rank has read it by now)."""
@@ -390,8 +451,10 @@ class _MpiTransport:
 
     def __init__(self, mpi: Any, comm: Any) -> None:
         if not mpi.Is_initialized() or mpi.Is_finalized():
-            raise GatherError("MPI is not initialised (or already finalised): import mpi4py.MPI before gather and "
-                              "gather before MPI finalises")
+            raise GatherError(
+                "MPI is not initialised (or already finalised): import mpi4py.MPI before gather and "
+                "gather before MPI finalises"
+            )
         self.mpi, self.comm = mpi, comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.key = ("mpi", comm.py2f())
@@ -435,9 +498,12 @@ class _MpiTransport:
         status = self.mpi.Status()
         while not self.comm.Iprobe(source=root, tag=self._tag(seq, "verdict"), status=status):
             if time.monotonic() > deadline:
-                raise GatherError(f"the root (rank {root}) sent no verdict within {2 * timeout_s + 1:g} s: it did "
-                                  "not reach gather, or is waiting for ranks that did not (call gather on every "
-                                  "rank, in the same order)", (root,))
+                raise GatherError(
+                    f"the root (rank {root}) sent no verdict within {2 * timeout_s + 1:g} s: it did "
+                    "not reach gather, or is waiting for ranks that did not (call gather on every "
+                    "rank, in the same order)",
+                    (root,),
+                )
             time.sleep(0.001)
         buf = np.empty(status.Get_count(self.mpi.BYTE), np.uint8)
         self.comm.Recv([buf, self.mpi.BYTE], source=root, tag=self._tag(seq, "verdict"))
@@ -464,8 +530,9 @@ class _MpiTransport:
             if spins > 1000:  # past the first ~ms, poll gently
                 if time.monotonic() > deadline:
                     req.Cancel()
-                    raise GatherError(f"timed out {doing} (within {timeout_s:g} s): that rank left or crashed after "
-                                      "checking in")
+                    raise GatherError(
+                        f"timed out {doing} (within {timeout_s:g} s): that rank left or crashed after checking in"
+                    )
                 time.sleep(0.0002)
 
     def finish(self, seq: int, root: int) -> None:

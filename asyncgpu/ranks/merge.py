@@ -34,7 +34,7 @@ from typing import Any, Sequence, final
 import numpy as np
 
 from .._records import DeviceClock, ScopeInfo, Timeline
-from .._summary import DeviceSummary, Plain, suggest_split, device_summary
+from .._summary import DeviceSummary, Plain, device_summary, suggest_split
 from .wire import ROW_COLUMNS, GatherError, HostRanges, Marks, payload_to_timeline, timeline_to_payload, unpack
 
 __all__ = ["CollectivePoint", "RankBalance", "RankDeviceRow", "RankInfo", "RankRow", "RankTimeline"]
@@ -142,8 +142,16 @@ class RankTimeline:
     ``ranks`` the ranks' clock offsets; ``marks`` the collective marks. ``balance()`` makes the cross-rank
     report, ``write_trace(path)`` one Perfetto trace, ``rich.print(result)`` the report."""
 
-    def __init__(self, records: Timeline, host_ranges: HostRanges, ranks: Sequence[RankInfo], marks: Marks,
-                 root: int, row_bounds: np.ndarray, device_bounds: np.ndarray) -> None:
+    def __init__(
+        self,
+        records: Timeline,
+        host_ranges: HostRanges,
+        ranks: Sequence[RankInfo],
+        marks: Marks,
+        root: int,
+        row_bounds: np.ndarray,
+        device_bounds: np.ndarray,
+    ) -> None:
         self._records = records  # the merged timeline without its host ranges: what the summaries read
         self._hr = host_ranges  # columns; `HostRange` objects only when ``timeline`` is read
         self._timeline: Timeline | None = None
@@ -177,8 +185,16 @@ class RankTimeline:
         if not 0 <= r < self.world:
             raise IndexError(f"rank {r} is not in this gather (ranks 0..{self.world - 1})")
         tl, s = self._records, slice(int(self._rows[r]), int(self._rows[r + 1]))
-        return dataclasses.replace(tl, device=tl.device[s], stream=tl.stream[s], name=tl.name[s], kind=tl.kind[s],
-                                   start_ns=tl.start_ns[s], end_ns=tl.end_ns[s], duration_ns=tl.duration_ns[s])
+        return dataclasses.replace(
+            tl,
+            device=tl.device[s],
+            stream=tl.stream[s],
+            name=tl.name[s],
+            kind=tl.kind[s],
+            start_ns=tl.start_ns[s],
+            end_ns=tl.end_ns[s],
+            duration_ns=tl.duration_ns[s],
+        )
 
     def device_summary(self) -> DeviceSummary:
         """`asyncgpu.device_summary` of the merged timeline: one row per (rank, device), over the merged window."""
@@ -208,9 +224,14 @@ class RankTimeline:
     def to_dict(self) -> dict[str, Any]:
         """The ranks and the balance as plain types (the records stay in ``timeline``: export them with
         `asyncgpu.to_json` or `write_trace`)."""
-        return {"label": self._records.label, "root": self.root, "world": self.world,
-                "activities": len(self._records), "ranks": [r.to_dict() for r in self.ranks],
-                "balance": self.balance().to_dict()}
+        return {
+            "label": self._records.label,
+            "root": self.root,
+            "world": self.world,
+            "activities": len(self._records),
+            "ranks": [r.to_dict() for r in self.ranks],
+            "balance": self.balance().to_dict(),
+        }
 
     def __rich_console__(self, console: Any, options: Any) -> Any:
         yield self.report()
@@ -222,14 +243,21 @@ class RankTimeline:
 
     def __repr__(self) -> str:
         tl = self._records
-        return (f"<asyncgpu.RankTimeline {tl.label!r}: {self.world} ranks, {len(tl)} activities on "
-                f"{len(tl.devices)} devices>")
+        return (
+            f"<asyncgpu.RankTimeline {tl.label!r}: {self.world} ranks, {len(tl)} activities on "
+            f"{len(tl.devices)} devices>"
+        )
 
     # -- the form sent to every rank with to_all ----------------------------------------------------------
     def _to_payload(self) -> np.ndarray:
-        info = {"kind": "merged", "root": self.root, "ranks": [r.to_dict() for r in self.ranks],
-                "row_bounds": self._rows.tolist(), "device_bounds": self._devs.tolist(),
-                "scopes": [dataclasses.asdict(sc) for sc in self._records.scopes]}
+        info = {
+            "kind": "merged",
+            "root": self.root,
+            "ranks": [r.to_dict() for r in self.ranks],
+            "row_bounds": self._rows.tolist(),
+            "device_bounds": self._devs.tolist(),
+            "scopes": [dataclasses.asdict(sc) for sc in self._records.scopes],
+        }
         return timeline_to_payload(self._records, self.marks, info, self._hr)
 
     @classmethod
@@ -238,8 +266,15 @@ class RankTimeline:
         tl, hr, marks = payload_to_timeline(header, cols)
         try:
             ranks = [RankInfo(**{**r, "devices": tuple(r["devices"])}) for r in header["ranks"]]
-            return cls(tl, hr, ranks, marks, int(header["root"]), np.array(header["row_bounds"], np.int64),
-                       np.array(header["device_bounds"], np.int64))
+            return cls(
+                tl,
+                hr,
+                ranks,
+                marks,
+                int(header["root"]),
+                np.array(header["row_bounds"], np.int64),
+                np.array(header["device_bounds"], np.int64),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise GatherError(f"the merged result from the root is corrupt ({type(exc).__name__}: {exc})") from None
 
@@ -278,9 +313,11 @@ class Merger:
         tl, hr, marks = payload_to_timeline(header, cols)
         lo, hi = int(self.bounds[rank]), int(self.bounds[rank + 1])
         if len(tl) != hi - lo or header.get("rank") != rank:
-            raise GatherError(f"rank {rank}'s payload holds {len(tl)} activities of rank {header.get('rank')}, its "
-                              f"check-in announced {hi - lo} of rank {rank}: the ranks are out of step (call gather "
-                              "in the same order on every rank)")
+            raise GatherError(
+                f"rank {rank}'s payload holds {len(tl)} activities of rank {header.get('rank')}, its "
+                f"check-in announced {hi - lo} of rank {rank}: the ranks are out of step (call gather "
+                "in the same order on every rank)"
+            )
         off, bound, rtt, samples = offset
         dbase, sbase = len(self.devices), len(self.streams)
         if dbase + len(tl.devices) > np.iinfo(np.int16).max:
@@ -288,10 +325,20 @@ class Merger:
         self.devices += [f"r{rank}/{d}" for d in tl.devices]
         self.dev_bounds.append(len(self.devices))
         for c in tl.clocks:
-            self.clocks.append(DeviceClock(f"r{rank}/{c.device}", c.aligned, c.bound_ns + bound, c.offset_ns,
-                                           c.drift_ppm, c.reason, c.overhead_ns))
-        where = f"{header.get('host', '?')}, " + ("root clock" if rank == self.root else
-                                                   f"rank clock ±{bound / 1e3:,.1f} µs")
+            self.clocks.append(
+                DeviceClock(
+                    f"r{rank}/{c.device}",
+                    c.aligned,
+                    c.bound_ns + bound,
+                    c.offset_ns,
+                    c.drift_ppm,
+                    c.reason,
+                    c.overhead_ns,
+                )
+            )
+        where = f"{header.get('host', '?')}, " + (
+            "root clock" if rank == self.root else f"rank clock ±{bound / 1e3:,.1f} µs"
+        )
         self.descriptions += [f"{d} ({where})".strip() for d in tl.descriptions]
         self.streams += [(dbase + d, s) for d, s in tl.streams]
         out = self.cols
@@ -306,14 +353,35 @@ class Merger:
         hr_name, mk_name = _codes(names, hr.names), _codes(names, marks.names)
         hr_thread = _codes(threads, [f"r{rank}/{t}" for t in hr.threads])
         mk_thread = _codes(threads, [f"r{rank}/{t}" for t in marks.threads])
-        self.hr_parts.append((hr_name[hr.name], _codes(kinds, hr.kinds)[hr.kind], hr_thread[hr.thread],
-                              hr.start_ns - off, hr.end_ns - off))
-        self.hr_parts.append((mk_name[marks.name], np.zeros(len(marks), np.int32), mk_thread[marks.thread],
-                              marks.ns - off, marks.ns - off))  # marks: zero-length ranges of kind "collective"
+        self.hr_parts.append(
+            (
+                hr_name[hr.name],
+                _codes(kinds, hr.kinds)[hr.kind],
+                hr_thread[hr.thread],
+                hr.start_ns - off,
+                hr.end_ns - off,
+            )
+        )
+        self.hr_parts.append(
+            (
+                mk_name[marks.name],
+                np.zeros(len(marks), np.int32),
+                mk_thread[marks.thread],
+                marks.ns - off,
+                marks.ns - off,
+            )
+        )  # marks: zero-length ranges of kind "collective"
         mk_names = _codes(self.mark_names, marks.names)
         mk_threads = _codes(self.mark_threads, [f"r{rank}/{t}" for t in marks.threads])
-        self.mark_parts.append((mk_names[marks.name], mk_threads[marks.thread], marks.ns - off, marks.row + lo,
-                                np.full(len(marks), rank, np.int32)))
+        self.mark_parts.append(
+            (
+                mk_names[marks.name],
+                mk_threads[marks.thread],
+                marks.ns - off,
+                marks.row + lo,
+                np.full(len(marks), rank, np.int32),
+            )
+        )
         start, end = tl.scope_start_ns - off, tl.scope_end_ns - off
         self.scope_start = start if self.scope_start is None else min(self.scope_start, start)
         self.scope_end = end if self.scope_end is None else max(self.scope_end, end)
@@ -322,21 +390,50 @@ class Merger:
         if tl.error:
             self.errors.append(f"r{rank}: {tl.error}")
         self.cancelled |= bool(tl.cancelled)
-        self.infos.append(RankInfo(rank, str(header.get("host", "?")), int(header.get("pid", 0)),
-                                   str(header.get("backend", "?")), tl.label, tuple(tl.devices), len(tl), int(off),
-                                   float(bound), float(rtt), int(samples), str(header.get("asyncgpu_version", "?")),
-                                   tl.error))
+        self.infos.append(
+            RankInfo(
+                rank,
+                str(header.get("host", "?")),
+                int(header.get("pid", 0)),
+                str(header.get("backend", "?")),
+                tl.label,
+                tuple(tl.devices),
+                len(tl),
+                int(off),
+                float(bound),
+                float(rtt),
+                int(samples),
+                str(header.get("asyncgpu_version", "?")),
+                tl.error,
+            )
+        )
 
     def result(self) -> RankTimeline:
         marks = Marks(tuple(self.mark_names), tuple(self.mark_threads), *_concat(self.mark_parts, 5))
         hr = HostRanges(*self.hr_tables, *_concat(self.hr_parts, 5))
         self.hr_parts = self.mark_parts = []
         c = self.cols
-        tl = Timeline(" + ".join(dict.fromkeys(self.labels)), tuple(self.devices), tuple(self.streams),
-                      tuple(self.names), c["device"], c["stream"], c["name"], c["kind"], c["start_ns"], c["end_ns"],
-                      c["duration_ns"], int(self.scope_start or 0), int(self.scope_end or 0), tuple(self.clocks),
-                      (), tuple(self.descriptions), "; ".join(self.errors) or None, self.cancelled,
-                      scopes=tuple(self.scopes))
+        tl = Timeline(
+            " + ".join(dict.fromkeys(self.labels)),
+            tuple(self.devices),
+            tuple(self.streams),
+            tuple(self.names),
+            c["device"],
+            c["stream"],
+            c["name"],
+            c["kind"],
+            c["start_ns"],
+            c["end_ns"],
+            c["duration_ns"],
+            int(self.scope_start or 0),
+            int(self.scope_end or 0),
+            tuple(self.clocks),
+            (),
+            tuple(self.descriptions),
+            "; ".join(self.errors) or None,
+            self.cancelled,
+            scopes=tuple(self.scopes),
+        )
         return RankTimeline(tl, hr, self.infos, marks, self.root, self.bounds, np.array(self.dev_bounds, np.int64))
 
 
@@ -372,18 +469,38 @@ def _balance(rt: RankTimeline, work_units: Any) -> RankBalance:
     straggler = int(rank_busy.argmax()) if rank_busy.any() else None
     have_points = bool(points)
     rank_wait = _rank_waits(rt, arrivals) if have_points else None
-    rows = tuple(RankRow(r, rt.ranks[r].host, float(rank_busy[r]), busiest[r],
-                         None if rank_wait is None else float(rank_wait[r]), int(units[r]),
-                         float(throughput[r]) if measured[r] else None, float(share[r]),
-                         int(amount[r]) if work_units is not None else None,
-                         ", ".join((["straggler"] if r == straggler else []) +
-                                   (["no activity"] if rank_busy[r] == 0 else []) +
-                                   ([f"scope raised {rt.ranks[r].error}"] if rt.ranks[r].error else [])))
-                 for r in range(world))
-    drow = tuple(RankDeviceRow(s.device, int(dev_rank[i]), s.count, s.busy_ms, s.utilisation,
-                               float(dev_wait[i]) if have_points and not math.isnan(dev_wait[i]) else None,
-                               int(last_at[i]), _dev_note(s, i == (int(busy.argmax()) if busy.any() else -1)))
-                 for i, s in enumerate(ds.rows))
+    rows = tuple(
+        RankRow(
+            r,
+            rt.ranks[r].host,
+            float(rank_busy[r]),
+            busiest[r],
+            None if rank_wait is None else float(rank_wait[r]),
+            int(units[r]),
+            float(throughput[r]) if measured[r] else None,
+            float(share[r]),
+            int(amount[r]) if work_units is not None else None,
+            ", ".join(
+                (["straggler"] if r == straggler else [])
+                + (["no activity"] if rank_busy[r] == 0 else [])
+                + ([f"scope raised {rt.ranks[r].error}"] if rt.ranks[r].error else [])
+            ),
+        )
+        for r in range(world)
+    )
+    drow = tuple(
+        RankDeviceRow(
+            s.device,
+            int(dev_rank[i]),
+            s.count,
+            s.busy_ms,
+            s.utilisation,
+            float(dev_wait[i]) if have_points and not math.isnan(dev_wait[i]) else None,
+            int(last_at[i]),
+            _dev_note(s, i == (int(busy.argmax()) if busy.any() else -1)),
+        )
+        for i, s in enumerate(ds.rows)
+    )
     mean = float(rank_busy.mean()) if world else 0.0
     dmean = float(busy.mean()) if busy.size else 0.0
     bound_ms = max((r.bound_ns for r in rt.ranks), default=0.0) / 1e6
@@ -396,10 +513,23 @@ def _balance(rt: RankTimeline, work_units: Any) -> RankBalance:
     idle = [f"r{r}" for r in range(world) if rank_busy[r] == 0]
     if idle and measured.any():
         notes.append(f"no finished activity on {', '.join(idle)}: throughput unknown, the split leaves their units")
-    return RankBalance(tl.label, rows, drow, points, mean, float(rank_busy.max()) / mean if mean > 0 else None,
-                       float(busy.max()) / dmean if dmean > 0 else None, straggler,
-                       tl.devices[int(busy.argmax())] if busy.any() else None, work_units is not None,
-                       int(units.sum()), float(rank_busy.max()) if world else 0.0, predicted, bound_ms, tuple(notes))
+    return RankBalance(
+        tl.label,
+        rows,
+        drow,
+        points,
+        mean,
+        float(rank_busy.max()) / mean if mean > 0 else None,
+        float(busy.max()) / dmean if dmean > 0 else None,
+        straggler,
+        tl.devices[int(busy.argmax())] if busy.any() else None,
+        work_units is not None,
+        int(units.sum()),
+        float(rank_busy.max()) if world else 0.0,
+        predicted,
+        bound_ms,
+        tuple(notes),
+    )
 
 
 def _arrivals(rt: RankTimeline, dev_rank: np.ndarray) -> tuple[dict[str, np.ndarray], list[str]]:
@@ -439,8 +569,9 @@ def _arrivals(rt: RankTimeline, dev_rank: np.ndarray) -> tuple[dict[str, np.ndar
     return out, notes
 
 
-def _points(rt: RankTimeline, arrivals: dict[str, np.ndarray],
-            dev_rank: np.ndarray) -> tuple[tuple[CollectivePoint, ...], np.ndarray, np.ndarray]:
+def _points(
+    rt: RankTimeline, arrivals: dict[str, np.ndarray], dev_rank: np.ndarray
+) -> tuple[tuple[CollectivePoint, ...], np.ndarray, np.ndarray]:
     """The collective points, and per device its summed wait (ms) and how often it arrived last."""
     nd = len(rt._records.devices)
     wait = np.zeros(nd)
@@ -459,9 +590,17 @@ def _points(rt: RankTimeline, arrivals: dict[str, np.ndarray],
         spread = latest - np.nanmin(arr, axis=1)
         for k in range(arr.shape[0]):
             s = int(straggler[k])
-            points.append(CollectivePoint(name, k, rt._records.devices[s], int(dev_rank[s]),
-                                          float(latest[k] - t0) / 1e6, float(spread[k]) / 1e6,
-                                          float(w[k].sum()) / 1e6))
+            points.append(
+                CollectivePoint(
+                    name,
+                    k,
+                    rt._records.devices[s],
+                    int(dev_rank[s]),
+                    float(latest[k] - t0) / 1e6,
+                    float(spread[k]) / 1e6,
+                    float(w[k].sum()) / 1e6,
+                )
+            )
     return tuple(points), wait / 1e6, last_at
 
 
@@ -471,7 +610,7 @@ def _rank_waits(rt: RankTimeline, arrivals: dict[str, np.ndarray]) -> np.ndarray
     for arr in arrivals.values():
         per_rank = np.full((arr.shape[0], rt.world), np.nan)
         for r in range(rt.world):
-            cols = arr[:, int(rt._devs[r]):int(rt._devs[r + 1])]
+            cols = arr[:, int(rt._devs[r]) : int(rt._devs[r + 1])]
             if cols.size and (~np.isnan(cols)).any():
                 per_rank[:, r] = np.nanmax(cols, axis=1)
         if (~np.isnan(per_rank)).any():
@@ -486,15 +625,19 @@ def _rank_units(world: int, work_units: Any) -> np.ndarray:
         unknown = [k for k in work_units if k not in range(world)]
         missing = [r for r in range(world) if r not in work_units]
         if unknown or missing:
-            raise ValueError(f"work_units must have one entry per rank 0..{world - 1}"
-                             + (f"; not ranks: {unknown}" if unknown else "")
-                             + (f"; missing: {missing}" if missing else ""))
+            raise ValueError(
+                f"work_units must have one entry per rank 0..{world - 1}"
+                + (f"; not ranks: {unknown}" if unknown else "")
+                + (f"; missing: {missing}" if missing else "")
+            )
         values = [work_units[r] for r in range(world)]
     else:
         values = list(work_units)
         if len(values) != world:
-            raise ValueError(f"work_units has {len(values)} values for {world} ranks: give one per rank, in rank "
-                             "order, or a dict {rank: units}")
+            raise ValueError(
+                f"work_units has {len(values)} values for {world} ranks: give one per rank, in rank "
+                "order, or a dict {rank: units}"
+            )
     units = np.asarray(values, np.float64)
     bad = [f"rank {r}={v!r}" for r, (v, u) in enumerate(zip(values, units)) if not (u >= 0 and u == int(u))]
     if bad:
