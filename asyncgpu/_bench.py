@@ -29,7 +29,7 @@ events (including any time the device waits for ``fn``'s host code between its l
 latency of an idle device, which CuPy's timings, synchronized after every repeat, include). The warm-up calls
 are not timed, and the devices are synchronized after them.
 
-Stopping: after ``n_repeat`` repeats; after the first repeat that completes past ``max_duration`` seconds of
+Stopping: after ``n_repeat`` repeats; after the first repeat that completes past ``max_duration_s`` seconds of
 timed repeats; or, with ``max_noise``, once every device's relative standard deviation (std / mean) of the GPU
 time is at most ``max_noise`` over at least `NOISE_MIN_REPEATS` repeats (nvbench's criterion; its default is
 0.005). The repeat already queued when a stop is decided is completed and kept.
@@ -45,6 +45,7 @@ import contextvars
 import math
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from functools import cached_property
 from numbers import Integral, Real
@@ -56,7 +57,7 @@ from ._core.device import Device
 from ._core.stream import Stream
 from ._errors import BenchmarkError
 
-__all__ = ["BenchmarkError", "BenchmarkResult", "NOISE_MIN_REPEATS", "benchmark"]
+__all__ = ["NOISE_MIN_REPEATS", "BenchmarkResult", "benchmark", "parse_devices"]
 
 NOISE_MIN_REPEATS = 10  #: repeats needed before ``max_noise`` may stop a run (nvbench's min-samples default)
 PROGRESS_AFTER_S = 1.0  #: a run longer than this shows a progress bar (when attached to a terminal)
@@ -384,7 +385,7 @@ def parse_devices(spec: str | None, backend: str | None = None) -> list[Device]:
 
 
 def _check(
-    fn: Any, args: Any, kwargs: Any, n_repeat: Any, n_warmup: Any, max_duration: Any, max_noise: Any
+    fn: Any, args: Any, kwargs: Any, n_repeat: Any, n_warmup: Any, max_duration_s: Any, max_noise: Any
 ) -> tuple[tuple, dict]:
     if not callable(fn):
         raise TypeError(f"benchmark() times a callable fn(stream, *args, **kwargs), not {type(fn).__name__}")
@@ -396,8 +397,8 @@ def _check(
         raise ValueError(f"n_repeat must be a whole number >= 1, got {n_repeat!r}")
     if isinstance(n_warmup, bool) or not isinstance(n_warmup, Integral) or n_warmup < 0:
         raise ValueError(f"n_warmup must be a whole number >= 0, got {n_warmup!r}")
-    if isinstance(max_duration, bool) or not isinstance(max_duration, Real) or not max_duration >= 0:
-        raise ValueError(f"max_duration is in seconds and must be >= 0 (math.inf: no limit), got {max_duration!r}")
+    if isinstance(max_duration_s, bool) or not isinstance(max_duration_s, Real) or not max_duration_s >= 0:
+        raise ValueError(f"max_duration_s is in seconds and must be >= 0 (math.inf: no limit), got {max_duration_s!r}")
     if max_noise is not None and (
         isinstance(max_noise, bool) or not isinstance(max_noise, Real) or not 0 < max_noise < math.inf
     ):
@@ -414,26 +415,34 @@ def benchmark(
     *,
     n_repeat: int = 10000,
     n_warmup: int = 10,
-    max_duration: float = math.inf,
+    max_duration_s: float = math.inf,
     devices: Any = None,
     max_noise: float | None = None,
     name: str | None = None,
     progress: bool | None = None,
+    max_duration: float | None = None,
 ) -> BenchmarkResult:
     """Time ``fn(stream, *args, **kwargs)`` on every device of ``devices`` at once; see the module docstring
     for the contract, the threads and how repeats are timed.
 
     ``devices``: like `gpu_timer`'s (default: every device of the default backend), or asyncgpu `Stream` s to
     run on (one per device). ``n_repeat`` timed repeats (>= 1) after ``n_warmup`` untimed calls per device;
-    ``max_duration`` in seconds of timed repeats; ``max_noise``: stop once every device's relative std is at
-    most this (0.005 = 0.5%). ``progress``: a rich progress bar on stderr: ``None`` shows it on runs longer
+    ``max_duration_s`` in seconds of timed repeats (``max_duration`` before 0.2, deprecated); ``max_noise``:
+    stop once every device's relative std is at most this (0.005 = 0.5%). ``progress``: a rich progress bar on stderr: ``None`` shows it on runs longer
     than `PROGRESS_AFTER_S` when stderr is a terminal, ``True`` always, ``False`` never.
 
     Returns a `BenchmarkResult`; raises `BenchmarkError` (with the partial result) when ``fn`` or its device
     fails, ``ValueError``/``TypeError`` for bad arguments, `UnknownDeviceError`/`NoDeviceError` for devices
     that do not exist. Blocks the calling thread; not a checkpoint.
     """
-    args, kwargs = _check(fn, args, kwargs, n_repeat, n_warmup, max_duration, max_noise)
+    if max_duration is not None:
+        warnings.warn(
+            "benchmark(max_duration=) is now max_duration_s= (the old name goes in the next release)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        max_duration_s = max_duration
+    args, kwargs = _check(fn, args, kwargs, n_repeat, n_warmup, max_duration_s, max_noise)
     streams = _targets(devices)
     label = name or getattr(fn, "__name__", None) or type(fn).__name__
     run = _Run(
@@ -443,7 +452,7 @@ def benchmark(
         streams,
         int(n_repeat),
         int(n_warmup),
-        float(max_duration),
+        float(max_duration_s),
         None if max_noise is None else float(max_noise),
     )
     threads = [

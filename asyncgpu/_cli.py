@@ -241,7 +241,8 @@ def _bench(console: Console, args: argparse.Namespace) -> int:
 
 
 def _run_bench(console: Console, args: argparse.Namespace) -> int:
-    from ._bench import BenchmarkError, benchmark, parse_devices
+    from ._bench import benchmark, parse_devices
+    from ._errors import BenchmarkError
 
     fn = _load_function(args.target)
     try:
@@ -253,7 +254,7 @@ def _run_bench(console: Console, args: argparse.Namespace) -> int:
             fn,
             n_repeat=args.n_repeat,
             n_warmup=args.n_warmup,
-            max_duration=args.max_duration,
+            max_duration_s=args.max_duration,
             devices=devs,
             max_noise=args.max_noise,
             name=args.target.rpartition(":")[2],

@@ -78,8 +78,8 @@ def _magics_class() -> type:
 def _run(shell: Any, parse_options: Callable[..., Any], line: str, cell: str | None) -> Any:
     from IPython.core.error import UsageError
 
-    from ._bench import BenchmarkError, benchmark, parse_devices
-    from ._errors import NoDeviceError, UnknownDeviceError
+    from ._bench import benchmark, parse_devices
+    from ._errors import BenchmarkError, NoDeviceError, UnknownDeviceError
 
     opts, stmt = parse_options(
         line,
@@ -116,7 +116,7 @@ def _run(shell: Any, parse_options: Callable[..., Any], line: str, cell: str | N
             fn,
             n_repeat=n_repeat,
             n_warmup=n_warmup,
-            max_duration=max_duration,
+            max_duration_s=max_duration,
             devices=targets,
             max_noise=max_noise,
             name=opts.get("name") or _short(stmt),

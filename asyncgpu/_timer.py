@@ -168,6 +168,15 @@ class _ActivityBlock:
 ReportFunc = Callable[[list, str], None]
 
 
+class _Records(list):  # type: ignore[type-arg]
+    """A list of `ActivityRecord` that may also be called (``t.records()``) and then returns a plain copy."""
+
+    __slots__ = ()
+
+    def __call__(self) -> list[ActivityRecord]:
+        return list(self)
+
+
 @final
 class Timer:
     """A timing scope over some devices. Make one with `gpu_timer`; use it once (``async with`` or ``with``).
@@ -478,12 +487,13 @@ class Timer:
         return self._timeline
 
     @property
-    def records(self) -> list[ActivityRecord]:
-        """The activities in issue order (empty before the scope ends)."""
+    def records(self) -> _Records:
+        """The activities in issue order (empty before the scope ends): call it, ``t.records()``, as
+        `Timeline.records` and `Channel.records`; the list it returns also works uncalled, as before 0.2."""
         if self._records is None:
             if self._timeline is None:
-                return []
-            self._records = self._timeline.records()
+                return _Records()
+            self._records = _Records(self._timeline.records())
         return self._records
 
     def totals_by_device(self) -> dict[str, float]:

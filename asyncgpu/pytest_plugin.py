@@ -44,7 +44,7 @@ def _cuda() -> tuple[bool, str, int]:
     """(usable, why not, device count), probed once per session."""
     global _probe
     if _probe is None:
-        from asyncgpu._backends import load_backend
+        from ._backends import load_backend
 
         backend = load_backend("cuda")
         ok, why = backend.available()
@@ -74,16 +74,17 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.fixture
 def asyncgpu_timer(request: pytest.FixtureRequest) -> Iterator[Any]:
     """An open `asyncgpu.gpu_timer` scope over the test's devices; see `asyncgpu.pytest_plugin`."""
-    import asyncgpu
-    from asyncgpu import NoDeviceError
+    from ._core.select import devices
+    from ._errors import NoDeviceError
+    from ._timer import gpu_timer
 
     marker = request.node.get_closest_marker("gpu")
     backend = "cuda" if marker is not None else request.config.getoption("asyncgpu_backend")
     try:
-        devs = asyncgpu.devices(backend)
+        devs = devices(backend)
     except NoDeviceError as exc:
         pytest.skip(str(exc))
-    timer = asyncgpu.gpu_timer(devs, label=request.node.name, all_threads=True)
+    timer = gpu_timer(devs, label=request.node.name, all_threads=True)
     timer.__enter__()
     request.node.stash[_TIMER] = timer
     try:

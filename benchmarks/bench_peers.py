@@ -82,7 +82,7 @@ def _stats_us(gpu_ms, wall_s, calls) -> dict:
 def run_asyncgpu(work, stream, n_repeat, n_warmup, max_duration):
     fn = Counted(work)
     t0 = time.perf_counter()
-    r = asyncgpu.benchmark(fn, n_repeat=n_repeat, n_warmup=n_warmup, max_duration=max_duration, devices=[stream])
+    r = asyncgpu.benchmark(fn, n_repeat=n_repeat, n_warmup=n_warmup, max_duration_s=max_duration, devices=[stream])
     wall = time.perf_counter() - t0
     return _stats_us(r.gpu_times_ms[0], wall, fn.calls)
 
@@ -162,7 +162,7 @@ def two_gpus(cupy, cupyx_profiler, devs, n_repeat, n_warmup, max_duration) -> di
     one function that launches on both (its events bracket both devices' work in one call)."""
     work = Counted(lambda s: s.spin_us(200))
     t0 = time.perf_counter()
-    r = asyncgpu.benchmark(work, n_repeat=n_repeat, n_warmup=n_warmup, max_duration=max_duration, devices=devs)
+    r = asyncgpu.benchmark(work, n_repeat=n_repeat, n_warmup=n_warmup, max_duration_s=max_duration, devices=devs)
     wall = time.perf_counter() - t0
     out = {
         "asyncgpu": {

@@ -95,9 +95,9 @@ def test_one_repeat_stays_queued_so_the_device_never_idles(dev):
 
 
 def test_max_duration_stops_early(dev):
-    r = benchmark(_spin, (2_000,), n_repeat=10_000, n_warmup=0, max_duration=0.05, devices=dev)
+    r = benchmark(_spin, (2_000,), n_repeat=10_000, n_warmup=0, max_duration_s=0.05, devices=dev)
     assert r.stop_reason == "max_duration" and 2 <= r.n_repeat <= 40
-    r = benchmark(_spin, (100,), n_repeat=10_000, n_warmup=0, max_duration=0, devices=dev)
+    r = benchmark(_spin, (100,), n_repeat=10_000, n_warmup=0, max_duration_s=0, devices=dev)
     assert r.stop_reason == "max_duration" and r.n_repeat == 2  # the first repeat, and the one queued behind
 
 
@@ -208,8 +208,8 @@ def test_ctrl_c_stops_the_devices_then_propagates(dev):
         ({"n_repeat": 2.5}, "n_repeat"),
         ({"n_repeat": True}, "n_repeat"),
         ({"n_warmup": -1}, "n_warmup must be a whole number >= 0"),
-        ({"max_duration": -1.0}, "max_duration is in seconds and must be >= 0"),
-        ({"max_duration": math.nan}, "max_duration"),
+        ({"max_duration_s": -1.0}, "max_duration_s is in seconds and must be >= 0"),
+        ({"max_duration_s": math.nan}, "max_duration_s"),
         ({"max_noise": 0}, "max_noise is a relative standard deviation"),
         ({"max_noise": -0.1}, "max_noise"),
     ],

@@ -330,3 +330,15 @@ def test_read_trace_rejects_a_trace_missing_rows(tmp_path):
     path.write_text(json.dumps(doc))
     with pytest.raises(ValueError, match=r"corrupt.*rows \[2\]"):
         read_trace(path)
+
+
+def test_a_timeline_from_arrays_without_clocks_gives_one_answer_everywhere():
+    """Regression (issue 12): with ``clocks=()``, ``Timeline.aligned`` and ``device_summary`` said aligned while
+    the trace named the process NOT aligned. A device without clock information is not aligned, everywhere."""
+    from asyncgpu import device_summary
+
+    tl = Timeline.from_arrays(devices=["cuda:0"], device=[0], start_ns=[1e6], end_ns=[2e6], clocks=())
+    assert not tl.aligned
+    assert not tl.clocks[0].aligned and tl.clocks[0].reason == "the timeline has no clock information"
+    assert [r.aligned for r in device_summary(tl).rows] == [False]
+    assert check_trace(trace_dict(tl))[2] == "cuda:0 (NOT aligned: relative time)"

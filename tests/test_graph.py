@@ -285,3 +285,25 @@ def test_capture_in_a_fresh_process_loads_kernels_during_capture():
     recs = ast.literal_eval(out.stdout.strip().splitlines()[-1])
     assert [kind for kind, _ in recs] == ["graph", "kernel"] * 2
     assert all(0.99 < ms < 1.2 for _, ms in recs), recs
+
+
+def test_a_graph_replayed_from_a_plain_thread_is_recorded_in_an_all_threads_scope(dev):
+    """Regression (issue 12): the graph path read only the context's scopes, so an ``all_threads`` scope
+    recorded a plain launch from a thread but not a graph replayed from the same thread."""
+    a = dev.alloc(4096)
+    dev.stream.memset(a, 0)
+    dev.synchronize()
+    graph = _capture_three_parts(dev, a)
+
+    def work():
+        dev.stream.spin_us(100)
+        graph.launch()
+
+    with gpu_timer(dev, all_threads=True) as t:
+        worker = threading.Thread(target=work)
+        worker.start()
+        worker.join()
+    names = [(r.name, r.kind) for r in t.timeline.records()]
+    assert names == [("spin", "kernel"), ("graph", "graph"), *graph.parts]
+    assert all(r.complete for r in t.timeline.records())
+    graph.close()

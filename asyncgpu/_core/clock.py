@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, final
 
@@ -79,6 +80,15 @@ class ClockCalibration:
             )
         g0, h0 = self.gt_point
         return h0 + (np.asarray(stamps_ns, dtype=np.int64) - g0).astype(np.float64) * self.rate
+
+    def as_dict(self) -> dict[str, Any]:
+        """Deprecated name of `to_dict`."""
+        warnings.warn(
+            "ClockCalibration.as_dict() is now to_dict() (the old name goes in the next release)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.to_dict()
 
     def to_dict(self) -> dict[str, Any]:
         return {
