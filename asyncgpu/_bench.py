@@ -429,7 +429,8 @@ def benchmark(
     run on (one per device). ``n_repeat`` timed repeats (>= 1) after ``n_warmup`` untimed calls per device;
     ``max_duration_s`` in seconds of timed repeats (``max_duration`` before 0.2, deprecated); ``max_noise``:
     stop once every device's relative std is at most this (0.005 = 0.5%). ``progress``: a rich progress bar on
-    stderr: ``None`` shows it on runs longer than `PROGRESS_AFTER_S` when stderr is a terminal, ``True`` always, ``False`` never.
+    stderr: ``None`` shows it on runs longer than `PROGRESS_AFTER_S` when stderr is a terminal, ``True`` always,
+    ``False`` never.
 
     Returns a `BenchmarkResult`; raises `BenchmarkError` (with the partial result) when ``fn`` or its device
     fails, ``ValueError``/``TypeError`` for bad arguments, `UnknownDeviceError`/`NoDeviceError` for devices
