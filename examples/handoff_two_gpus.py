@@ -54,7 +54,7 @@ def producer_consumer(d0, d1) -> None:
             for i in range(BATCHES):
                 k = i % len(ring)
                 if handoffs[k] is not None:
-                    handoffs[k].wait_done(stream=d0.stream)  # GPU-side: the consumer's copy is done with it
+                    handoffs[k].wait_done_sync(stream=d0.stream)  # GPU-side: the consumer's copy is done with it
                 d0.stream.memset(ring[k], 0)
                 d0.stream.inc_loop(ring[k], i + 1)  # batch i holds i + 1 everywhere
                 handoffs[k] = ch.put_sync(ring[k], stream=d0.stream)
