@@ -385,8 +385,6 @@ def test_mpi_ranks(tmp_path):
 # -- the example under torchrun -------------------------------------------------------------------------------
 def test_example_under_torchrun(tmp_path):
     pytest.importorskip("torch.distributed", reason="torch is not installed (pip install 'asyncgpu[torch]')")
-    if not hasattr(asyncgpu, "gather"):
-        pytest.skip("asyncgpu/__init__.py does not export gather and mark_collective yet (the example uses them)")
     trace = tmp_path / "ranks.trace.json"
     env = dict(_env(), CUDA_VISIBLE_DEVICES="")  # the gloo + host backend path, on a GPU machine too
     out = _run_ranks(
