@@ -127,7 +127,7 @@ class _UserCodeFailed(Exception):
 
 def _memory(d: Any) -> str:
     """Free / total memory in GiB: the GPU's, or the host RAM the host devices share."""
-    info = d.bd.memory_info()
+    info = d.memory_info()
     if info is None:
         return "—"
     gib = 1 << 30

@@ -27,7 +27,7 @@ from asyncgpu._report import render
 from asyncgpu.ranks import exchange as _gather
 from asyncgpu.ranks import wire as _wire_ranks
 from asyncgpu.ranks.exchange import GatherError, gather, mark_collective, offset_from_pings
-from asyncgpu.ranks.merge import Merger, RankTimeline
+from asyncgpu.ranks.merge import Merger, RankTimeline, merged_from_payload, merged_to_payload
 from asyncgpu.ranks.wire import Marks, timeline_to_payload, unpack
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -475,7 +475,7 @@ def test_merge_moves_each_rank_onto_the_root_clock():
     assert b.straggler_rank == 1 and b.ranks[1].suggested_units < 10 < b.ranks[0].suggested_units
     assert [p.straggler_rank for p in b.points] == [1, 1, 1]
     assert json.loads(json.dumps(rt.to_dict()))["ranks"][1]["offset_ns"] == 7_000_000
-    again = RankTimeline._from_payload(rt._to_payload())
+    again = merged_from_payload(merged_to_payload(rt))
     assert again.balance() == rt.balance()
     text = render(rt.report())
     assert "r1/host:0" in text and "straggler rank 1" in text and "ar " in text

@@ -232,6 +232,12 @@ class Device:
         self.check_open()
         return self.bd.alloc_pinned(n, np.dtype(dtype))
 
+    def memory_info(self) -> tuple[int, int] | None:
+        """``(free, total)`` bytes of the memory this device allocates from (the GPU's; the host RAM on the host
+        backend), or None when the backend cannot tell. Any thread; a driver call on CUDA."""
+        self.check_open()
+        return self.bd.memory_info()
+
     # -- lifetime -----------------------------------------------------------------------------------------
     def synchronize(self) -> None:
         """Block the calling thread (GIL released) until all work on this device is done. For async code,

@@ -63,7 +63,7 @@ from .._errors import GatherError, ScopeError
 from .._records import Timeline
 from .._timer import Timer
 from . import wire
-from .merge import Merger, RankTimeline
+from .merge import Merger, RankTimeline, merged_from_payload, merged_to_payload
 from .wire import Marks
 
 __all__ = ["gather", "mark_collective", "offset_from_pings"]
@@ -171,7 +171,7 @@ def _as_rank(
     if not to_all:
         return None
     n = int(tr.recv(8, root, "merged size", timeout_s).view(np.int64)[0])
-    return RankTimeline._from_payload(tr.recv(n, root, "merged result", timeout_s))
+    return merged_from_payload(tr.recv(n, root, "merged result", timeout_s))
 
 
 def _as_root(tr: Any, payload: np.ndarray, verdict: dict, root: int, to_all: bool, timeout_s: float) -> RankTimeline:
@@ -182,7 +182,7 @@ def _as_root(tr: Any, payload: np.ndarray, verdict: dict, root: int, to_all: boo
         merger.add(payload if r == root else tr.recv(verdict["nbytes"][r], r, "payload", timeout_s), offsets[r])
     result = merger.result()
     if to_all:
-        blob = result._to_payload()
+        blob = merged_to_payload(result)
         for r in range(tr.size):
             if r != root:
                 tr.send(np.array([blob.size], np.int64).view(np.uint8), r, "merged size", timeout_s)

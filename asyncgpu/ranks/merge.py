@@ -37,7 +37,17 @@ from .._records import DeviceClock, ScopeInfo, Timeline
 from .._summary import DeviceSummary, Plain, device_summary, suggest_split
 from .wire import ROW_COLUMNS, GatherError, HostRanges, Marks, payload_to_timeline, timeline_to_payload, unpack
 
-__all__ = ["CollectivePoint", "RankBalance", "RankDeviceRow", "RankInfo", "RankRow", "RankTimeline"]
+__all__ = [
+    "CollectivePoint",
+    "Merger",
+    "RankBalance",
+    "RankDeviceRow",
+    "RankInfo",
+    "RankRow",
+    "RankTimeline",
+    "merged_from_payload",
+    "merged_to_payload",
+]
 
 
 @final
@@ -248,35 +258,37 @@ class RankTimeline:
             f"{len(tl.devices)} devices>"
         )
 
-    # -- the form sent to every rank with to_all ----------------------------------------------------------
-    def _to_payload(self) -> np.ndarray:
-        info = {
-            "kind": "merged",
-            "root": self.root,
-            "ranks": [r.to_dict() for r in self.ranks],
-            "row_bounds": self._rows.tolist(),
-            "device_bounds": self._devs.tolist(),
-            "scopes": [dataclasses.asdict(sc) for sc in self._records.scopes],
-        }
-        return timeline_to_payload(self._records, self.marks, info, self._hr)
 
-    @classmethod
-    def _from_payload(cls, buf: Any) -> RankTimeline:
-        header, cols = unpack(buf, "the merged result from the root")
-        tl, hr, marks = payload_to_timeline(header, cols)
-        try:
-            ranks = [RankInfo(**{**r, "devices": tuple(r["devices"])}) for r in header["ranks"]]
-            return cls(
-                tl,
-                hr,
-                ranks,
-                marks,
-                int(header["root"]),
-                np.array(header["row_bounds"], np.int64),
-                np.array(header["device_bounds"], np.int64),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise GatherError(f"the merged result from the root is corrupt ({type(exc).__name__}: {exc})") from None
+def merged_to_payload(rt: RankTimeline) -> np.ndarray:
+    """The merged result as one payload (the root sends it to every rank with ``to_all``)."""
+    info = {
+        "kind": "merged",
+        "root": rt.root,
+        "ranks": [r.to_dict() for r in rt.ranks],
+        "row_bounds": rt._rows.tolist(),
+        "device_bounds": rt._devs.tolist(),
+        "scopes": [dataclasses.asdict(sc) for sc in rt._records.scopes],
+    }
+    return timeline_to_payload(rt._records, rt.marks, info, rt._hr)
+
+
+def merged_from_payload(buf: Any) -> RankTimeline:
+    """`merged_to_payload` read back on a rank."""
+    header, cols = unpack(buf, "the merged result from the root")
+    tl, hr, marks = payload_to_timeline(header, cols)
+    try:
+        ranks = [RankInfo(**{**r, "devices": tuple(r["devices"])}) for r in header["ranks"]]
+        return RankTimeline(
+            tl,
+            hr,
+            ranks,
+            marks,
+            int(header["root"]),
+            np.array(header["row_bounds"], np.int64),
+            np.array(header["device_bounds"], np.int64),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise GatherError(f"the merged result from the root is corrupt ({type(exc).__name__}: {exc})") from None
 
 
 class Merger:
