@@ -342,3 +342,24 @@ def test_a_timeline_from_arrays_without_clocks_gives_one_answer_everywhere():
     assert not tl.clocks[0].aligned and tl.clocks[0].reason == "the timeline has no clock information"
     assert [r.aligned for r in device_summary(tl).rows] == [False]
     assert check_trace(trace_dict(tl))[2] == "cuda:0 (NOT aligned: relative time)"
+
+
+async def test_host_times_and_collective_marks_survive_a_trace_round_trip(dev, tmp_path):
+    """The report needs no live scope: what it reads (host times, marks) is in the timeline and in the trace."""
+    from asyncgpu import ranks
+    from asyncgpu._report import render, timeline_report
+
+    async with gpu_timer(dev, label="step") as t:
+        dev.stream.spin_us(100)
+        ranks.mark_collective("allreduce")
+        dev.stream.spin_us(100)
+        ranks.mark_collective("allreduce")
+    tl = t.timeline
+    assert tl.host_ms == t.host_ms and tl.wait_ms == t.wait_ms and tl.cpu_ms == t.cpu_ms
+    assert [(m.name, m.row) for m in tl.marks] == [("allreduce", 1), ("allreduce", 2)]
+    path = tmp_path / "t.json"
+    write_trace(t, path)
+    back = read_trace(path)
+    assert (back.host_ms, back.wait_ms, back.cpu_ms) == (tl.host_ms, tl.wait_ms, tl.cpu_ms)
+    assert back.marks == tl.marks
+    assert render(timeline_report(back)).splitlines()[-1] == render(timeline_report(tl)).splitlines()[-1]
