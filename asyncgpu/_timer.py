@@ -44,6 +44,16 @@ _NEW, _OPEN, _DONE = 0, 1, 2
 
 class _Activity:
     __slots__ = ("device", "stream", "name", "kind", "start_raw", "end_raw", "refs", "duration_ms", "nvtx_id", "placed")
+    device: Device
+    stream: Stream
+    name: str
+    kind: str
+    start_raw: Any
+    end_raw: Any
+    refs: int
+    duration_ms: float | None
+    nvtx_id: Any  # an NVTX range id (`_nvtx.start`), None when none was opened
+    placed: tuple[Any, float] | None
 
 
 def _owners(scopes: tuple, device: Device, kind: str) -> list:
@@ -127,6 +137,12 @@ class _ActivityBlock:
     The block's host issue time becomes a range on the host track of the timeline."""
 
     __slots__ = ("_timer", "_stream", "_name", "_kind", "_act", "_t0_ns")
+    _timer: Timer
+    _stream: Stream
+    _name: str
+    _kind: str
+    _act: _Activity | None
+    _t0_ns: int
 
     def __init__(self, timer: Timer, stream: Stream, name: str, kind: str) -> None:
         self._timer, self._stream, self._name, self._kind, self._act = timer, stream, name, kind, None
