@@ -397,10 +397,11 @@ def _check(
         raise ValueError(f"n_repeat must be a whole number >= 1, got {n_repeat!r}")
     if isinstance(n_warmup, bool) or not isinstance(n_warmup, Integral) or n_warmup < 0:
         raise ValueError(f"n_warmup must be a whole number >= 0, got {n_warmup!r}")
-    if isinstance(max_duration_s, bool) or not isinstance(max_duration_s, Real) or not max_duration_s >= 0:
+    # numbers.Real's stubs declare only < and <= (>= and > work through the reflected operators): ignore[operator]
+    if isinstance(max_duration_s, bool) or not isinstance(max_duration_s, Real) or not max_duration_s >= 0:  # type: ignore[operator]
         raise ValueError(f"max_duration_s is in seconds and must be >= 0 (math.inf: no limit), got {max_duration_s!r}")
     if max_noise is not None and (
-        isinstance(max_noise, bool) or not isinstance(max_noise, Real) or not 0 < max_noise < math.inf
+        isinstance(max_noise, bool) or not isinstance(max_noise, Real) or not 0 < max_noise < math.inf  # type: ignore[operator]
     ):
         raise ValueError(
             f"max_noise is a relative standard deviation (0.005 = 0.5%) and must be > 0, got {max_noise!r}"

@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 
 import anyio
 import numpy as np
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.table import Table
 
 from ._core import select
@@ -149,7 +149,7 @@ def _devices(console: Console, backend: str | None) -> int:
         caption=caption,
         caption_justify="left",
     )
-    for col, justify in (
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("device", "left"),
         ("model", "left"),
         ("GiB free / total", "right"),
@@ -157,7 +157,8 @@ def _devices(console: Console, backend: str | None) -> int:
         ("%globaltimer − host (s)", "right"),
         ("± µs", "right"),
         ("drift ppm", "right"),
-    ):
+    )
+    for col, justify in columns:
         table.add_column(col, justify=justify, no_wrap=col in ("device", "event anchor ± µs"))
     for d in select.devices(name):
         memory = _memory(d)

@@ -130,7 +130,7 @@ def _host_events(tl: Timeline, origin_ns: int, first_tid: int) -> tuple[Iterator
     threads = {t: k for k, t in enumerate(dict.fromkeys(r.thread for r in ranges))}
     thread_col = np.array([threads[r.thread] for r in ranges], np.int64)
     tids = np.zeros(len(ranges), np.int64)
-    meta = []
+    meta: list[dict] = []
     for thread, k in threads.items():
         rows = np.flatnonzero(thread_col == k)
         lanes = nesting_lanes(s_ns[rows], e_ns[rows])
@@ -226,6 +226,7 @@ def read_trace(path: str | os.PathLike) -> Timeline:
             f"not an asyncgpu trace this version reads: {path} is trace version {version}, this "
             f"asyncgpu reads version {TRACE_VERSION}: use the asyncgpu that wrote it"
         )
+    assert isinstance(meta, dict)  # the version was read from it
     try:
         return _from_trace(doc["traceEvents"], meta)
     except (KeyError, TypeError, ValueError, IndexError) as exc:

@@ -138,6 +138,26 @@ class Handoff:
         "_recorded_here",
         "__weakref__",
     )
+    channel: Channel
+    seq: int
+    payload: Any
+    _event: Event | None
+    _producer: str
+    _producer_stream: str
+    _put_ns: int
+    _get_ns: int
+    _take_ns: int
+    _consumer: str
+    _consumer_stream: str | None
+    _wait_events: tuple[Event, Event] | None
+    _done_ns: float
+    _done_event: Event | None
+    _resolved: bool
+    _ready_ns: float
+    _wait_ns: tuple[float, float]
+    _state: int
+    _done_waiters: list[_Parked]
+    _recorded_here: bool
 
     def __init__(self) -> None:
         raise TypeError("handoffs come from channel.put() and channel.get()")
@@ -148,20 +168,20 @@ class Handoff:
     ) -> Handoff:
         self = object.__new__(cls)
         self.channel, self.seq, self.payload = channel, seq, payload
-        self._event: Event | None = event
+        self._event = event
         self._recorded_here = recorded_here
         self._producer, self._producer_stream = event.device.name, stream_label
         self._put_ns = _now()
         self._get_ns = self._take_ns = 0
         self._consumer, self._consumer_stream = "", None
-        self._wait_events: tuple[Event, Event] | None = None
+        self._wait_events = None
         self._done_ns = math.nan
-        self._done_event: Event | None = None
+        self._done_event = None
         self._resolved = False
         self._ready_ns = math.nan
         self._wait_ns = (math.nan, math.nan)
         self._state = 0  # 0 queued, 1 taken, 2 done
-        self._done_waiters: list[_Parked] = []
+        self._done_waiters = []
         return self
 
     # -- the consumer's side ------------------------------------------------------------------------------
@@ -462,6 +482,7 @@ class Channel:
             event.checked()  # NotRecordedError / ReleasedError name the fix
             dev, recorded_here = event.device, False
         else:
+            assert stream is not None  # one of the two, checked above
             dev = stream.device
         backend = dev.bd.backend
         if self._backend is None:
@@ -473,6 +494,7 @@ class Channel:
             )
         _ensure_clock(dev)
         if event is None:
+            assert stream is not None
             event, recorded_here, label = stream.record(), True, stream.label
         else:
             label = _stream_label(event)
@@ -532,11 +554,13 @@ class Channel:
             if not p.block(self._lock, deadline, _now()):
                 raise TimeoutError(f"nothing came through channel {self.name!r} in {timeout} s")
             h = self._after_wake(p)
+        assert h is not None  # _take_locked returns an item or a parking
         try:
             if stream is not None:
                 self._take_on_gpu(h, stream, called_ns)
             else:
                 ev = h._event
+                assert ev is not None  # the channel holds the producer's event until the item is done
                 if self.spin and deadline is None:
                     ev.wait_sync()
                 elif not ev.block_until(deadline):
@@ -583,13 +607,16 @@ class Channel:
                         self._put_back(p.item)
                     raise
                 h = self._after_wake(p)
+            assert h is not None  # _take_locked returns an item or a parking
             try:
                 if stream is not None:
                     if p is None:
                         await loops.checkpoint(kind, loop)  # a take is always a checkpoint
                     self._take_on_gpu(h, stream, called_ns)
                 else:
-                    await h._event.wait()
+                    ev = h._event
+                    assert ev is not None  # the channel holds the producer's event until the item is done
+                    await ev.wait()
                     self._taken_on_host(h, called_ns)
             except BaseException:
                 self._put_back(h)
@@ -650,6 +677,7 @@ class Channel:
 
     def _take_on_gpu(self, h: Handoff, stream: Stream, called_ns: int) -> None:
         ev = h._event
+        assert ev is not None  # the channel holds the producer's event until the item is done
         if ev.device.bd.backend != stream.bd.backend:
             raise DeviceMismatchError(
                 f"a {stream.bd.backend} stream cannot wait for a {ev.device.bd.backend} event: take it on the host "
@@ -664,8 +692,10 @@ class Channel:
         h._get_ns, h._take_ns = called_ns, _now()
         self._claim_scopes(h, stream.device, fence=stream)  # the scopes wait for the wait they draw
         dev = stream.device
+        key = after.key
+        assert key is not None  # recorded just above
         try:
-            dev.engine.add(after.raw, after.key, after.seq, None, 0, KIND_RELEASE, None, lambda _raw, h=h: h._resolve())
+            dev.engine.add(after.raw, key, after.seq, None, 0, KIND_RELEASE, None, lambda _raw, h=h: h._resolve())
         except ClosedError:
             h._resolve()
 

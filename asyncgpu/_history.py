@@ -82,6 +82,15 @@ class LaunchRecord:
 
 class _Pending:
     __slots__ = ("stream", "name", "kind", "grid", "block", "start_raw", "end_raw", "issue_ns", "seq")
+    stream: Stream
+    name: str
+    kind: str
+    grid: tuple[int, int, int] | None
+    block: tuple[int, int, int] | None
+    start_raw: Any
+    end_raw: Any
+    issue_ns: int
+    seq: int
 
 
 def _dim3(value: Any) -> tuple[int, int, int] | None:
@@ -263,7 +272,7 @@ def _wait_for(pending: list) -> None:
 
 
 def _resolve_all(pending: list) -> tuple[list[LaunchRecord], list[_Pending]]:
-    placements: dict[Device, tuple] = {}
+    placements: dict[Device, Placement] = {}
     out, keep = [], []
     for p in pending:
         rec = _resolve(p, placements)

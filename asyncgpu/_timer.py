@@ -44,6 +44,16 @@ _NEW, _OPEN, _DONE = 0, 1, 2
 
 class _Activity:
     __slots__ = ("device", "stream", "name", "kind", "start_raw", "end_raw", "refs", "duration_ms", "nvtx_id", "placed")
+    device: Device
+    stream: Stream
+    name: str
+    kind: str
+    start_raw: Any
+    end_raw: Any
+    refs: int
+    duration_ms: float | None
+    nvtx_id: Any  # an NVTX range id (`_nvtx.start`), None when none was opened
+    placed: tuple[Any, float] | None
 
 
 def _owners(scopes: tuple, device: Device, kind: str) -> list:
@@ -127,6 +137,12 @@ class _ActivityBlock:
     The block's host issue time becomes a range on the host track of the timeline."""
 
     __slots__ = ("_timer", "_stream", "_name", "_kind", "_act", "_t0_ns")
+    _timer: Timer
+    _stream: Stream
+    _name: str
+    _kind: str
+    _act: _Activity | None
+    _t0_ns: int
 
     def __init__(self, timer: Timer, stream: Stream, name: str, kind: str) -> None:
         self._timer, self._stream, self._name, self._kind, self._act = timer, stream, name, kind, None
@@ -168,7 +184,7 @@ class _ActivityBlock:
 ReportFunc = Callable[[list, str], None]
 
 
-class _Records(list):  # type: ignore[type-arg]
+class _Records(list[ActivityRecord]):
     """A list of `ActivityRecord` that may also be called (``t.records()``) and then returns a plain copy."""
 
     __slots__ = ()
@@ -221,7 +237,7 @@ class Timer:
         self._depth = 0
         self._t0_ns = self._t1_ns = self._c0_ns = 0
         self._timeline: Timeline | None = None
-        self._records: list[ActivityRecord] | None = None
+        self._records: _Records | None = None
         self.host_ms: float | None = None  #: host wall time of the body (issuing the work), ms
         self.wait_ms: float | None = None  #: host wall time the exit then waited for the devices, ms
         self.cpu_ms: float | None = None  #: CPU time of this process during the scope (all threads), ms

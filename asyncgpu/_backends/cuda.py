@@ -17,7 +17,7 @@ import ctypes
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -71,7 +71,9 @@ class _Driver:
         self.d = driver
         self.SUCCESS = driver.CUresult.CUDA_SUCCESS
         self.NOT_READY = driver.CUresult.CUDA_ERROR_NOT_READY
-        self.record_c = self.query_c = None  # ctypes entry points, set by `load_ctypes`
+        # ctypes entry points, set by `load_ctypes`
+        self.record_c: Callable[..., int] | None = None
+        self.query_c: Callable[..., int] | None = None
 
     def load_ctypes(self) -> None:
         """Resolve libcuda's cuEventRecord/cuEventQuery for the hot paths (after cuInit succeeded)."""
@@ -99,6 +101,7 @@ class _Driver:
 def _ctypes_hot_paths(drv: _Driver) -> tuple:
     """``record`` and ``query`` as plain closures over libcuda's entry points (integer handles)."""
     record_c, query_c, result = drv.record_c, drv.query_c, drv.d.CUresult
+    assert record_c is not None and query_c is not None  # only called once `load_ctypes` set them
 
     def record(raw_event: Any, raw_stream: Any) -> None:
         err = record_c(raw_event[3], raw_stream[3])
@@ -131,12 +134,12 @@ class CudaDevice(BackendDevice):
         self.description = f"{self._dev.name} (sm_{self.arch})"
         self._kernels: dict[str, Any] = {}
         self._kernel_lock = threading.Lock()
-        self._pinned_mr = None
+        self._pinned_mr: Any = None  # a cuda.core LegacyPinnedMemoryResource, made on first use
         self._peer_sources: set[int] = set()  # GPUs whose memory pools let this one read them (`copy`)
         self._marker: Any = None  # an idle stream for `mark`
         self._cal: _Calibration | None = None  # the clock calibration's page and stream, made on first use
         if drv.record_c is not None:
-            self.record, self.query = _ctypes_hot_paths(drv)
+            self.record, self.query = _ctypes_hot_paths(drv)  # type: ignore[method-assign]  # per instance, on purpose
 
     # -- streams and events ------------------------------------------------------------------------------
     def _current(self) -> None:
@@ -352,7 +355,8 @@ class CudaDevice(BackendDevice):
                 if time.perf_counter_ns() > deadline:
                     raise ClockError(f"{self.name} did not reach the event after its calibration kernel")
             after = time.perf_counter_ns()
-        stamps = np.frombuffer(cal.page.view, dtype=np.uint64, count=n + 1, offset=_STAMPS_OFFSET).astype(np.int64)
+        # numpy reads the ctypes array through the buffer protocol (its stubs do not list ctypes arrays)
+        stamps = np.frombuffer(cal.page.view, dtype=np.uint64, count=n + 1, offset=_STAMPS_OFFSET).astype(np.int64)  # type: ignore[call-overload]
         return np.column_stack([stamps[:n], hosts]), (int(stamps[n]), after)
 
     def bracket_overhead_ns(self, repeats: int = 21) -> float:
@@ -630,7 +634,7 @@ class MappedPage:
             raise drv.error(err, "cuMemHostAlloc")
         self._drv, self.ptr, self.nbytes = drv, int(ptr), nbytes
         self.view = (ctypes.c_char * nbytes).from_address(self.ptr)
-        self.view[:] = bytes(nbytes)
+        self.view[:] = bytes(nbytes)  # type: ignore[call-overload]  # ctypes takes bytes here; its stubs do not
         self.words = (ctypes.c_uint32 * (nbytes // 4)).from_address(self.ptr)  #: uint32 words, read and written
 
     def free(self) -> None:

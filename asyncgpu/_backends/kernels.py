@@ -15,7 +15,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
@@ -66,8 +66,8 @@ class _Format:
 
     def __init__(self, values: dict[str, int]) -> None:
         self.values = dict(values)
-        for k, v in values.items():
-            setattr(self, k, v)
+        for k, value in values.items():
+            setattr(self, k, value)
         v = self.values
         self.KIND_MASK = (1 << v["KIND_BITS"]) - 1
         self.STAGE_MASK = (1 << v["STAGE_BITS"]) - 1
@@ -80,6 +80,10 @@ class _Format:
                 "asyncgpu_profile_format.h: the decoder reads the stage from the tag's low 16 bits: "
                 "keep STAGE_SHIFT + STAGE_BITS <= 16 and the kind below the stage"
             )
+
+    if TYPE_CHECKING:  # the header's constants, set in __init__: every one is an int
+
+        def __getattr__(self, name: str) -> int: ...
 
     def tag(self, kind: int, stage: int) -> int:
         """The tag word of a record, as the header's ``profile_tag`` computes it."""
@@ -135,6 +139,11 @@ class HostLane:
     """
 
     __slots__ = ("_words", "_base", "_n", "_cap", "_previous")
+    _words: np.ndarray
+    _base: int
+    _n: int
+    _cap: int
+    _previous: int
 
     def __init__(self, buffer: Any, block: int, group: int = 0, *, blocks: int) -> None:
         f = FORMAT

@@ -27,7 +27,7 @@ import math
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, final
+from typing import TYPE_CHECKING, Any, Iterable, cast, final
 
 import numpy as np
 
@@ -35,6 +35,7 @@ from .._errors import AsyncGPUError, ClockError
 from .._records import KIND_CODES, DeviceClock
 
 if TYPE_CHECKING:
+    from .._backends.cuda import CudaDevice
     from .device import Device
 
 __all__ = ["CLOCK_MAX_AGE_S", "ClockCalibration", "Placement", "calibrate", "check_alignment", "placement"]
@@ -291,7 +292,7 @@ def check_alignment(devices: Iterable[Device], trials: int = 30, samples: int = 
     devs = list(devices)
     if len(devs) < 2 or any(d.backend != "cuda" for d in devs):
         raise AsyncGPUError("check_alignment needs two or more CUDA devices (the host backend has one clock)")
-    bds = [d.bd for d in devs]
+    bds = [cast("CudaDevice", d.bd) for d in devs]
     page = bds[0].alloc_mapped(4096)
     words = page.words
     streams = [bd.create_stream() for bd in bds]
@@ -315,7 +316,7 @@ def check_alignment(devices: Iterable[Device], trials: int = 30, samples: int = 
             for i, bd in enumerate(bds):
                 bd.sync_stream(streams[i])
             stamps = np.array(
-                [np.frombuffer(page.view, np.uint64, 1, 256 + i * per + 16)[0] for i in range(len(devs))],
+                [np.frombuffer(page.view, np.uint64, 1, 256 + i * per + 16)[0] for i in range(len(devs))],  # type: ignore[call-overload]
                 dtype=np.int64,
             )
             aligned = [cals[i].globaltimer_to_host_ns(stamps[i]) for i in range(len(devs))]

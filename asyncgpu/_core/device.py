@@ -14,7 +14,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import Any, Callable, final
+from typing import TYPE_CHECKING, Any, Callable, final
 
 import numpy as np
 
@@ -27,12 +27,40 @@ from .memory import DeviceArray
 from .pool import EventPool, PoolStats
 from .stream import Stream
 
+if TYPE_CHECKING:
+    from .graph import Graph
+
 __all__ = ["Device"]
 
 
 @final
 class Device:
     """The async worker of one device (``cuda:0``, ``host:1``…). See the module docstring for threads."""
+
+    bd: BackendDevice
+    name: str
+    index: int
+    backend: str
+    description: str
+    options: dict[str, int]
+    _on_close: Callable[[Device], None] | None
+    _closed: bool
+    _lock: threading.Lock
+    engine: Engine
+    timing_pool: EventPool
+    plain_pool: EventPool
+    _graveyard: deque[tuple[Any, bool, int | None, int]]
+    owned_streams: list[Stream]
+    adopted_streams: dict[int, Stream]
+    graphs: weakref.WeakSet[Graph]
+    streams: tuple[Stream, ...]
+    stream: Stream
+    _mark_seqs: itertools.count[int]
+    _clock_lock: threading.Lock
+    _clock: ClockCalibration | None
+    _clock_ref: ClockCalibration | None
+    _clock_retired: Any
+    clock_events: list[Any]
 
     def __init__(self) -> None:
         raise TypeError("open devices with asyncgpu.device(...) or asyncgpu.devices()")
@@ -47,10 +75,10 @@ class Device:
             raise ValueError(f"a device needs at least one stream, got streams={streams}")
         self = object.__new__(cls)
         self.bd = bd
-        self.name: str = bd.name  #: ``"cuda:0"``, ``"host:1"``
-        self.index: int = bd.index
-        self.backend: str = bd.backend  #: ``"cuda"`` or ``"host"``
-        self.description: str = bd.description
+        self.name = bd.name  #: ``"cuda:0"``, ``"host:1"``
+        self.index = bd.index
+        self.backend = bd.backend  #: ``"cuda"`` or ``"host"``
+        self.description = bd.description
         self.options = {"streams": streams, "max_events": max_events}
         self._on_close = on_close
         self._closed = False
@@ -58,18 +86,18 @@ class Device:
         self.engine = Engine(bd)
         self.timing_pool = EventPool(bd, timing=True, max_events=max_events, reclaim=self._reclaim)
         self.plain_pool = EventPool(bd, timing=False, max_events=max_events, reclaim=self._reclaim)
-        self._graveyard: deque = deque()
-        self.owned_streams: list[Stream] = []
-        self.adopted_streams: dict[int, Stream] = {}
-        self.graphs: weakref.WeakSet = weakref.WeakSet()  # graphs captured here (asyncgpu._graph), closed with it
-        self.streams: tuple[Stream, ...] = tuple(self._new_stream() for _ in range(streams))
-        self.stream: Stream = self.streams[0]  #: the default stream
+        self._graveyard = deque()
+        self.owned_streams = []
+        self.adopted_streams = {}
+        self.graphs = weakref.WeakSet()  # graphs captured here (asyncgpu._graph), closed with it
+        self.streams = tuple(self._new_stream() for _ in range(streams))
+        self.stream = self.streams[0]  #: the default stream
         self._mark_seqs = itertools.count()
         self._clock_lock = threading.Lock()
-        self._clock: ClockCalibration | None = None
-        self._clock_ref: ClockCalibration | None = None  # the oldest with a %globaltimer point: drift baseline
-        self._clock_retired: Any = None  # the previous anchor event, reused one refresh later
-        self.clock_events: list = []  # raw timing events of the calibrations (not from the pools)
+        self._clock = None
+        self._clock_ref = None  # the oldest with a %globaltimer point: drift baseline
+        self._clock_retired = None  # the previous anchor event, reused one refresh later
+        self.clock_events = []  # raw timing events of the calibrations (not from the pools)
         return self
 
     # -- clock --------------------------------------------------------------------------------------------
@@ -151,6 +179,7 @@ class Device:
         if done:
             pool.give(raw)
             return
+        assert key is not None  # done when key is None
         try:
             self.engine.add(raw, key, seq, None, 0, KIND_RELEASE, None, pool.give)
         except ClosedError:

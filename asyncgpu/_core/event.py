@@ -30,6 +30,13 @@ class Event:
     """A point in a stream's work on one device. Create with `Device.record` or `Device.create_event`."""
 
     __slots__ = ("device", "timing", "raw", "key", "seq", "record_ns", "tag", "__weakref__")
+    device: Device
+    timing: bool
+    raw: Any
+    key: int | None
+    seq: int
+    record_ns: int
+    tag: Any
 
     def __init__(self) -> None:
         raise TypeError("events come from device.record() or device.create_event()")
@@ -40,10 +47,10 @@ class Event:
         self.device = device
         self.timing = timing
         self.raw = raw
-        self.key: int | None = None  # the stream it was last recorded on (None: never recorded)
+        self.key = None  # the stream it was last recorded on (None: never recorded)
         self.seq = 0
         self.record_ns = 0
-        self.tag: Any = None
+        self.tag = None
         return self
 
     # -- recording ---------------------------------------------------------------------------------------
@@ -100,11 +107,14 @@ class Event:
         the waiter thread wakes it shortly before the predicted completion; without a deadline it then
         finishes with the driver's spin wait."""
         dev = self.device
+        raw = self.checked()
+        key = self.key
+        assert key is not None  # checked() raised otherwise
         return block_until_complete(
             dev.engine,
             dev.bd.query,
-            self.checked(),
-            self.key,
+            raw,
+            key,
             self.seq,
             self.tag,
             self.record_ns,
@@ -121,7 +131,9 @@ class Event:
         """
         raw = self.checked()
         dev = self.device
-        await await_completion(dev.engine, dev.bd.query, raw, self.key, self.seq, self.tag, self.record_ns)
+        key = self.key
+        assert key is not None  # checked() raised otherwise
+        await await_completion(dev.engine, dev.bd.query, raw, key, self.seq, self.tag, self.record_ns)
 
     # -- timing -------------------------------------------------------------------------------------------
     def elapsed_ms(self, start: Event) -> float:

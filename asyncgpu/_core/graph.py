@@ -47,6 +47,7 @@ from . import hooks
 from .stream import Stream
 
 if TYPE_CHECKING:
+    from .._backends.contract import BackendDevice
     from .device import Device
 
 __all__ = ["Graph", "GraphCapture"]
@@ -63,8 +64,11 @@ class _Resources:
     """What a graph holds on its backend: the raw graph and the placeholder event of each event node."""
 
     __slots__ = ("bd", "raw", "events")
+    bd: BackendDevice
+    raw: Any
+    events: list[Any]
 
-    def __init__(self, bd: Any) -> None:
+    def __init__(self, bd: BackendDevice) -> None:
         self.bd, self.raw, self.events = bd, None, []
 
     def free(self) -> None:
@@ -109,6 +113,19 @@ class Graph:
         "_finalizer",
         "__weakref__",
     )
+    device: Device
+    stream: Stream
+    bd: BackendDevice
+    _state: int
+    _why: str
+    _capture: GraphCapture | None
+    _res: _Resources
+    _parts: tuple[tuple[str, str, int, int], ...]
+    _nodes: list[Any]
+    _pointed: list[Any]
+    _kinds: frozenset[str]
+    _lock: threading.Lock
+    _finalizer: weakref.finalize
 
     def __init__(self) -> None:
         raise TypeError("graphs come from `with stream.capture() as graph:`")
@@ -116,15 +133,15 @@ class Graph:
     @classmethod
     def _create(cls, stream: Stream, capture: GraphCapture) -> Graph:
         self = object.__new__(cls)
-        self.device: Device = stream.device
+        self.device = stream.device
         self.stream = stream  #: the stream it was captured on: where `launch` replays it by default
         self.bd = stream.bd
         self._state, self._why = _CAPTURING, ""
-        self._capture: GraphCapture | None = capture
+        self._capture = capture
         self._res = _Resources(self.bd)
-        self._parts: tuple = ()  # (name, kind, start node index, end node index), in capture order
-        self._nodes: list = []  # the backend's event-record nodes, one per placeholder event
-        self._pointed: list = []  # the raw event each node records now (None: unknown)
+        self._parts = ()  # (name, kind, start node index, end node index), in capture order
+        self._nodes = []  # the backend's event-record nodes, one per placeholder event
+        self._pointed = []  # the raw event each node records now (None: unknown)
         self._kinds = _NO_KINDS
         self._lock = threading.Lock()
         self._finalizer = weakref.finalize(self, _free, self._res)

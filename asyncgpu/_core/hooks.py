@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from .stream import Stream
 
 __all__ = [
+    "CaptureHook",
     "LaunchObserver",
     "OBSERVERS",
     "adopt",
@@ -60,6 +61,16 @@ class LaunchObserver(Protocol):
         """Give each open scope covering ``device`` the layer stored under ``key`` (made by ``make_layer`` the
         first time; ``key=None``: always a new one); ``fence``: a stream the scope also waits for at its end.
         Returns the layers."""
+
+
+class CaptureHook(Protocol):
+    """What a stream's ``capture_hook`` is while a graph capture is open on its device (`asyncgpu._core.graph`)."""
+
+    def timed(self, name: str, kind: str, fn: Callable[..., Any], args: tuple) -> None:
+        """Take the launch of ``fn(*args)`` on the hooked stream instead of `launch_now`."""
+
+    def refuse_graph(self, stream: Stream) -> None:
+        """Raise if a graph may not be launched on ``stream`` now."""
 
 
 #: The installed observers, read by the launch path without a lock (replaced, never mutated).

@@ -123,11 +123,17 @@ class Parked:
     was set to ``WOKEN`` under that lock."""
 
     __slots__ = ("kind", "loop", "target", "token", "state", "item")
+    kind: int
+    loop: Any
+    target: Any  # a held lock (a plain thread), a future (asyncio) or a task (trio)
+    token: Any
+    state: int
+    item: Any  # what the waker hands over (a channel's item), None for nothing
 
     def __init__(self, kind: int, loop: Any) -> None:
         self.kind, self.loop, self.state, self.item, self.token = kind, loop, WAITING, None, None
         if kind == THREAD:
-            self.target: Any = threading.Lock()
+            self.target = threading.Lock()
             self.target.acquire()
         elif kind == ASYNCIO:
             self.target = loop.create_future()

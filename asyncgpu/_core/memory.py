@@ -24,6 +24,10 @@ class DeviceArray:
     """``size`` elements of ``dtype`` on ``device``. Make one with `Device.alloc`."""
 
     __slots__ = ("device", "size", "dtype", "_buf", "__weakref__")
+    device: Device
+    size: int
+    dtype: np.dtype
+    _buf: Any
 
     def __init__(self) -> None:
         raise TypeError("device arrays come from device.alloc(n, dtype)")

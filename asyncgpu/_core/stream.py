@@ -24,8 +24,10 @@ from .hooks import launch as run_timed
 from .memory import DeviceArray
 
 if TYPE_CHECKING:
+    from .._backends.contract import BackendDevice
     from .device import Device
     from .graph import GraphCapture
+    from .hooks import CaptureHook
 
 __all__ = ["Stream"]
 
@@ -35,6 +37,15 @@ class Stream:
     """One stream of a device. Get them from `Device.streams`, `Device.create_stream` or `Device.adopt_stream`."""
 
     __slots__ = ("device", "label", "handle", "owned", "bd", "raw", "seqs", "tag", "capture_hook")
+    device: Device
+    label: str
+    handle: int
+    owned: bool
+    bd: BackendDevice
+    raw: Any
+    seqs: itertools.count[int]
+    tag: Any
+    capture_hook: CaptureHook | None
 
     def __init__(self) -> None:
         raise TypeError("streams come from device.streams, device.create_stream() or device.adopt_stream()")
@@ -50,7 +61,7 @@ class Stream:
         self.raw = raw
         self.handle = self.bd.stream_handle(raw)  #: the ``cudaStream_t`` address on CUDA
         self.seqs = itertools.count()
-        self.tag: Any = None
+        self.tag = None
         return self
 
     def __cuda_stream__(self) -> tuple[int, int]:

@@ -278,7 +278,7 @@ def _pair(
     findings: _Findings,
     groups: int,
     stages: Sequence[str],
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Match begins with ends in flat per-record columns (lane-major, each lane in program order). Returns
     the begin and end indices of each region (sorted by begin) and the indices of the instants."""
     f = FORMAT
@@ -475,6 +475,7 @@ def decode(
     kept = np.where(bad, 0, kept)
     span = end - start
     simple = np.where(kept > 0, finalized & (span >= 0) & (span < _WRAP_NS), True)
+    origin: int | None  # the earliest start of a lane with records kept
     if np.all(simple) and np.all(kept % 2 == 0):
         origin = int(start[kept > 0].min()) if np.any(kept > 0) else 0
         clock = _Clock(to_host, time_base, origin)
@@ -619,7 +620,7 @@ def _decode_pairs(
             continue
         h = half[l0:l1]
         if np.all(h == pairs):  # full lanes: 2-D views, no copy
-            shape = (l1 - l0, pairs)
+            shape: tuple[int, ...] = (l1 - l0, pairs)
             q = rec[l0:l1, : 2 * pairs].reshape(l1 - l0, pairs, 2)
             wb, we = q[..., 0], q[..., 1]
             b32 = rec[l0:l1, : 2 * pairs].view(np.uint32).reshape(l1 - l0, pairs, 4)
@@ -637,6 +638,9 @@ def _decode_pairs(
             return None
         # The check leaves the tag's bits 14-15 zero: its low half is the stage shifted by STAGE_SHIFT.
         np.right_shift(stage16, np.uint16(f.STAGE_SHIFT), out=stage[o0:o1].reshape(shape).view(np.uint16))
+        s_out: np.ndarray
+        e_out: np.ndarray
+        d_out: np.ndarray
         s_out, e_out, d_out = (col[o0:o1].reshape(shape) for col in (start_ns, end_ns, dur))
         np.copyto(s_out, lo_b - lo_start)  # ns since the lane started: mod 2^32 in uint32, wrap or not
         np.copyto(d_out, diff[..., 1::2])  # mod 2^32: a region shorter than 4.29 s

@@ -138,6 +138,7 @@ def gather(
     me["nbytes"] = int(payload.size)
     verdict = _check_in(tr, seq, root, me, timeout_s, strict, clock_samples)
     tr.open_data(timeout_s)
+    result: RankTimeline | None
     if tr.rank == root:
         result = _as_root(tr, payload, verdict, root, to_all, timeout_s)
     else:

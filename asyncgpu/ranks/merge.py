@@ -306,7 +306,8 @@ class Merger:
         self.descriptions: list[str] = []
         self.streams: list[tuple[int, str]] = []
         self.names: dict[str, int] = {}
-        self.hr_tables: tuple[dict[str, int], ...] = ({}, {"collective": 0}, {})  # names, kinds, threads
+        # names, kinds, threads
+        self.hr_tables: tuple[dict[str, int], dict[str, int], dict[str, int]] = ({}, {"collective": 0}, {})
         self.hr_parts: list[tuple[np.ndarray, ...]] = []
         self.scopes: list[ScopeInfo] = []
         self.infos: list[RankInfo] = []
@@ -316,7 +317,8 @@ class Merger:
         self.labels: list[str] = []
         self.errors: list[str] = []
         self.cancelled = False
-        self.scope_start = self.scope_end = None
+        self.scope_start: int | None = None
+        self.scope_end: int | None = None
 
     def add(self, payload: Any, offset: tuple[int, float, float, int]) -> None:
         """Rank ``len(self.infos)``'s payload, with its ``(offset_ns, bound_ns, rtt_ns, samples)``."""
@@ -548,6 +550,7 @@ def _arrivals(rt: RankTimeline, dev_rank: np.ndarray) -> tuple[dict[str, np.ndar
     """Per mark name, arrivals ``[k, device]`` (root ns; NaN for a device left out) at its first ``K`` points,
     ``K`` = the fewest times any rank made that mark; and the notes on what was left out."""
     tl, mk = rt._records, rt.marks
+    assert mk.rank is not None  # merged marks carry their rank
     nd, world = len(tl.devices), rt.world
     aligned = np.array([c.aligned for c in tl.clocks])
     counts = np.zeros((len(mk.names), world), np.int64)

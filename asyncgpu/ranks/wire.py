@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -164,9 +164,9 @@ class HostRanges:
 
     def __init__(
         self,
-        names: Sequence[str],
-        kinds: Sequence[str],
-        threads: Sequence[str],
+        names: Iterable[str],
+        kinds: Iterable[str],
+        threads: Iterable[str],
         name: Any,
         kind: Any,
         thread: Any,
@@ -179,7 +179,7 @@ class HostRanges:
 
     @classmethod
     def from_ranges(cls, ranges: Sequence[HostRange]) -> HostRanges:
-        tables: tuple[dict[str, int], ...] = ({}, {}, {})
+        tables: tuple[dict[str, int], dict[str, int], dict[str, int]] = ({}, {}, {})
         codes = np.array(
             [
                 (
@@ -266,7 +266,13 @@ def payload_to_timeline(header: dict, cols: dict[str, np.ndarray]) -> tuple[Time
             tuple(header["devices"]),
             tuple((int(d), str(s)) for d, s in header["streams"]),
             tuple(header["names"]),
-            *(cols[n] for n, _ in ROW_COLUMNS),
+            cols["device"],  # the ROW_COLUMNS, in Timeline's field order
+            cols["stream"],
+            cols["name"],
+            cols["kind"],
+            cols["start_ns"],
+            cols["end_ns"],
+            cols["duration_ns"],
             int(header["scope_start_ns"]),
             int(header["scope_end_ns"]),
             tuple(_clock(c) for c in header["clocks"]),
