@@ -270,10 +270,10 @@ class Handoff:
             return None  # type: ignore[return-value]
         return self._wait_done_async(kind, loop, stream, timeout_s)
 
-    async def _wait_done_async(self, kind: int, loop: Any, stream: Stream | None, timeout: float | None) -> None:
+    async def _wait_done_async(self, kind: int, loop: Any, stream: Stream | None, timeout_s: float | None) -> None:
         import anyio
 
-        with anyio.fail_after(timeout) if timeout is not None else nullcontext():
+        with anyio.fail_after(timeout_s) if timeout_s is not None else nullcontext():
             ch = self.channel
             with ch._lock:
                 if self._state != 2:
@@ -299,7 +299,7 @@ class Handoff:
             self._done_waiters.append(p)
         return p.block(ch._lock, deadline, _now())
 
-    def _after_done(self, stream: Stream | None, deadline: int | None, timeout: float | None) -> None:
+    def _after_done(self, stream: Stream | None, deadline: int | None, timeout_s: float | None) -> None:
         ev = self._done_event
         if ev is None:
             return
@@ -307,7 +307,7 @@ class Handoff:
             stream.wait(ev)
         elif not ev.block_until(deadline):
             raise TimeoutError(
-                f"the consumer's use of handoff #{self.seq} of {self.channel.name!r} had not run after {timeout} s"
+                f"the consumer's use of handoff #{self.seq} of {self.channel.name!r} had not run after {timeout_s} s"
             )
 
     # -- timing -------------------------------------------------------------------------------------------
@@ -451,11 +451,11 @@ class Channel:
             return self.put_sync(payload, stream=stream, event=event, timeout_s=timeout_s)  # type: ignore[return-value]
         return self._put_async(self._new_item(payload, stream, event), kind, loop, timeout_s)
 
-    async def _put_async(self, h: Handoff, kind: int, loop: Any, timeout: float | None) -> Handoff:
+    async def _put_async(self, h: Handoff, kind: int, loop: Any, timeout_s: float | None) -> Handoff:
         import anyio
 
         try:
-            with anyio.fail_after(timeout) if timeout is not None else nullcontext():
+            with anyio.fail_after(timeout_s) if timeout_s is not None else nullcontext():
                 with self._lock:
                     p = self._admit_locked(h, kind, loop)
                 if p is None:
@@ -540,19 +540,18 @@ class Channel:
         once. Raises `ClosedError` when the channel is closed and empty (chained to the producer's error if it
         closed the channel with one), `TimeoutError` after ``timeout_s`` seconds. A timed-out take puts the item
         back at the head."""
-        timeout = timeout_s
         if stream is not None:
             self._check_stream(stream)
         called_ns = _now()
         kind, loop = loops.current()
         if kind != _THREAD:
             raise _blocking_in_loop("Channel.get_sync()", "await channel.get()")
-        deadline = None if timeout is None else called_ns + int(timeout * 1e9)
+        deadline = None if timeout_s is None else called_ns + int(timeout_s * 1e9)
         with self._lock:
             h, p = self._take_locked(kind, loop)
         if p is not None:
             if not p.block(self._lock, deadline, _now()):
-                raise TimeoutError(f"nothing came through channel {self.name!r} in {timeout} s")
+                raise TimeoutError(f"nothing came through channel {self.name!r} in {timeout_s} s")
             h = self._after_wake(p)
         assert h is not None  # _take_locked returns an item or a parking
         try:
@@ -566,7 +565,7 @@ class Channel:
                 elif not ev.block_until(deadline):
                     raise TimeoutError(
                         f"handoff #{h.seq} of {self.name!r}: {ev.device.name} had not finished its "
-                        f"work after {timeout} s (the item is back in the channel)"
+                        f"work after {timeout_s} s (the item is back in the channel)"
                     )
                 self._taken_on_host(h, called_ns)
         except BaseException:
@@ -590,11 +589,11 @@ class Channel:
         return self._get_async(kind, loop, stream, timeout_s, _now())
 
     async def _get_async(
-        self, kind: int, loop: Any, stream: Stream | None, timeout: float | None, called_ns: int
+        self, kind: int, loop: Any, stream: Stream | None, timeout_s: float | None, called_ns: int
     ) -> Handoff:
         import anyio
 
-        with anyio.fail_after(timeout) if timeout is not None else nullcontext():
+        with anyio.fail_after(timeout_s) if timeout_s is not None else nullcontext():
             with self._lock:
                 h, p = self._take_locked(kind, loop)
             if p is not None:
