@@ -155,3 +155,34 @@ async def test_many_waits_across_two_gpus():
         for ev in events:
             tg.start_soon(waiter, ev)
     assert all(d.pool_stats().in_use == 0 for d in devs)
+
+
+def test_a_user_kernel_is_loaded_before_its_first_launch_is_bracketed(monkeypatch):
+    """Issue 13: with lazy module loading (CUDA's default), the first launch of a kernel loaded its module inside
+    the timing bracket (+89 µs on H200). The module is now loaded before the start event is recorded."""
+    import os
+
+    from cuda.core import LaunchConfig, Program, ProgramOptions
+
+    if os.environ.get("CUDA_MODULE_LOADING", "LAZY").upper() != "LAZY":
+        pytest.skip("modules are loaded eagerly here (CUDA_MODULE_LOADING)")
+    dev = asyncgpu.device(0)
+    src = f'extern "C" __global__ void fresh_{os.getpid()}(float* x) {{ x[threadIdx.x] += 1.0f; }}'
+    opts = ProgramOptions(arch="sm_" + dev.bd.arch)
+    kernel = Program(src, "c++", opts).compile("cubin").get_kernel(f"fresh_{os.getpid()}")
+    a = dev.alloc(32)
+    dev.stream.memset(a, 0)
+    assert not dev.bd.kernel_is_loaded(kernel)
+    seen = []
+    launch = dev.bd.launch
+
+    def spy(raw_stream, k, config, args):
+        seen.append(dev.bd.kernel_is_loaded(k))  # when the bracket's start event is already recorded
+        launch(raw_stream, k, config, args)
+
+    monkeypatch.setattr(dev.bd, "launch", spy)
+    with gpu_timer(dev) as t:
+        dev.stream.launch(kernel, LaunchConfig(grid=1, block=32), a.ptr, name="fresh")
+    assert seen == [True]
+    assert [r.name for r in t.records()] == ["fresh"]
+    assert np.all(a.to_numpy() == 1.0)

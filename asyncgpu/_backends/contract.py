@@ -98,6 +98,11 @@ class BackendDevice(ABC):
         """Load what the built-in ``workload`` (``"spin"``, ``"inc_loop"``) needs (compile, module load), so
         that the first timed call does not count that host time as device time."""
 
+    def prepare_kernel(self, kernel: Any) -> None:  # noqa: B027 - optional: nothing to load on most backends
+        """Load ``kernel`` (what `launch` takes) into this device now, so that its first launch does not load it
+        inside a timing bracket (CUDA loads modules lazily, at the first launch, by default). Called before every
+        user launch: repeated calls must be cheap."""
+
     @abstractmethod
     def spin(self, raw_stream: Any, duration_ns: int) -> None: ...
 

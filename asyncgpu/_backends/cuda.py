@@ -133,6 +133,7 @@ class CudaDevice(BackendDevice):
         self.arch = self._dev.arch
         self.description = f"{self._dev.name} (sm_{self.arch})"
         self._kernels: dict[str, Any] = {}
+        self._loaded: dict[int, Any] = {}  # id(kernel) -> kernel, for the kernels loaded into this context
         self._kernel_lock = threading.Lock()
         self._pinned_mr: Any = None  # a cuda.core LegacyPinnedMemoryResource, made on first use
         self._peer_sources: set[int] = set()  # GPUs whose memory pools let this one read them (`copy`)
@@ -455,9 +456,42 @@ class CudaDevice(BackendDevice):
         launch(raw_stream[0], config, kernel, *args)
 
     def prepare(self, workload: str) -> None:
-        name = f"asyncgpu_{workload}"
-        if name not in self._kernels:
-            self._kernel(name)
+        kernel = self._kernels.get(f"asyncgpu_{workload}")
+        if kernel is None or id(kernel) not in self._loaded:
+            self.prepare_kernel(kernel if kernel is not None else self._kernel(f"asyncgpu_{workload}"))
+
+    def prepare_kernel(self, kernel: Any) -> None:
+        """``cuFuncLoad`` the kernel's function in this device's context (CUDA 12.4+ drivers; older ones load it
+        at the first launch, as before). Once per kernel object."""
+        if id(kernel) in self._loaded:
+            return
+        d = self._drv.d
+        handle = getattr(kernel, "handle", None)
+        if handle is not None and hasattr(d, "cuFuncLoad"):
+            self._current()
+            func = handle
+            if isinstance(handle, d.CUkernel):  # a library kernel: its function in the current context
+                err, func = d.cuKernelGetFunction(handle)
+                if err is not self._drv.SUCCESS:
+                    raise self._drv.error(err, "cuKernelGetFunction")
+            (err,) = d.cuFuncLoad(func)
+            if err is not self._drv.SUCCESS and err != d.CUresult.CUDA_ERROR_NOT_SUPPORTED:
+                raise self._drv.error(err, "cuFuncLoad")
+        self._loaded[id(kernel)] = kernel
+
+    def kernel_is_loaded(self, kernel: Any) -> bool:
+        """Whether the kernel's module is loaded in this device's context (``cuFuncIsLoaded``; tests)."""
+        d = self._drv.d
+        self._current()
+        func = kernel.handle
+        if isinstance(func, d.CUkernel):
+            err, func = d.cuKernelGetFunction(func)
+            if err is not self._drv.SUCCESS:
+                raise self._drv.error(err, "cuKernelGetFunction")
+        err, state = d.cuFuncIsLoaded(func)
+        if err is not self._drv.SUCCESS:
+            raise self._drv.error(err, "cuFuncIsLoaded")
+        return bool(state == d.CUfunctionLoadingState.CU_FUNCTION_LOADING_STATE_LOADED)
 
     def spin(self, raw_stream: Any, duration_ns: int) -> None:
         from cuda.core import LaunchConfig

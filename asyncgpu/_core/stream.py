@@ -107,8 +107,11 @@ class Stream:
     # -- work ---------------------------------------------------------------------------------------------
     def launch(self, kernel: Any, config: Any, *args: Any, name: str | None = None) -> None:
         """Enqueue a kernel: a cuda.core ``Kernel`` with a ``LaunchConfig`` on CUDA; a callable with
-        ``config=None`` on the host backend. Recorded as a ``kernel`` activity called ``name``."""
+        ``config=None`` on the host backend. Recorded as a ``kernel`` activity called ``name``. A kernel's module
+        is loaded before its first launch is bracketed (CUDA loads lazily: the load is host time, not device time)."""
         label = name or getattr(kernel, "__name__", None) or "kernel"
+        if self.capture_hook is None:  # (a capture times its parts at replay, when the module is loaded)
+            self.bd.prepare_kernel(kernel)
         run_timed(self, label, "kernel", self.bd.launch, self.raw, kernel, config, args)
 
     def spin_us(self, duration_us: float) -> None:
