@@ -157,32 +157,30 @@ async def test_many_waits_across_two_gpus():
     assert all(d.pool_stats().in_use == 0 for d in devs)
 
 
-def test_a_user_kernel_is_loaded_before_its_first_launch_is_bracketed(monkeypatch):
-    """Issue 13: with lazy module loading (CUDA's default), the first launch of a kernel loaded its module inside
-    the timing bracket (+89 µs on H200). The module is now loaded before the start event is recorded."""
+def test_a_user_kernels_first_launch_is_not_slowed_by_loading_it():
+    """Issue 13: the first launch of a freshly compiled kernel did its per-context set-up (the function's load)
+    inside the timing bracket: +82 µs (median) on H200 for a 50 µs kernel. It is now done before the start event:
+    the first launch reads within the idle-start error of the second (issue 13 fixes that error separately)."""
     import os
 
     from cuda.core import LaunchConfig, Program, ProgramOptions
 
-    if os.environ.get("CUDA_MODULE_LOADING", "LAZY").upper() != "LAZY":
-        pytest.skip("modules are loaded eagerly here (CUDA_MODULE_LOADING)")
     dev = asyncgpu.device(0)
-    src = f'extern "C" __global__ void fresh_{os.getpid()}(float* x) {{ x[threadIdx.x] += 1.0f; }}'
     opts = ProgramOptions(arch="sm_" + dev.bd.arch)
-    kernel = Program(src, "c++", opts).compile("cubin").get_kernel(f"fresh_{os.getpid()}")
-    a = dev.alloc(32)
-    dev.stream.memset(a, 0)
-    assert not dev.bd.kernel_is_loaded(kernel)
-    seen = []
-    launch = dev.bd.launch
-
-    def spy(raw_stream, k, config, args):
-        seen.append(dev.bd.kernel_is_loaded(k))  # when the bracket's start event is already recorded
-        launch(raw_stream, k, config, args)
-
-    monkeypatch.setattr(dev.bd, "launch", spy)
-    with gpu_timer(dev) as t:
-        dev.stream.launch(kernel, LaunchConfig(grid=1, block=32), a.ptr, name="fresh")
-    assert seen == [True]
-    assert [r.name for r in t.records()] == ["fresh"]
-    assert np.all(a.to_numpy() == 1.0)
+    excess = []
+    for i in range(6):
+        name = f"fresh_{os.getpid()}_{i}"
+        src = (
+            f'extern "C" __global__ void {name}(unsigned long long ns) {{ unsigned long long t0, t; '
+            'asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0)); '
+            'do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns); }'
+        )
+        kernel = Program(src, "c++", opts).compile("cubin").get_kernel(name)
+        durations = []
+        for _ in range(2):
+            dev.synchronize()
+            with gpu_timer(dev) as t:
+                dev.stream.launch(kernel, LaunchConfig(grid=1, block=1), np.uint64(50_000), name="fresh")
+            durations.append(t.records()[0].duration_ms * 1e3)
+        excess.append(durations[0] - durations[1])
+    assert float(np.median(excess)) < 50.0, excess

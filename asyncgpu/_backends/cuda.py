@@ -479,20 +479,6 @@ class CudaDevice(BackendDevice):
                 raise self._drv.error(err, "cuFuncLoad")
         self._loaded[id(kernel)] = kernel
 
-    def kernel_is_loaded(self, kernel: Any) -> bool:
-        """Whether the kernel's module is loaded in this device's context (``cuFuncIsLoaded``; tests)."""
-        d = self._drv.d
-        self._current()
-        func = kernel.handle
-        if isinstance(func, d.CUkernel):
-            err, func = d.cuKernelGetFunction(func)
-            if err is not self._drv.SUCCESS:
-                raise self._drv.error(err, "cuKernelGetFunction")
-        err, state = d.cuFuncIsLoaded(func)
-        if err is not self._drv.SUCCESS:
-            raise self._drv.error(err, "cuFuncIsLoaded")
-        return bool(state == d.CUfunctionLoadingState.CU_FUNCTION_LOADING_STATE_LOADED)
-
     def spin(self, raw_stream: Any, duration_ns: int) -> None:
         from cuda.core import LaunchConfig
 
