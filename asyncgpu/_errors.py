@@ -15,6 +15,7 @@ Every message names the fix. Errors raised by a backend (a CUDA driver error, a 
     ├── PoolExhaustedError                the event pool reached its bound
     ├── ScopeError                        a timing scope, capture or block misused
     ├── ClockError                        a device clock could not be aligned to the host clock
+    ├── SourceError                       a timing source (CUPTI) cannot be used here
     ├── KernelRecordsError (ValueError)   in-kernel records that cannot be decoded as they are
     │   └── KernelRecordsOverflowError    in-kernel records were dropped (a lane was full)
     ├── BenchmarkError                    the benchmarked function (or its device) failed
@@ -32,6 +33,7 @@ __all__ = [
     "BenchmarkError",
     "GatherError",
     "ClockError",
+    "SourceError",
     "ClosedError",
     "DeviceMismatchError",
     "KernelRecordsError",
@@ -98,6 +100,12 @@ class BackendError(AsyncGPUError, RuntimeError):
 class ClockError(AsyncGPUError):
     """A device clock could not be aligned to the host clock (the device stayed busy, or lacks stream memory
     operations). Scopes then keep that device's times relative to its own scope start, and say so."""
+
+
+class SourceError(AsyncGPUError):
+    """A timing source cannot be used: ``source="cupti"`` without cupti-python, with CUPTI held by another tool
+    (torch.profiler, Nsight Systems: one subscriber per process), with a CUPTI that does not match the driver,
+    or on the host backend. ``source="auto"`` never raises it: it falls back to events and says why."""
 
 
 class KernelRecordsError(AsyncGPUError, ValueError):

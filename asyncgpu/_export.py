@@ -198,6 +198,8 @@ def _other_data(tl: Timeline, origin_ns: int) -> dict:
         "host_ms": tl.host_ms,
         "wait_ms": tl.wait_ms,
         "cpu_ms": tl.cpu_ms,
+        "source": tl.source,
+        "source_note": tl.source_note,
         "marks": [[m.name, m.host_ns, m.row, m.thread] for m in tl.marks],
         "unfinished_rows": int(unfinished.size),
         "unfinished": np.column_stack(
@@ -306,6 +308,8 @@ def _from_trace(events: list, meta: dict) -> Timeline:
         host_ms=meta.get("host_ms"),
         wait_ms=meta.get("wait_ms"),
         cpu_ms=meta.get("cpu_ms"),
+        source=str(meta.get("source", "events")),
+        source_note=str(meta.get("source_note", "")),
         marks=tuple(CollectiveMark(str(n), int(t), int(r), str(th)) for n, t, r, th in meta.get("marks", ())),
         scopes=tuple(ScopeInfo(**sc) for sc in scopes) if len(scopes) > 1 else (),
     )

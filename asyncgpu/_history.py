@@ -130,8 +130,14 @@ class _Observer:
     def wanted_kinds(self, device: Device, kinds: frozenset[str]) -> frozenset[str]:
         return frozenset()
 
-    def adopt(self, stream: Stream, name: str, kind: str, start_raw: Any, end_raw: Any) -> bool:
+    def adopt(self, stream: Stream, name: str, kind: str, start_raw: Any, end_raw: Any, replay: Any = None) -> bool:
         return False
+
+    def correlate(self, stream: Stream) -> Any:
+        return None
+
+    def uncorrelate(self, token: Any) -> None:
+        return None
 
     def attach(self, device: Device, key: Any, make_layer: Any, fence: Any) -> list[Any]:
         return []
@@ -240,13 +246,19 @@ class _KernelHistory:
 kernel_history = _KernelHistory()
 
 
+_holding = False  # this history asked for holds (`hooks.want_holds`)
+
+
 def _update() -> None:
-    global ON
+    global ON, _holding
     ON = _forced or _depth > 0
     if ON:
         hooks.install(_OBSERVER)
     else:
         hooks.uninstall(_OBSERVER)
+    if ON != _holding:
+        hooks.want_holds(1 if ON else -1)
+        _holding = ON
 
 
 def _take_all(queue: deque) -> list:

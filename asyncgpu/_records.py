@@ -55,7 +55,7 @@ class DeviceClock:
     offset_ns: int | None = None  #: the device's ``%globaltimer`` minus host time (CUDA), if measured
     drift_ppm: float | None = None  #: device clock rate minus host clock rate, if measurable
     reason: str = ""  #: why the device is not aligned
-    overhead_ns: float = 0.0  #: subtracted from each kernel and graph activity (what the event pair adds)
+    overhead_ns: float = 0.0  #: subtracted from each kernel, graph, memset and memcpy (what the event pair adds)
 
 
 def no_clock(device: str) -> DeviceClock:
@@ -126,6 +126,8 @@ class Timeline:
     marks: tuple[CollectiveMark, ...] = ()  #: collective points, in marking order
     scopes: tuple[ScopeInfo, ...] = ()  #: the scopes merged into this timeline (empty: just this one)
     layers: tuple[Any, ...] = ()  #: finished trace layers (in-kernel records, handoffs): see `asyncgpu._trace`
+    source: str = "events"  #: where the durations come from: ``"events"`` (held event pairs) or ``"cupti"``
+    source_note: str = ""  #: why ``source="auto"`` fell back to events, or what CUPTI could not attribute
 
     def __post_init__(self) -> None:
         n = len(self.devices)

@@ -237,6 +237,14 @@ def _footer(tl: Timeline) -> Text:
         )
     if tl.error:
         text.append(f"; the scope raised {tl.error}")
+    source = "CUPTI activity records" if tl.source == "cupti" else "held CUDA event pairs"
+    if all(d.startswith("host") for d in tl.devices):
+        source = "host events"
+    text.append(f"; durations from {source}")
+    if tl.source_note and tl.source == "cupti":
+        text.append(f" ({tl.source_note})")
+    elif tl.source_note and not all(d.startswith("host") for d in tl.devices):
+        text.append(f" ({tl.source_note})")
     unaligned = _unaligned(tl)
     if unaligned:
         text.append(

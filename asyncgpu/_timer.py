@@ -16,6 +16,7 @@ passes them.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from contextvars import ContextVar
@@ -24,9 +25,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, final
 import numpy as np
 
 from . import _nvtx
+from ._backends import cupti
 from ._core import hooks, loops
 from ._core.clock import CLOCK_MAX_AGE_S, Placement, placement
-from ._errors import NotReadyError, ScopeError
+from ._errors import NotReadyError, ScopeError, SourceError
 from ._records import KIND_CODES, KINDS, ActivityRecord, CollectiveMark, HostRange, Timeline
 
 if TYPE_CHECKING:
@@ -40,10 +42,39 @@ _THREAD_SCOPES: tuple = ()  # scopes opened with all_threads=True: they also tak
 _OPEN_COUNT = 0  # open scopes in the process: the launch observer is installed while there is one
 _STATE_LOCK = threading.Lock()
 _NEW, _OPEN, _DONE = 0, 1, 2
+SOURCES = ("auto", "cupti", "events")
+
+# The CUPTI source (`asyncgpu._backends.cupti`): while a scope uses it, each activity gets an external id, pushed
+# on the launching thread around its work, and CUPTI's records are routed to it by that id.
+_CUPTI_USERS = 0  # open scopes using CUPTI
+_EXT_IDS = itertools.count(1)
+_BY_EXT: dict[int, Any] = {}  # external id -> activity (or a graph replay's records) until released
+_UNROUTED: list = []  # CUPTI records whose correlation or activity was not known yet at the last flush
+_EXT_MAP: dict[int, int] = {}  # CUPTI correlation id -> external id, not used yet
+_ROUTE_LOCK = threading.Lock()
+_BLOCKS = threading.local()  # .stack: the activity blocks open on this thread (CUPTI source only)
+_MAX_UNROUTED = 100_000
+_PAIRED_KINDS = ("kernel", "memset", "memcpy")  # one launch, one CUPTI record: what teaches a device its pair excess
 
 
 class _Activity:
-    __slots__ = ("device", "stream", "name", "kind", "start_raw", "end_raw", "refs", "duration_ms", "nvtx_id", "placed")
+    __slots__ = (
+        "device",
+        "stream",
+        "name",
+        "kind",
+        "start_raw",
+        "end_raw",
+        "refs",
+        "duration_ms",
+        "nvtx_id",
+        "placed",
+        "ext",
+        "parent",
+        "cupti",
+        "held",
+        "replay",
+    )
     device: Device
     stream: Stream
     name: str
@@ -54,34 +85,106 @@ class _Activity:
     duration_ms: float | None
     nvtx_id: Any  # an NVTX range id (`_nvtx.start`), None when none was opened
     placed: tuple[Any, float] | None
+    ext: int  # the CUPTI external id (0: none pushed)
+    parent: _Activity | None  # the block this launch ran in (CUPTI source)
+    cupti: list | None  # CUPTI records routed here: (kind, start_ns, end_ns, device, stream, name)
+    held: bool  # the launch was held until its bracket was enqueued (`asyncgpu._core.hooks.launch_now`)
+    replay: tuple[_ReplayRecords, tuple[int, int], int] | None  # a graph replay: records, nodes, count
 
 
 def _owners(scopes: tuple, device: Device, kind: str) -> list:
     return [s for s in scopes if s._state == _OPEN and device in s._devset and kind in s._kinds]
 
 
-def _begin(stream: Stream, name: str, kind: str, owners: list) -> _Activity:
+def _begin(stream: Stream, name: str, kind: str, owners: list, block: bool = False) -> _Activity:
     dev = stream.device
     raw = dev.timing_pool.take()
     stream.bd.record(raw, stream.raw)
     act = _Activity()
     act.device, act.stream, act.name, act.kind = dev, stream, name, kind
     act.start_raw, act.end_raw, act.refs, act.duration_ms = raw, None, len(owners), None
-    act.nvtx_id = act.placed = None
+    act.nvtx_id = act.placed = act.parent = act.cupti = None
+    act.ext = 0
+    act.held = stream.held and not block
+    act.replay = None
     for scope in owners:
         scope._acts.append(act)
         if scope._nvtx and act.nvtx_id is None:
             act.nvtx_id = _nvtx.start(name, kind)
+    if _CUPTI_USERS:
+        act.ext = next(_EXT_IDS)
+        _BY_EXT[act.ext] = act
+        stack = getattr(_BLOCKS, "stack", None)
+        if stack:
+            act.parent = stack[-1]
+        if block:
+            if stack is None:
+                stack = _BLOCKS.stack = []
+            stack.append(act)
+        cupti.push(act.ext)
     return act
 
 
-def _end(act: _Activity) -> None:
+def _end(act: _Activity, block: bool = False) -> None:
+    if act.ext:
+        cupti.pop()
+        if block:
+            stack = getattr(_BLOCKS, "stack", None)
+            if stack and act in stack:
+                stack.remove(act)
     stream = act.stream
     raw = act.device.timing_pool.take()
     stream.bd.record(raw, stream.raw)
     act.end_raw = raw
     if act.nvtx_id is not None:
         _nvtx.end(act.nvtx_id)
+
+
+@final
+class _ReplayRecords:
+    """The CUPTI records of one graph replay (every node), shared by the replay's activities."""
+
+    __slots__ = ("ext", "cupti", "refs")
+
+    def __init__(self, ext: int) -> None:
+        self.ext = ext
+        self.cupti: list | None = None
+        self.refs = 0
+
+    def span(self, nodes: tuple[int, int], count: int) -> list | None:
+        """The whole replay's span (``nodes`` = `hooks.WHOLE_GRAPH`), or that of its work nodes ``first..last``
+        (in capture order) when CUPTI saw the ``count`` work nodes the capture holds."""
+        recs = sorted(self.cupti or (), key=lambda r: r[1])
+        if not recs:
+            return None
+        if nodes == hooks.WHOLE_GRAPH:
+            return [recs[0][1], max(r[2] for r in recs)]
+        if len(recs) != count:
+            return None  # the graph holds work asyncgpu did not capture as parts: no node-by-node match
+        first, last = nodes
+        return [recs[first][1], max(r[2] for r in recs[first : last + 1])]
+
+
+def _route(records: list, ext_map: dict[int, int]) -> None:
+    """Hand CUPTI's records to their activities (by external id); keep the ones not placeable yet. Any thread."""
+    with _ROUTE_LOCK:
+        _EXT_MAP.update(ext_map)
+        keep = []
+        for rec in (*_UNROUTED, *records):
+            kind, start, end, corr, dev_id, stream_id, name = rec
+            ext = _EXT_MAP.get(corr)
+            act = _BY_EXT.get(ext) if ext is not None else None
+            if act is None:
+                if ext is None:
+                    keep.append(rec)  # its correlation record may come with the next buffer
+                continue
+            if act.cupti is None:  # (the id stays mapped: a graph replay's nodes all share one correlation id)
+                act.cupti = []
+            act.cupti.append((kind, start, end, dev_id, stream_id, name))
+        _UNROUTED[:] = keep[-_MAX_UNROUTED:]
+        if len(_EXT_MAP) > _MAX_UNROUTED:  # ids of work nobody times any more
+            for corr in list(_EXT_MAP)[: len(_EXT_MAP) - _MAX_UNROUTED]:
+                del _EXT_MAP[corr]
 
 
 def current_scopes() -> tuple[Timer, ...]:
@@ -110,7 +213,9 @@ class _Observer:
         scopes = _SCOPES.get() or _THREAD_SCOPES
         return frozenset(k for k in kinds if _owners(scopes, device, k)) if scopes else frozenset()
 
-    def adopt(self, stream: Stream, name: str, kind: str, start_raw: Any, end_raw: Any) -> bool:
+    def adopt(
+        self, stream: Stream, name: str, kind: str, start_raw: Any, end_raw: Any, replay: hooks.Replay | None = None
+    ) -> bool:
         scopes = _SCOPES.get() or _THREAD_SCOPES
         owners = _owners(scopes, stream.device, kind) if scopes else None
         if not owners:
@@ -118,10 +223,27 @@ class _Observer:
         act = _Activity()
         act.device, act.stream, act.name, act.kind = stream.device, stream, name, kind
         act.start_raw, act.end_raw, act.refs, act.duration_ms = start_raw, end_raw, len(owners), None
-        act.nvtx_id = act.placed = None
+        act.nvtx_id = act.placed = act.parent = act.cupti = act.replay = None
+        act.ext = 0
+        act.held = False
+        target = _BY_EXT.get(replay.token_of(self) or 0) if replay is not None else None
+        if isinstance(target, _ReplayRecords):
+            target.refs += 1
+            act.replay = (target, replay.nodes, replay.count)  # type: ignore[union-attr]  # (not None here)
         for scope in owners:
             scope._acts.append(act)
         return True
+
+    def correlate(self, stream: Stream) -> Any:
+        if not _CUPTI_USERS:
+            return None
+        ext = next(_EXT_IDS)
+        _BY_EXT[ext] = _ReplayRecords(ext)  # what CUPTI records for the replay's nodes, until its acts go
+        cupti.push(ext)
+        return ext
+
+    def uncorrelate(self, token: Any) -> None:
+        cupti.pop()  # (the replay's records stay under `token` while an activity of it lives; see `_stop`)
 
     def attach(self, device: Device, key: Any, make_layer: Callable[[], Any], fence: Stream | None) -> list[Any]:
         scopes = _SCOPES.get() or _THREAD_SCOPES
@@ -160,13 +282,13 @@ class _ActivityBlock:
         if timer not in owners and self._kind in timer._kinds:
             owners.append(timer)
         if owners:
-            self._act = _begin(self._stream, self._name, self._kind, owners)
+            self._act = _begin(self._stream, self._name, self._kind, owners, block=True)
         return self
 
     def __exit__(self, *exc: object) -> None:
         act, self._act = self._act, None
         if act is not None:
-            _end(act)
+            _end(act, block=True)
             self._stream.tag = self._name
         timer = self._timer
         if timer._state == _OPEN:  # a plain tuple here (hot path); a HostRange when the scope ends
@@ -213,7 +335,16 @@ class Timer:
         max_clock_age_s: float = CLOCK_MAX_AGE_S,
         subtract_overhead: bool = True,
         all_threads: bool = False,
+        source: str = "auto",
     ) -> None:
+        if source not in SOURCES:
+            raise ValueError(f"source must be one of {', '.join(map(repr, SOURCES))}, not {source!r}")
+        self._source_req = source
+        self.source = "events"  #: where this scope's durations come from (``"cupti"`` or ``"events"``), once entered
+        self.source_note = ""  #: why ``source="auto"`` fell back to events, if it did
+        self._cupti_pending = False  # CUPTI was acquired and not yet flushed and released
+        self._cupti_offset_ns = 0  # CUPTI's clock minus the host's, read at the flush
+        self._holding = False  # this scope asked for held launches (`hooks.want_holds`)
         self.devices: tuple[Device, ...] = tuple(devices)
         self._all_threads = all_threads
         self._layers: dict[Any, Any] = {}  # live layers by key (asyncgpu._core.hooks.attach)
@@ -312,6 +443,12 @@ class Timer:
                 self.cancelled = True
             raise
         finally:
+            if self._cupti_pending:  # CUPTI's flush blocks: a worker thread, shielded (it always ends)
+                import anyio
+                import anyio.to_thread
+
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(self._cupti_collect)
             self._finish(fences)
         self._report()
 
@@ -334,6 +471,7 @@ class Timer:
                     for d in self.devices:
                         d.synchronize()
         finally:
+            self._cupti_collect()
             self._finish(fences)
         self._report()
 
@@ -347,8 +485,59 @@ class Timer:
             d.check_open()
         self._state = _OPEN
 
+    def _pick_source(self) -> None:
+        """Take the CUPTI session when the scope asks for it and can have it; else say why not."""
+        global _CUPTI_USERS
+        req = self._source_req
+        if req == "events":
+            return
+        others = [d.name for d in self.devices if d.backend != "cuda"]
+        if others:
+            why = f"CUPTI times CUDA devices only, and this scope covers {', '.join(others)}"
+            if req == "cupti":
+                raise SourceError(f"source='cupti': {why}: use source='events' (or 'auto', which picks it)")
+            self.source_note = why
+            return
+        try:
+            cupti.acquire()
+        except SourceError as exc:
+            if req == "cupti":
+                raise
+            self.source_note = f"events, because {exc}"
+            return
+        with _STATE_LOCK:
+            _CUPTI_USERS += 1
+        self.source, self._cupti_pending = "cupti", True
+
+    def _cupti_collect(self) -> None:
+        """Flush CUPTI (blocks), route its records to their activities and leave the session."""
+        if not self._cupti_pending:
+            return
+        self._cupti_pending = False
+        try:
+            _route(*cupti.flush())
+            self._cupti_offset_ns = cupti.host_offset_ns()
+        except Exception as exc:  # noqa: BLE001 - the events' durations stand, and the timeline says why
+            self.source, self.source_note = "events", f"events, because the CUPTI flush failed ({exc})"
+        finally:
+            cupti.release()
+
     def _start(self) -> None:
-        self._start_marks = {d: d.mark_now() for d in self.devices}
+        try:  # here, not in `_claim`: nothing between taking CUPTI and the scope's exit may leave it taken
+            self._pick_source()
+            self._start_marks = {d: d.mark_now() for d in self.devices}
+        except BaseException:
+            self._state = _DONE
+            if self._cupti_pending:
+                self._cupti_pending = False
+                global _CUPTI_USERS
+                with _STATE_LOCK:
+                    _CUPTI_USERS -= 1
+                cupti.release()
+            raise
+        self._holding = self.source == "events"
+        if self._holding:  # event pairs need held launches; CUPTI times the work itself
+            hooks.want_holds(1)
         outer = _SCOPES.get()
         self._depth = len(outer)
         self._token = _SCOPES.set(outer + (self,))
@@ -373,13 +562,21 @@ class Timer:
             _SCOPES.reset(self._token)
         except ValueError:  # exited in another context than it was entered: remove it by hand
             _SCOPES.set(tuple(s for s in _SCOPES.get() if s is not self))
-        global _THREAD_SCOPES, _OPEN_COUNT
+        global _THREAD_SCOPES, _OPEN_COUNT, _CUPTI_USERS
         with _STATE_LOCK:
             if self._all_threads:
                 _THREAD_SCOPES = tuple(s for s in _THREAD_SCOPES if s is not self)
+            if self._cupti_pending:
+                _CUPTI_USERS -= 1
+                if not _CUPTI_USERS:  # replays no scope adopted (it closed meanwhile): nothing will route there
+                    for ext in [k for k, v in _BY_EXT.items() if isinstance(v, _ReplayRecords) and v.refs <= 0]:
+                        del _BY_EXT[ext]
             _OPEN_COUNT -= 1
             if _OPEN_COUNT == 0:
                 hooks.uninstall(_OBSERVER)
+        if self._holding:
+            self._holding = False
+            hooks.want_holds(-1)
         if self._nvtx_id is not None:
             _nvtx.end(self._nvtx_id)
         if exc is not None:
@@ -438,8 +635,25 @@ class Timer:
                 _release_activity(act)
         for ev in (*self._start_marks.values(), *fences):
             ev.release()
+        from_cupti = np.zeros(n, bool)
+        if self.source == "cupti":
+            extra = self._apply_cupti(acts, placements, start_col, dur_col, from_cupti)
+            if extra:
+                device_col, stream_col, name_col, kind_col, start_col, dur_col, from_cupti = _append_rows(
+                    extra,
+                    dev_codes,
+                    streams,
+                    names,
+                    device_col,
+                    stream_col,
+                    name_col,
+                    kind_col,
+                    start_col,
+                    dur_col,
+                    from_cupti,
+                )
         for d, code in dev_codes.items():
-            placements[d].trim_columns(device_col == code, kind_col, start_col, dur_col)
+            placements[d].trim_columns((device_col == code) & ~from_cupti, kind_col, start_col, dur_col)
         with self._layer_lock:
             live, self._layers = list(self._layers.values()), {}
             marks, self._marks = tuple(self._marks), []
@@ -470,6 +684,8 @@ class Timer:
             marks,
             (),
             finished,
+            self.source,
+            self.source_note,
         )
         ends = self._timeline.end_ns
         spans = {}
@@ -480,6 +696,51 @@ class Timer:
         self._acts = []
         self._host_ranges = []
         self._start_marks = {}
+
+    def _apply_cupti(
+        self, acts: list, placements: dict, start_col: np.ndarray, dur_col: np.ndarray, from_cupti: np.ndarray
+    ) -> list:
+        """CUPTI's device times in place of the events' where CUPTI saw the activity's work: a launch takes its
+        own records' span, a block the span of its own and its launches' records. Returns the rows to add: the
+        work CUPTI saw inside a block that asyncgpu did not launch (a torch or CuPy kernel), with its own name."""
+        spans: dict[int, list] = {}  # id(act) -> [start, end] on the device's globaltimer
+        extra = []
+        for act in acts:
+            for kind, start, end, _dev, _stream, name in act.cupti or ():
+                node: _Activity | None = act
+                while node is not None:
+                    span = spans.get(id(node))
+                    if span is None:
+                        spans[id(node)] = [start, end]
+                    else:
+                        span[0], span[1] = min(span[0], start), max(span[1], end)
+                    node = node.parent
+                if act.kind == "user":  # a block's own records: work launched inside it by others
+                    extra.append((act, kind, name, start, end))
+        missing = 0
+        offset = self._cupti_offset_ns
+        excess: dict[Any, list[float]] = {}  # per device: raw event pair minus CUPTI, for single launches
+        for i, act in enumerate(acts):
+            span = spans.get(id(act))
+            if span is None and act.replay is not None:
+                target, nodes, count = act.replay
+                span = target.span(nodes, count)
+            if span is None:
+                missing += act.kind != "user"
+                continue
+            if act.held and act.kind in _PAIRED_KINDS and act.duration_ms is not None and len(act.cupti or ()) == 1:
+                excess.setdefault(act.device, []).append(act.duration_ms * 1e6 - (span[1] - span[0]))
+            dur_col[i] = span[1] - span[0]
+            start_col[i] = span[0] - offset
+            from_cupti[i] = True
+        for dev, samples in excess.items():
+            dev.learn_pair_excess(samples)
+        if missing:
+            self.source_note = f"CUPTI saw no work for {missing} activities: their event-pair durations are kept"
+        return [
+            (a.device, a.stream, name, kind, float(start - offset), float(end - start))
+            for a, kind, name, start, end in extra
+        ]
 
     def _placement(self, dev: Device) -> Placement:
         """Where this device's events go on the host time base; when its clock cannot be aligned, relative to
@@ -580,6 +841,7 @@ def gpu_timer(
     max_clock_age_s: float = CLOCK_MAX_AGE_S,
     subtract_overhead: bool = True,
     all_threads: bool = False,
+    source: str = "auto",
 ) -> Timer:
     """A timing scope over ``devices`` (a device, a list of devices or specs like ``"cuda:1"``; default: every
     device of the default backend).
@@ -591,10 +853,24 @@ def gpu_timer(
     ``max_clock_age_s`` is refreshed when the scope ends (about 0.35 ms per device on H200; the GPU clocks drift
     by up to ~10 ppm against the host's, corrected once a second of history exists).
 
-    ``subtract_overhead``: a pair of CUDA events adds launch and completion latency to what it brackets (about
-    3.7 µs on H200, measured once per device, see `Device.clock`); it is taken out of kernel and graph
-    activities (half from the start), so their durations match what CUPTI reports. ``False`` keeps the raw
-    event times. Other kinds are never corrected.
+    ``subtract_overhead`` (events source): a pair of CUDA events adds launch and completion latency to what it
+    brackets (about 3.3 µs on H200, measured once per device against a kernel's own ``%globaltimer`` span, see
+    `Device.clock`); it is taken out of kernels, graphs, memsets and memcpys (half from the start). That estimate
+    also holds the kernel's own launch and exit (~0.8 µs on H200), so durations come out that much under CUPTI's,
+    until a CUPTI-source scope has run on the device: each one teaches it the pair's excess over CUPTI
+    (`Device.pair_excess_ns`), which is then subtracted instead. ``False`` keeps the raw event times. Blocks
+    (``kind="user"``) are never corrected.
+
+    ``source``: where durations come from. ``"cupti"``: CUPTI's activity records (NVIDIA's cupti-python, the
+    extra ``asyncgpu[cupti]``): the device's own start and end of each kernel, memset and memcpy, and the kernels
+    that torch, CuPy or others launch inside an activity block, with their own names. Costs a CUPTI flush at the
+    scope's end (in a worker thread for ``async with``; about 0.1 ms per hundred activities) and one CUPTI
+    subscriber per process: `SourceError` when torch.profiler or Nsight Systems holds it, when cupti-python is
+    missing, or on the host backend. ``"events"``: pairs of pooled CUDA events; each launch is held on the device
+    until its bracket is enqueued, so an idle stream does not add the host's submission time (see
+    `asyncgpu._core.hooks.launch_now`). A block (``t.activity``) is not held: on an idle stream its start may
+    include host time; launch its work through asyncgpu or use CUPTI. ``"auto"`` (default): CUPTI when it can be
+    had, else events; `Timeline.source` and `Timeline.source_note` say which, and why.
 
     Scopes belong to the context that opens them (each task, and threads run in a copy of its context). Plain
     threads started inside the scope have a context of their own: ``all_threads=True`` makes the scope also
@@ -612,6 +888,7 @@ def gpu_timer(
         max_clock_age_s,
         subtract_overhead,
         all_threads,
+        source,
     )
 
 
@@ -637,11 +914,17 @@ _functional: list[Timer] = []
 
 
 def timing_begin(
-    devices: Any = None, *, kinds: Iterable[str] | None = None, synchronize: bool = False, label: str = "timing"
+    devices: Any = None,
+    *,
+    kinds: Iterable[str] | None = None,
+    synchronize: bool = False,
+    label: str = "timing",
+    source: str = "auto",
 ) -> Timer:
     """Start recording (as Warp's ``timing_begin``): activities enqueued from here on, in this context and the
-    tasks it starts, are recorded until `timing_end`. Blocking form: call it from plain code or a thread."""
-    t = gpu_timer(devices, label=label, synchronize=synchronize, kinds=kinds)
+    tasks it starts, are recorded until `timing_end`. Blocking form: call it from plain code or a thread.
+    ``source`` as in `gpu_timer`."""
+    t = gpu_timer(devices, label=label, synchronize=synchronize, kinds=kinds, source=source)
     t.__enter__()
     _functional.append(t)
     return t
@@ -670,7 +953,37 @@ def timing_print(records: Iterable[ActivityRecord], indent: str = "") -> None:
     Console().print(records_report(list(records), indent))
 
 
+def _append_rows(extra: list, dev_codes: dict, streams: dict, names: dict, *cols: np.ndarray) -> tuple:
+    """``cols`` (device, stream, name, kind, start, duration, from_cupti) with the rows of ``extra`` added."""
+    device_col, stream_col, name_col, kind_col, start_col, dur_col, from_cupti = cols
+    k = len(extra)
+    dv, st, nm, kd = np.empty(k, np.int16), np.empty(k, np.int32), np.empty(k, np.int32), np.empty(k, np.int8)
+    sc, dc = np.empty(k), np.empty(k)
+    for j, (dev, stream, name, kind, start, dur) in enumerate(extra):
+        dv[j] = dev_codes[dev]
+        st[j] = streams.setdefault(stream, len(streams))
+        nm[j] = names.setdefault(name, len(names))
+        kd[j] = KIND_CODES[kind]
+        sc[j], dc[j] = start, dur
+    return (
+        np.concatenate([device_col, dv]),
+        np.concatenate([stream_col, st]),
+        np.concatenate([name_col, nm]),
+        np.concatenate([kind_col, kd]),
+        np.concatenate([start_col, sc]),
+        np.concatenate([dur_col, dc]),
+        np.concatenate([from_cupti, np.ones(k, bool)]),
+    )
+
+
 def _release_activity(act: _Activity) -> None:
+    if act.ext:
+        _BY_EXT.pop(act.ext, None)
+    if act.replay is not None:  # (kept on the activity: a scope reads it after the release)
+        target = act.replay[0]
+        target.refs -= 1
+        if target.refs <= 0:
+            _BY_EXT.pop(target.ext, None)
     dev, key = act.device, act.stream.handle
     dev.recycle_later(act.start_raw, key)
     if act.end_raw is not None:

@@ -18,6 +18,7 @@ from ._errors import NotRecordedError as NotRecordedError
 from ._errors import PoolExhaustedError as PoolExhaustedError
 from ._errors import ReleasedError as ReleasedError
 from ._errors import ScopeError as ScopeError
+from ._errors import SourceError as SourceError
 from ._errors import TimingDisabledError as TimingDisabledError
 from ._errors import UnknownDeviceError as UnknownDeviceError
 from ._public import publish
@@ -27,6 +28,7 @@ __all__ = [
     "BackendError",
     "BenchmarkError",
     "ClockError",
+    "SourceError",
     "ClosedError",
     "DeviceMismatchError",
     "GatherError",

@@ -1,6 +1,18 @@
-"""Kernel durations from asyncgpu's events against CUPTI's (torch.profiler), kernel by kernel.
+"""Durations from asyncgpu's events against CUPTI's (torch.profiler), activity by activity.
 
     python3 benchmarks/bench_accuracy.py [--out results/accuracy.json]
+
+Part 1, the cases users hit (one stream of the first GPU, each case with the launch hold on and off, see
+`asyncgpu._core.hooks.launch_now`): a memset, an ``inc_loop``, a copy to pinned memory and a 50 µs spin each
+launched on an idle GPU; a kernel launched right after an ``await`` left the stream idle; the first launch of user
+kernels; a busy stream; the demo's sequence. Per case: CUPTI's p50, asyncgpu's error p50 and max, and the share of
+activities of 5 µs or more within max(1 %, 1 µs).
+
+Part 0, first (CUPTI is still free in the process): the cost of timing (untimed, events held and unheld, the CUPTI
+source) per launch on the host, on the GPU and at the scope's exit; and the events source against the CUPTI source
+on the same activities (nested scopes).
+
+Part 2, kernels by length:
 
 Spin kernels of 5 µs … 2 ms (asyncgpu's ``spin_us``, on two streams of each GPU, 20 of each length, each batch
 queued behind a 3 ms spin so the GPU never waits for the host) are timed by a ``gpu_timer`` while torch.profiler
@@ -14,13 +26,16 @@ timestamps are converted by torch to its own (host) clock, so the offset between
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import tempfile
+import time
 
 import numpy as np
 
 import asyncgpu
+from asyncgpu._core import hooks
 
 LENGTHS_US = (5, 20, 50, 200, 1000, 2000)
 REPEAT = 20
@@ -50,6 +65,290 @@ def _ours(t: asyncgpu.Timer) -> dict:
 EXPECTED_US = np.concatenate([[LEAD_US] + [L] * REPEAT for L in LENGTHS_US])
 
 
+REPS = 20
+DEMO_N = 10_000_000
+_CUPTI_KIND = {"kernel": "kernel", "gpu_memset": "memset", "gpu_memcpy": "memcpy"}
+
+
+def _idle(d: asyncgpu.Device) -> None:
+    d.synchronize()
+    time.sleep(0.002)
+
+
+def _user_kernels(d: asyncgpu.Device, tag: str, n: int) -> list:
+    """``n`` distinct 50 µs spin kernels, compiled now and never launched yet (their modules load lazily)."""
+    from cuda.core import Program, ProgramOptions
+
+    src = "".join(
+        f"""extern "C" __global__ void user_{tag}{i}(unsigned long long ns) {{
+            unsigned long long t0, t;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+            do {{ asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); }} while (t - t0 < ns);
+        }}
+"""
+        for i in range(n)
+    )
+    code = Program(src, "c++", ProgramOptions(arch=f"sm_{d.bd.arch}")).compile("cubin")
+    return [(f"user_{tag}{i}", code.get_kernel(f"user_{tag}{i}")) for i in range(n)]
+
+
+def _cases(
+    d: asyncgpu.Device, a: asyncgpu.DeviceArray, out: np.ndarray, kernels: list
+) -> list[tuple[str, asyncgpu.ActivityRecord]]:
+    """Run every case once; returns ``(case, record)`` in launch order (all on ``d.stream``). Nothing else is
+    launched: CUPTI's activities then pair one to one with the records."""
+    from cuda.core import LaunchConfig
+
+    s = d.stream
+    got: list[tuple[str, asyncgpu.ActivityRecord]] = []
+
+    def idle_each(case: str, launch) -> None:
+        for _ in range(REPS):
+            _idle(d)
+            with asyncgpu.gpu_timer(d) as t:
+                launch()
+            got.extend((case, r) for r in t.records)
+
+    idle_each("idle memset 40 MB", lambda: s.memset(a, 0))
+    idle_each("idle inc_loop x50", lambda: s.inc_loop(a, 50))
+    idle_each("idle copy 40 MB", lambda: s.copy_to_host(a, out))
+    idle_each("idle spin 50 µs", lambda: s.spin_us(50))
+
+    async def after_await() -> asyncgpu.Timer:
+        async with asyncgpu.gpu_timer(d) as t:
+            for _ in range(REPS):
+                s.spin_us(20)
+                await s.record(timing=False).wait()  # the stream is idle when the next launch arrives
+                s.spin_us(50)
+        return t
+
+    _idle(d)
+    got.extend(("after an await", r) for r in asyncio.run(after_await()).records)
+    cfg = LaunchConfig(grid=1, block=1)
+    for name, k in kernels:
+        _idle(d)
+        with asyncgpu.gpu_timer(d) as t:
+            s.launch(k, cfg, np.uint64(50_000), name=name)
+        got.extend(("first launch (user)", r) for r in t.records)
+    _idle(d)
+    with asyncgpu.gpu_timer(d) as t:
+        s.spin_us(3000)
+        for _ in range(REPS):
+            s.memset(a, 0)
+            s.inc_loop(a, 50)
+            s.spin_us(50)
+    got.append(("idle spin 3 ms", t.records[0]))
+    got.extend(("busy stream", r) for r in t.records[1:])
+    for _ in range(5):
+        _idle(d)
+        with asyncgpu.gpu_timer(d) as t:
+            s.memset(a, 0)
+            for it in (500, 1000, 1500):
+                s.inc_loop(a, it)
+            s.copy_to_host(a, out)
+        got.extend(("the demo", r) for r in t.records)
+    return got
+
+
+def _cupti_activities(path: str) -> list[tuple[str, str, float]]:
+    """``(kind, name, duration ns)`` of every kernel, memset and memcpy CUPTI saw on the cases' stream (the one
+    with the most), in start order (the clock calibration's own kernels left out)."""
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    rows = []
+    for e in events:
+        kind = _CUPTI_KIND.get(e.get("cat", ""))
+        if kind is None or "clock" in e.get("name", ""):
+            continue
+        rows.append((float(e["ts"]), kind, e["name"], float(e["dur"]) * 1e3, e.get("args", {}).get("stream")))
+    rows.sort()
+    streams = [r[4] for r in rows]
+    ours = max(set(streams), key=streams.count)  # the cases' stream: every other one is someone else's work
+    return [(k, n, dur) for _, k, n, dur, st in rows if st == ours]
+
+
+_COST_MODES = ("untimed", "events, hold always", "events, hold if idle", "events, never held", "cupti")
+_HOLDS = {"always": "always", "if idle": "idle", "never": "never"}
+BURST = 200
+
+
+def _costs(d: asyncgpu.Device) -> dict:
+    """Per timing mode: host µs per timed launch, the GPU µs of a burst of 200 2 µs kernels (enqueued behind a
+    20 ms spin, so the GPU never waits for the host; 200 timed launches stay below the driver's queue depth, where
+    a launch would block), and the scope's exit (ms). Run before any torch.profiler: once it has run, CUPTI stays
+    subscribed and every driver call costs more."""
+    s = d.stream
+    out: dict = {}
+    for mode in _COST_MODES:
+        hooks.HOLD = "always" if mode == "events, hold always" else "never" if mode == "events, never held" else "idle"
+        host_us, gpu_us, exit_ms = [], [], []
+        for _ in range(5):
+            _idle(d)
+            t = None
+            if mode != "untimed":
+                t = asyncgpu.gpu_timer(d, source="cupti" if mode == "cupti" else "events")
+                t.__enter__()
+            s.spin_us(20_000)
+            e0 = s.record()
+            h0 = time.perf_counter_ns()
+            for _ in range(BURST):
+                s.spin_us(2)
+            h1 = time.perf_counter_ns()
+            e1 = s.record()
+            if t is not None:
+                t.__exit__(None, None, None)
+                exit_ms.append(t.wait_ms)
+            e1.wait_sync()
+            host_us.append((h1 - h0) / 1e3 / BURST)
+            gpu_us.append((e1 - e0) * 1e3)
+            e0.release()
+            e1.release()
+        out[mode] = {
+            "host_us_per_launch": float(np.median(host_us)),
+            "burst_gpu_us": float(np.median(gpu_us)),
+            "scope_exit_ms": float(np.median(exit_ms)) if exit_ms else 0.0,
+        }
+    hooks.HOLD = "idle"
+    return out
+
+
+def _cupti_vs_events(d: asyncgpu.Device) -> list[dict]:
+    """The CUPTI source and the events source on the same activities (an outer ``source="cupti"`` scope, an
+    inner ``source="events"`` one): the events' error against CUPTI, per case."""
+    s = d.stream
+    a = d.alloc(DEMO_N)
+    out_h = d.alloc_pinned(DEMO_N)
+    cases = {
+        "idle memset 40 MB": lambda: s.memset(a, 0),
+        "idle inc_loop x50": lambda: s.inc_loop(a, 50),
+        "idle copy 40 MB": lambda: s.copy_to_host(a, out_h),
+        "idle spin 50 µs": lambda: s.spin_us(50),
+    }
+    rows = []
+    for case, launch in cases.items():
+        launch()
+        errs = []
+        for _ in range(REPS):
+            _idle(d)
+            with asyncgpu.gpu_timer(d, source="cupti") as outer:
+                with asyncgpu.gpu_timer(d, source="events") as inner:
+                    launch()
+            if outer.timeline.source != "cupti":
+                raise SystemExit(f"no CUPTI source here: {outer.timeline.source_note}")
+            c, e = outer.records[0].duration_ms * 1e3, inner.records[0].duration_ms * 1e3
+            errs.append((c, e - c))
+        c = np.array([x[0] for x in errs])
+        err = np.array([x[1] for x in errs])
+        rows.append(
+            {
+                "case": case,
+                "n": len(c),
+                "cupti_us_p50": float(np.median(c)),
+                "events_err_us_p50": float(np.median(err)),
+                "events_err_us_max_abs": float(np.abs(err).max()),
+            }
+        )
+    a.free()
+    return rows
+
+
+def _part0() -> dict:
+    d = asyncgpu.device("cuda:0")
+    d.stream.spin_us(10)
+    d.synchronize()
+    d.clock()
+    costs = _costs(d)
+    print(f"== the timing's cost (no profiler in this process yet): host µs per timed launch; GPU µs of {BURST} 2 µs")
+    print("   kernels enqueued behind a 20 ms spin; the scope's exit (CUPTI: its flush)")
+    for mode, v in costs.items():
+        print(
+            f"{mode:>15}: {v['host_us_per_launch']:6.2f} µs per launch, burst {v['burst_gpu_us']:7.0f} µs on the GPU, "
+            f"exit {v['scope_exit_ms']:6.2f} ms"
+        )
+    rows = _cupti_vs_events(d)
+    print("== the events source against the CUPTI source, same activities (nested scopes), GPU idle before each")
+    print(f"{'case':<22} {'n':>4} {'CUPTI p50 µs':>12} {'events err p50 µs':>17} {'|err| max µs':>12}")
+    for r in rows:
+        print(
+            f"{r['case']:<22} {r['n']:4d} {r['cupti_us_p50']:12.2f} {r['events_err_us_p50']:17.2f} "
+            f"{r['events_err_us_max_abs']:12.2f}"
+        )
+    return {"costs": costs, "cupti_vs_events": rows}
+
+
+def _part1(args: argparse.Namespace) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    d = asyncgpu.device("cuda:0")
+    s = d.stream
+    a = d.alloc(DEMO_N)
+    out = d.alloc_pinned(DEMO_N)
+    s.inc_loop(a, 1)  # warm: modules loaded, memory touched
+    s.memset(a, 0)
+    s.copy_to_host(a, out)
+    s.spin_us(1)
+    d.synchronize()
+    d.clock()
+    kernels = {mode: _user_kernels(d, mode[0], 5) for mode in _HOLDS}
+    got: list[tuple[str, str, asyncgpu.ActivityRecord]] = []
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for mode, hold in _HOLDS.items():
+            hooks.HOLD = hold
+            got.extend((mode, case, r) for case, r in _cases(d, a, out, kernels[mode]))
+        hooks.HOLD = "idle"
+    path = os.path.join(tempfile.mkdtemp(), "trace.json")
+    prof.export_chrome_trace(path)
+    cupti = _cupti_activities(path)
+    # Pair by kind and kernel name, in order within each: CUPTI's n-th `asyncgpu_spin` is asyncgpu's n-th spin.
+    theirs: dict[tuple[str, str], list[float]] = {}
+    for kind, name, c_ns in cupti:
+        theirs.setdefault((kind, name if kind == "kernel" else kind), []).append(c_ns)
+    ours: dict[tuple[str, str], list[tuple[str, str, asyncgpu.ActivityRecord]]] = {}
+    for mode, case, r in got:
+        key = (
+            r.kind,
+            (r.name if r.name.startswith("user_") else "asyncgpu_" + r.name) if r.kind == "kernel" else r.kind,
+        )
+        ours.setdefault(key, []).append((mode, case, r))
+    for key in sorted(set(theirs) | set(ours)):
+        if len(theirs.get(key, ())) != len(ours.get(key, ())):
+            raise SystemExit(f"{key}: CUPTI saw {len(theirs.get(key, ()))}, asyncgpu recorded {len(ours.get(key, ()))}")
+    table: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for key, rows_ in ours.items():
+        for (mode, case, r), c_ns in zip(rows_, theirs[key]):
+            table.setdefault((case + " " + r.kind, mode), []).append((c_ns, r.duration_ms * 1e6))
+    print(f"== the cases users hit: asyncgpu events vs CUPTI (torch.profiler), one stream of {d.description}")
+    print(
+        f"{'case':<30} {'hold':>8} {'n':>4} {'CUPTI p50 µs':>12} {'err p50 µs':>10} {'|err| max µs':>12} "
+        f"{'within tol':>10}"
+    )
+    rows = []
+    for (case, mode), pairs in sorted(table.items()):
+        c = np.array([p[0] for p in pairs])
+        o = np.array([p[1] for p in pairs])
+        err = o - c
+        m = c >= 5000
+        tol = np.maximum(0.01 * c, 1000.0)
+        ok = float((np.abs(err[m]) <= tol[m]).mean()) if m.any() else float("nan")
+        print(
+            f"{case:<30} {mode:>8} {len(c):4d} {np.median(c) / 1e3:12.2f} {np.median(err) / 1e3:10.2f} "
+            f"{np.abs(err).max() / 1e3:12.2f} {ok * 100:9.1f}%"
+        )
+        rows.append(
+            {
+                "case": case,
+                "hold": mode,
+                "n": len(c),
+                "cupti_us_p50": float(np.median(c) / 1e3),
+                "err_us_p50": float(np.median(err) / 1e3),
+                "err_us_max_abs": float(np.abs(err).max() / 1e3),
+                "within_tolerance_ge_5us": ok,
+            }
+        )
+    a.free()
+    return {"cases": rows, "device": d.description}
+
+
 def main() -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -57,6 +356,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out")
     args = parser.parse_args()
+    part0 = _part0()
+    part1 = _part1(args)
     devs = asyncgpu.devices("cuda")
     for d in devs:  # warm-up: module load, clocks
         for s in d.streams[:2]:
@@ -101,7 +402,7 @@ def main() -> None:
         f"{'kernel µs':>9} {'n':>4} {'CUPTI µs':>10} {'asyncgpu µs':>12} {'diff p50 ns':>12} {'|diff| max ns':>14} "
         f"{'within tol':>10} {'no-CUPTI µs':>12}"
     )
-    out = {"kernels": len(c), "devices": [d.description for d in devs], "rows": []}
+    out = {"kernels": len(c), "devices": [d.description for d in devs], "rows": [], "part0": part0, "part1": part1}
     for us in LENGTHS_US:
         m = length == us
         tol = np.maximum(0.01 * c[m], 1000.0)

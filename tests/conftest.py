@@ -41,9 +41,18 @@ BACKENDS = ["host", pytest.param("cuda", marks=pytest.mark.gpu)]
 def _close_workers():
     """Every test starts with no open worker and must leave no thread of ours behind."""
     yield
+    from asyncgpu import _timer
+    from asyncgpu._backends import cupti
+    from asyncgpu._core import hooks
+
+    functional = list(_timer._functional)  # timing_begin without timing_end: end them (the test failed there)
+    for t in functional:
+        _timer.timing_end(t)
+    leaks = {"CUPTI users": cupti._users, "held-launch users": hooks.HOLD_USERS, "timing_begin": len(functional)}
     _select.close_all()
     leftovers = [t.name for t in threading.enumerate() if t.name.startswith("asyncgpu-") and t.is_alive()]
     assert not leftovers, f"threads left running: {leftovers}"
+    assert not any(leaks.values()), f"scopes left open: {leaks}"
 
 
 @pytest.fixture(params=BACKENDS)

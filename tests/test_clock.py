@@ -119,7 +119,7 @@ def test_kernel_durations_net_of_the_event_pair_overhead():
     for subtract in (True, False):
         s.spin_us(1)
         dev.synchronize()
-        with gpu_timer(dev, subtract_overhead=subtract) as t:
+        with gpu_timer(dev, subtract_overhead=subtract, source="events") as t:
             s.spin_us(2_000)  # the host queues the rest while this runs
             for _ in range(10):
                 s.spin_us(100)

@@ -140,7 +140,8 @@ imbalance 1.071 = max busy 7.500 ms / mean busy 7.000 ms; straggler cuda:1
 makespan (busy): 7.500 ms now, 6.964 ms predicted with the suggested shares (one unit of work per
 device assumed)
 
-scope 'step': host 1.250 ms issuing + 7.750 ms waiting for the devices, CPU 3.500 ms
+scope 'step': host 1.250 ms issuing + 7.750 ms waiting for the devices, CPU 3.500 ms; durations from
+held CUDA event pairs
 """
 
 STEP_BALANCE_WITH_UNITS = """\
@@ -198,8 +199,8 @@ note: 1 unfinished activity is not counted
 note: the scope raised RuntimeError: boom (the figures cover the work enqueued before it)
 
 scope 'bad': host 1.250 ms issuing + 7.750 ms waiting for the devices, CPU 3.500 ms; 1 activity
-unfinished when the scope ended; the scope raised RuntimeError: boom; not aligned to the host clock:
-host:1 (no calibration)
+unfinished when the scope ended; the scope raised RuntimeError: boom; durations from host events;
+not aligned to the host clock: host:1 (no calibration)
 """
 
 TIME_ORDER_LIMITED = """\
@@ -247,7 +248,8 @@ balance: busy time per device
 imbalance —: no device has busy time
 note: no device has both busy time and work units: no split to suggest
 
-scope 'idle': host 0.500 ms issuing + 0.000 ms waiting for the devices, CPU 0.250 ms
+scope 'idle': host 0.500 ms issuing + 0.000 ms waiting for the devices, CPU 0.250 ms; durations from
+held CUDA event pairs
 """
 
 

@@ -69,6 +69,20 @@ class BackendDevice(ABC):
     def wait_event(self, raw_stream: Any, raw_event: Any) -> None:
         """Make ``raw_stream`` wait (on the device, no host wait) for ``raw_event``."""
 
+    def hold(self, raw_stream: Any) -> Any:
+        """Enqueue a device-side wait on ``raw_stream`` that only `release` ends: what follows starts on the
+        device once the host has enqueued all of it (a timing bracket then never counts the host's submission
+        time on an idle stream). Returns a token for `release`, or None where there is no such wait (the host
+        backend; a device without stream memory operations). Any thread; never blocks."""
+        return None
+
+    def stream_idle(self, raw_stream: Any) -> bool:
+        """Whether everything enqueued on ``raw_stream`` has run (a snapshot). Any thread; never blocks."""
+        return True
+
+    def release(self, token: Any) -> None:  # noqa: B027 - optional: paired with `hold`
+        """End the wait `hold` enqueued (also any earlier one of that stream). Never raises, never blocks."""
+
     @abstractmethod
     def sync_stream(self, raw_stream: Any) -> None: ...
 

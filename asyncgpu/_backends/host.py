@@ -47,6 +47,7 @@ class _HostStream:
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, name=f"asyncgpu-{device.name}-stream{number}", daemon=True)
         self.closed = False
+        self.busy = False  # running an item now (`HostDevice.stream_idle`)
         self.capture: list | None = None  # while captured: what is submitted, kept for the graph (see graphs)
         self.thread.start()
 
@@ -68,10 +69,13 @@ class _HostStream:
             fn, args = item
             if device.error is not None and fn is not _complete:
                 continue  # a poisoned device runs no more work; events still complete so nothing hangs
+            self.busy = True
             try:
                 fn(*args)
             except BaseException as exc:  # noqa: BLE001 - recorded and re-raised to every waiter
                 device.error = exc
+            finally:
+                self.busy = False
             hook = device.on_progress
             if hook is not None and fn is _complete:
                 hook()
@@ -169,6 +173,19 @@ class HostDevice(BackendDevice):
 
     def wait_event(self, raw_stream: _HostStream, raw_event: _HostEvent) -> None:
         raw_stream.submit(_wait_other, raw_event)
+
+    def hold(self, raw_stream: _HostStream) -> threading.Event | None:
+        if raw_stream.capture is not None:  # a capture replays its items later: nothing to hold now
+            return None
+        gate = threading.Event()
+        raw_stream.submit(gate.wait)
+        return gate
+
+    def release(self, token: threading.Event) -> None:
+        token.set()
+
+    def stream_idle(self, raw_stream: _HostStream) -> bool:
+        return raw_stream.queue.empty() and not raw_stream.busy
 
     def sync_stream(self, raw_stream: _HostStream) -> None:
         if raw_stream.capture is not None:

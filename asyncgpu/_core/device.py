@@ -61,6 +61,7 @@ class Device:
     _clock_ref: ClockCalibration | None
     _clock_retired: Any
     clock_events: list[Any]
+    pair_excess_samples: deque[float]
 
     def __init__(self) -> None:
         raise TypeError("open devices with asyncgpu.device(...) or asyncgpu.devices()")
@@ -98,6 +99,7 @@ class Device:
         self._clock_ref = None  # the oldest with a %globaltimer point: drift baseline
         self._clock_retired = None  # the previous anchor event, reused one refresh later
         self.clock_events = []  # raw timing events of the calibrations (not from the pools)
+        self.pair_excess_samples = deque(maxlen=255)  # raw event pair minus CUPTI, ns, for the latest launches
         return self
 
     # -- clock --------------------------------------------------------------------------------------------
@@ -121,6 +123,17 @@ class Device:
                     self._clock_retired = self._clock.anchor
                 self._clock = cal
             return cal
+
+    def learn_pair_excess(self, samples_ns: Any) -> None:
+        """Take samples of what a held event pair added to work that CUPTI also timed (raw pair minus CUPTI's
+        span, ns): the CUPTI source hands them over, and the events source then subtracts their median
+        (`pair_excess_ns`) instead of the in-kernel estimate. Any thread."""
+        self.pair_excess_samples.extend(float(x) for x in samples_ns)
+
+    def pair_excess_ns(self) -> float | None:
+        """The median of the learned samples (`learn_pair_excess`), ns; None before there are 5."""
+        samples = list(self.pair_excess_samples)
+        return float(np.median(samples)) if len(samples) >= 5 else None
 
     def last_clock(self) -> ClockCalibration | None:
         """The latest clock calibration, however old, without measuring (None before the first). Never blocks."""

@@ -215,45 +215,68 @@ class Graph:
                 self.bd.launch_graph(self._res.raw, s.raw)
                 s.tag = name
                 return
-            pairs = self._launch_timed(s, name, wanted)
+            pairs, tokens = self._launch_timed(s, name, wanted)
         s.tag = name
-        for act_name, kind, start_raw, end_raw in pairs:
-            if not hooks.adopt(s, act_name, kind, start_raw, end_raw):  # no scope left that wants it
+        nodes, count = self._work_nodes()
+        for act_name, kind, start_raw, end_raw, index in pairs:
+            covered = nodes[index] if index >= 0 else hooks.WHOLE_GRAPH
+            replay = hooks.Replay(tokens, covered, count) if covered is not None else None
+            if not hooks.adopt(s, act_name, kind, start_raw, end_raw, replay):  # no scope left that wants it
                 dev.recycle_later(start_raw, s.handle)
                 dev.recycle_later(end_raw, s.handle)
 
-    def _launch_timed(self, s: Stream, name: str, wanted: frozenset) -> list:
+    def _launch_timed(self, s: Stream, name: str, wanted: frozenset) -> tuple[list, list]:
         """Point the wanted parts' nodes at pooled events and launch between two more. Holds ``_lock``.
-        Returns ``[(name, kind, start_raw, end_raw)]``, the whole graph first."""
+        Returns ``[(name, kind, start_raw, end_raw, part index or -1)]``, the whole graph first, and the
+        observers' correlation tokens of the launch."""
         dev, bd, pool = self.device, self.bd, self.device.timing_pool
         events = list(self._res.events)
         taken: list = []
         pairs: list = []
+        tokens: list = []
+        held = bd.hold(s.raw) if hooks.should_hold(bd, s.raw) else None  # (see `hooks.launch_now`)
         try:
-            for part_name, kind, i, j in self._parts:
+            for index, (part_name, kind, i, j) in enumerate(self._parts):
                 if kind in wanted:
                     events[i] = pool.take()
                     taken.append(events[i])
                     events[j] = pool.take()
                     taken.append(events[j])
-                    pairs.append((part_name, kind, events[i], events[j]))
+                    pairs.append((part_name, kind, events[i], events[j], index))
             self._point(events)
             whole = "graph" in wanted
             if whole:
                 start = pool.take()
                 taken.append(start)
                 bd.record(start, s.raw)
-            bd.launch_graph(self._res.raw, s.raw)
+            tokens = hooks.correlate(s)  # CUPTI: the replay's nodes carry the scopes' external id
+            try:
+                bd.launch_graph(self._res.raw, s.raw)
+            finally:
+                hooks.uncorrelate(tokens)
             if whole:
                 end = pool.take()
                 taken.append(end)
                 bd.record(end, s.raw)
-                pairs.insert(0, (name, "graph", start, end))
+                pairs.insert(0, (name, "graph", start, end, -1))
         except BaseException:
             for raw in taken:  # back to the pool once the device has passed them (at once if never enqueued)
                 dev.recycle_later(raw, s.handle)
             raise
-        return pairs
+        finally:
+            if held is not None:
+                bd.release(held)
+        return pairs, tokens
+
+    def _work_nodes(self) -> tuple[list[tuple[int, int] | None], int]:
+        """Per part, the work nodes it covers as ``(first, last)`` among the captured kernels, memsets and copies
+        (counted in capture order), None for a block with none; and how many work nodes there are."""
+        work = [(i, j) for _, kind, i, j in self._parts if kind != "user"]
+        out: list[tuple[int, int] | None] = []
+        for _, _kind, i, j in self._parts:
+            inside = [k for k, (a, b) in enumerate(work) if i <= a and b <= j]
+            out.append((inside[0], inside[-1]) if inside else None)
+        return out, len(work)
 
     def _point(self, events: list) -> None:
         """Make each event node record ``events[k]`` from the next launch on (only where that changes)."""

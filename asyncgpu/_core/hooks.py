@@ -5,6 +5,12 @@ wants to see launches (timing scopes, `asyncgpu._timer`; the kernel history, `as
 observer with `install` while it is active and removes it with `uninstall`, as Triton's launch hooks let Proton
 plug in. With no observer installed a launch costs one truth test of `OBSERVERS`.
 
+While a feature times launches with event pairs (`want_holds`), each launch is held (`BackendDevice.hold`): the
+stream waits on the device until the observers' start records, the work and their end records are all enqueued,
+so that the bracket measures the work, not the host's submission of it (unheld on an idle H200: +35 to +70 µs
+p50). The hold costs about 2 µs of host time per launch, and about 2.3 µs of GPU time per launch on a busy
+stream (benchmarks/RESULTS.md, run 19); `HOLD` = ``"idle"`` avoids the latter and risks the former error.
+
 An observer implements `LaunchObserver`. Besides launches it answers three questions other core parts and
 features ask through this module:
 
@@ -28,14 +34,22 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CaptureHook",
+    "HOLD",
+    "HOLD_USERS",
     "LaunchObserver",
     "OBSERVERS",
+    "Replay",
+    "WHOLE_GRAPH",
     "adopt",
     "attach",
+    "correlate",
     "install",
     "launch",
     "launch_now",
+    "should_hold",
+    "uncorrelate",
     "uninstall",
+    "want_holds",
     "wanted_kinds",
 ]
 
@@ -53,14 +67,44 @@ class LaunchObserver(Protocol):
     def wanted_kinds(self, device: Device, kinds: frozenset[str]) -> frozenset[str]:
         """Which of ``kinds`` the observer wants timed on ``device`` now (a graph replay's parts)."""
 
-    def adopt(self, stream: Stream, name: str, kind: str, start_raw: Any, end_raw: Any) -> bool:
+    def adopt(
+        self, stream: Stream, name: str, kind: str, start_raw: Any, end_raw: Any, replay: Replay | None = None
+    ) -> bool:
         """Take a pair of pooled timing events already enqueued on ``stream`` around an activity; False: not
-        wanted (the caller keeps the events)."""
+        wanted (the caller keeps the events). ``replay``: the graph replay the activity belongs to (see
+        `correlate`)."""
+
+    def correlate(self, stream: Stream) -> Any:
+        """Before a launch the observer cannot wrap (a graph replay): tag what this thread enqueues next (CUPTI's
+        external correlation); returns a token for `uncorrelate` (None: nothing done)."""
+
+    def uncorrelate(self, token: Any) -> None:
+        """After that launch."""
 
     def attach(self, device: Device, key: Any, make_layer: Callable[[], Any], fence: Stream | None) -> list[Any]:
         """Give each open scope covering ``device`` the layer stored under ``key`` (made by ``make_layer`` the
         first time; ``key=None``: always a new one); ``fence``: a stream the scope also waits for at its end.
         Returns the layers."""
+
+
+WHOLE_GRAPH = (-1, -1)  #: `Replay.nodes` of the whole graph's activity
+
+
+class Replay:
+    """One replay of a graph, as `adopt` hands it to observers: ``tokens`` are the observers' `correlate` tokens
+    (``[(observer, token)]``); ``nodes`` = ``(first, last)``: the work nodes (kernels, memsets, copies, counted in
+    capture order among the graph's ``count``) that the part covers, or `WHOLE_GRAPH`."""
+
+    __slots__ = ("tokens", "nodes", "count")
+
+    def __init__(self, tokens: list[tuple[Any, Any]], nodes: tuple[int, int], count: int) -> None:
+        self.tokens, self.nodes, self.count = tokens, nodes, count
+
+    def token_of(self, observer: Any) -> Any:
+        for o, token in self.tokens:
+            if o is observer:
+                return token
+        return None
 
 
 class CaptureHook(Protocol):
@@ -75,6 +119,12 @@ class CaptureHook(Protocol):
 
 #: The installed observers, read by the launch path without a lock (replaced, never mutated).
 OBSERVERS: tuple[LaunchObserver, ...] = ()
+#: When launches are held while some feature wants holds (`want_holds`; see `launch_now`): ``"always"`` (the
+#: default), ``"idle"`` (only onto a stream with nothing queued: no cost on busy streams, but a launch that
+#: follows short work may find the stream drained by the time it is enqueued), or ``"never"``.
+HOLD = "always"
+#: How many users want launches held now (event-timing scopes, the kernel history); CUPTI needs no hold.
+HOLD_USERS = 0
 _lock = threading.Lock()
 
 
@@ -91,6 +141,21 @@ def uninstall(observer: LaunchObserver) -> None:
     global OBSERVERS
     with _lock:
         OBSERVERS = tuple(o for o in OBSERVERS if o is not observer)
+
+
+def want_holds(delta: int) -> None:
+    """A feature that times launches with event pairs says it starts (+1) or stops (-1) needing holds."""
+    global HOLD_USERS
+    with _lock:
+        HOLD_USERS += delta
+
+
+def should_hold(bd: Any, raw_stream: Any) -> bool:
+    """Whether a launch onto ``raw_stream`` is to be held now (`HOLD`, `HOLD_USERS`)."""
+    if not HOLD_USERS:
+        return False
+    mode = HOLD
+    return mode == "always" or (mode == "idle" and bd.stream_idle(raw_stream))
 
 
 def launch(stream: Stream, name: str, kind: str, fn: Callable[..., Any], *args: Any) -> None:
@@ -111,6 +176,11 @@ def launch_now(stream: Stream, name: str, kind: str, fn: Callable[..., Any], arg
         fn(*args)
         stream.tag = name
         return
+    # Hold the stream until the observers' brackets and the work are all enqueued: on an idle stream the start
+    # event would otherwise complete at once and the bracket count the host's submission time (see `hold`).
+    bd = stream.bd
+    held = bd.hold(stream.raw) if HOLD_USERS and should_hold(bd, stream.raw) else None
+    stream.held = held is not None
     begun: list[tuple[LaunchObserver, Any]] = []
     try:
         for o in observers:
@@ -122,8 +192,13 @@ def launch_now(stream: Stream, name: str, kind: str, fn: Callable[..., Any], arg
         for o, token in reversed(begun):
             o.launch_end(token, False)
         raise
-    for o, token in reversed(begun):
-        o.launch_end(token, True)
+    else:
+        for o, token in reversed(begun):
+            o.launch_end(token, True)
+    finally:
+        if held is not None:
+            stream.held = False
+            bd.release(held)
     stream.tag = name
 
 
@@ -135,13 +210,29 @@ def wanted_kinds(device: Device, kinds: frozenset[str]) -> frozenset[str]:
     return out
 
 
-def adopt(stream: Stream, name: str, kind: str, start_raw: Any, end_raw: Any) -> bool:
+def adopt(stream: Stream, name: str, kind: str, start_raw: Any, end_raw: Any, replay: Replay | None = None) -> bool:
     """Hand a pair of pooled timing events around an activity on ``stream`` to the observers. True when one
     took it (it then releases them); False: the caller keeps the events."""
     for o in OBSERVERS:
-        if o.adopt(stream, name, kind, start_raw, end_raw):
+        if o.adopt(stream, name, kind, start_raw, end_raw, replay):
             return True
     return False
+
+
+def correlate(stream: Stream) -> list[tuple[Any, Any]]:
+    """Each observer's `LaunchObserver.correlate` token, before a launch made outside `launch` (a graph replay)."""
+    out = []
+    for o in OBSERVERS:
+        token = o.correlate(stream)
+        if token is not None:
+            out.append((o, token))
+    return out
+
+
+def uncorrelate(tokens: list[tuple[Any, Any]]) -> None:
+    """After that launch: each observer's `LaunchObserver.uncorrelate`, in reverse."""
+    for o, token in reversed(tokens):
+        o.uncorrelate(token)
 
 
 def attach(device: Device, make_layer: Callable[[], Any], *, key: Any = None, fence: Stream | None = None) -> list[Any]:

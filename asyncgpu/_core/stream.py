@@ -36,7 +36,7 @@ __all__ = ["Stream"]
 class Stream:
     """One stream of a device. Get them from `Device.streams`, `Device.create_stream` or `Device.adopt_stream`."""
 
-    __slots__ = ("device", "label", "handle", "owned", "bd", "raw", "seqs", "tag", "capture_hook")
+    __slots__ = ("device", "label", "handle", "owned", "bd", "raw", "seqs", "tag", "capture_hook", "held")
     device: Device
     label: str
     handle: int
@@ -46,6 +46,7 @@ class Stream:
     seqs: itertools.count[int]
     tag: Any
     capture_hook: CaptureHook | None
+    held: bool
 
     def __init__(self) -> None:
         raise TypeError("streams come from device.streams, device.create_stream() or device.adopt_stream()")
@@ -62,6 +63,7 @@ class Stream:
         self.handle = self.bd.stream_handle(raw)  #: the ``cudaStream_t`` address on CUDA
         self.seqs = itertools.count()
         self.tag = None
+        self.held = False  # a launch onto it is being held now (`asyncgpu._core.hooks.launch_now`)
         return self
 
     def __cuda_stream__(self) -> tuple[int, int]:
