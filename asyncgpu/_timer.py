@@ -335,7 +335,7 @@ class Timer:
         max_clock_age_s: float = CLOCK_MAX_AGE_S,
         subtract_overhead: bool = True,
         all_threads: bool = False,
-        source: str = "auto",
+        source: str = "events",
     ) -> None:
         if source not in SOURCES:
             raise ValueError(f"source must be one of {', '.join(map(repr, SOURCES))}, not {source!r}")
@@ -841,7 +841,7 @@ def gpu_timer(
     max_clock_age_s: float = CLOCK_MAX_AGE_S,
     subtract_overhead: bool = True,
     all_threads: bool = False,
-    source: str = "auto",
+    source: str = "events",
 ) -> Timer:
     """A timing scope over ``devices`` (a device, a list of devices or specs like ``"cuda:1"``; default: every
     device of the default backend).
@@ -866,11 +866,12 @@ def gpu_timer(
     that torch, CuPy or others launch inside an activity block, with their own names. Costs a CUPTI flush at the
     scope's end (in a worker thread for ``async with``; about 0.1 ms per hundred activities) and one CUPTI
     subscriber per process: `SourceError` when torch.profiler or Nsight Systems holds it, when cupti-python is
-    missing, or on the host backend. ``"events"``: pairs of pooled CUDA events; each launch is held on the device
-    until its bracket is enqueued, so an idle stream does not add the host's submission time (see
-    `asyncgpu._core.hooks.launch_now`). A block (``t.activity``) is not held: on an idle stream its start may
-    include host time; launch its work through asyncgpu or use CUPTI. ``"auto"`` (default): CUPTI when it can be
-    had, else events; `Timeline.source` and `Timeline.source_note` say which, and why.
+    missing, or on the host backend. ``"events"`` (the default: cheaper, and it leaves CUPTI to the user's
+    profilers): pairs of pooled CUDA events; each launch is held on the device until its bracket is enqueued, so
+    an idle stream does not add the host's submission time (see `asyncgpu._core.hooks.launch_now`). A block
+    (``t.activity``) is not held: on an idle stream its start may include host time; launch its work through
+    asyncgpu or use CUPTI. ``"auto"``: CUPTI when it can be had, else events; `Timeline.source` and
+    `Timeline.source_note` say which, and why.
 
     Scopes belong to the context that opens them (each task, and threads run in a copy of its context). Plain
     threads started inside the scope have a context of their own: ``all_threads=True`` makes the scope also
@@ -919,7 +920,7 @@ def timing_begin(
     kinds: Iterable[str] | None = None,
     synchronize: bool = False,
     label: str = "timing",
-    source: str = "auto",
+    source: str = "events",
 ) -> Timer:
     """Start recording (as Warp's ``timing_begin``): activities enqueued from here on, in this context and the
     tasks it starts, are recorded until `timing_end`. Blocking form: call it from plain code or a thread.

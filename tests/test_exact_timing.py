@@ -84,7 +84,7 @@ def test_host_devices_have_no_cupti_source(backend):
     with pytest.raises(SourceError, match="source='events'"):
         with gpu_timer(d, source="cupti"):
             pass
-    with gpu_timer(d) as t:  # auto: events, and says why
+    with gpu_timer(d, source="auto") as t:  # events, and says why
         d.stream.spin_us(100)
     assert t.source == t.timeline.source == "events"
     assert "CUDA devices only" in t.timeline.source_note
@@ -156,11 +156,11 @@ from torch.profiler import ProfilerActivity, profile
 d = asyncgpu.device("cuda:0")
 d.stream.spin_us(10)
 d.synchronize()
-with asyncgpu.gpu_timer(d) as t:
+with asyncgpu.gpu_timer(d, source="auto") as t:
     d.stream.spin_us(50)
 print("before", t.timeline.source)
 with profile(activities=[ProfilerActivity.CUDA]):
-    with asyncgpu.gpu_timer(d) as t:
+    with asyncgpu.gpu_timer(d, source="auto") as t:
         d.stream.spin_us(50)
     print("auto", t.timeline.source, round(t.records[0].duration_ms * 1e3, 1), "|", t.timeline.source_note)
     try:
