@@ -31,7 +31,7 @@ from rich.console import Console, JustifyMethod
 from rich.table import Table
 
 from ._core import select
-from ._errors import AsyncGPUError, BackendError, ClockError, NoDeviceError, UnknownDeviceError
+from ._errors import AsyncGPUError, BackendError, ClockError, NoDeviceError, SourceError, UnknownDeviceError
 from ._export import write_trace
 from ._report import activity_table, balance_renderable, device_table, timeline_table
 from ._timer import gpu_timer
@@ -69,17 +69,23 @@ async def _demo_device(dev, n: int) -> np.ndarray:
 
 
 async def run_demo(
-    console: Console, backend: str | None, elements: int | None, count: int | None, trace: str | None = DEMO_TRACE
+    console: Console,
+    backend: str | None,
+    elements: int | None,
+    count: int | None,
+    trace: str | None = DEMO_TRACE,
+    source: str = "events",
 ) -> int:
     """The seed workload, concurrently on every device (one task each); prints the report, writes the trace
-    (unless ``trace`` is None) and ends with the balance report. Returns the exit code."""
+    (unless ``trace`` is None) and ends with the balance report. ``source``: `gpu_timer`'s. Returns the exit
+    code."""
     name, why = _choose_backend(backend)
     devs = select.devices(name, count=count)
     n = elements or DEMO_ELEMENTS
     models = ", ".join(sorted({d.description for d in devs}))
     console.print(f"asyncgpu demo on {why}: {len(devs)} device(s) ({models}), {n:,} float32 elements each")
     results: dict[str, np.ndarray] = {}
-    async with gpu_timer(devs, label="demo") as t:
+    async with gpu_timer(devs, label="demo", source=source) as t:
         async with anyio.create_task_group() as tg:
 
             async def one(dev):
@@ -102,6 +108,10 @@ async def run_demo(
         for c in tl.clocks
     )
     console.print(f"time base: host clock, devices aligned: {clocks}")
+    how = {"cupti": "CUPTI activity records", "events": "held event pairs"}[tl.source]
+    if all(d.startswith("host") for d in tl.devices):
+        how = "host events"
+    console.print(f"durations: {how}" + (f" ({tl.source_note})" if tl.source_note else ""), soft_wrap=True)
     console.print(
         f"host: {t.host_ms:,.3f} ms issuing + {t.wait_ms:,.3f} ms waiting for the devices, CPU {t.cpu_ms:,.3f} ms"
     )
@@ -302,6 +312,10 @@ def _report(console: Console, args: argparse.Namespace) -> int:
         for c in tl.clocks
     )
     console.print(f"time base: host clock, devices aligned: {clocks}")
+    how = {"cupti": "CUPTI activity records", "events": "held event pairs"}[tl.source]
+    if all(d.startswith("host") for d in tl.devices):
+        how = "host events"
+    console.print(f"durations: {how}" + (f" ({tl.source_note})" if tl.source_note else ""), soft_wrap=True)
     if tl.error:
         console.print(f"the scope raised {tl.error}")
     return 0
@@ -365,6 +379,12 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--elements", type=int, help="float32 elements per device (default 10 M)")
     demo.add_argument("--devices", type=int, dest="count", help="how many devices (default: all; host: 2)")
     demo.add_argument("--loop", choices=("asyncio", "uvloop", "trio"), default="asyncio")
+    demo.add_argument(
+        "--source",
+        choices=("events", "auto", "cupti"),
+        default="events",
+        help="where durations come from (cupti needs the asyncgpu[cupti] extra; default events)",
+    )
     demo.add_argument("--trace", default=DEMO_TRACE, help=f"Perfetto trace to write (default {DEMO_TRACE})")
     demo.add_argument("--no-trace", dest="trace", action="store_const", const=None, help="write no trace")
     devices = sub.add_parser(
@@ -443,10 +463,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.elements,
             args.count,
             args.trace,
+            args.source,
             backend=backend,
             backend_options=options,
         )
-    except (_Usage, NoDeviceError, UnknownDeviceError) as exc:
+    except (_Usage, NoDeviceError, UnknownDeviceError, SourceError) as exc:
         console.print(f"asyncgpu {args.command}: {exc}", markup=False, soft_wrap=True)
         return 2
     except _UserCodeFailed as exc:

@@ -274,3 +274,12 @@ def test_console_entry_point_bench_help():
         [sys.executable, "-m", "asyncgpu", "bench", "--help"], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0 and "MODULE:FUNCTION" in out.stdout
+
+
+def test_demo_source_option_says_where_durations_come_from(capsys):
+    assert main(["demo", "--backend", "host", "--elements", "1000", "--no-trace", "--source", "auto"]) == 0
+    out = capsys.readouterr().out
+    assert "durations: host events (CUPTI times CUDA devices only" in out
+    assert main(["demo", "--backend", "host", "--elements", "1000", "--no-trace", "--source", "cupti"]) == 2
+    out = capsys.readouterr().out
+    assert "source='cupti'" in out and "use source='events'" in out and "Traceback" not in out
