@@ -33,7 +33,7 @@ from rich.table import Table
 from ._core import select
 from ._errors import AsyncGPUError, BackendError, ClockError, NoDeviceError, SourceError, UnknownDeviceError
 from ._export import write_trace
-from ._report import activity_table, balance_renderable, device_table, timeline_table
+from ._report import activity_table, balance_renderable, device_table, durations_from, timeline_table
 from ._timer import gpu_timer
 
 __all__ = ["main", "run_demo"]
@@ -108,10 +108,7 @@ async def run_demo(
         for c in tl.clocks
     )
     console.print(f"time base: host clock, devices aligned: {clocks}")
-    how = {"cupti": "CUPTI activity records", "events": "held event pairs"}[tl.source]
-    if all(d.startswith("host") for d in tl.devices):
-        how = "host events"
-    console.print(f"durations: {how}" + (f" ({tl.source_note})" if tl.source_note else ""), soft_wrap=True)
+    console.print(f"durations: {durations_from(tl)}", soft_wrap=True)
     console.print(
         f"host: {t.host_ms:,.3f} ms issuing + {t.wait_ms:,.3f} ms waiting for the devices, CPU {t.cpu_ms:,.3f} ms"
     )
@@ -312,10 +309,7 @@ def _report(console: Console, args: argparse.Namespace) -> int:
         for c in tl.clocks
     )
     console.print(f"time base: host clock, devices aligned: {clocks}")
-    how = {"cupti": "CUPTI activity records", "events": "held event pairs"}[tl.source]
-    if all(d.startswith("host") for d in tl.devices):
-        how = "host events"
-    console.print(f"durations: {how}" + (f" ({tl.source_note})" if tl.source_note else ""), soft_wrap=True)
+    console.print(f"durations: {durations_from(tl)}", soft_wrap=True)
     if tl.error:
         console.print(f"the scope raised {tl.error}")
     return 0

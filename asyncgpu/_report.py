@@ -237,20 +237,22 @@ def _footer(tl: Timeline) -> Text:
         )
     if tl.error:
         text.append(f"; the scope raised {tl.error}")
-    source = "CUPTI activity records" if tl.source == "cupti" else "held CUDA event pairs"
-    if all(d.startswith("host") for d in tl.devices):
-        source = "host events"
-    text.append(f"; durations from {source}")
-    if tl.source_note and tl.source == "cupti":
-        text.append(f" ({tl.source_note})")
-    elif tl.source_note and not all(d.startswith("host") for d in tl.devices):
-        text.append(f" ({tl.source_note})")
+    text.append(f"; durations from {durations_from(tl)}")
     unaligned = _unaligned(tl)
     if unaligned:
         text.append(
             "; not aligned to the host clock: " + ", ".join(f"{tl.devices[i]} ({why})" for i, why in unaligned.items())
         )
     return text
+
+
+def durations_from(tl: Timeline) -> str:
+    """Where the timeline's durations come from, in words, with `Timeline.source_note` when there is one."""
+    if all(d.startswith("host") for d in tl.devices):
+        how = "host events"
+    else:
+        how = "CUPTI activity records" if tl.source == "cupti" else "held CUDA event pairs"
+    return f"{how} ({tl.source_note})" if tl.source_note else how
 
 
 def records_report(records: list[ActivityRecord], indent: str = "") -> Padding:

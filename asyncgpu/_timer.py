@@ -165,6 +165,17 @@ class _ReplayRecords:
         return [recs[first][1], max(r[2] for r in recs[first : last + 1])]
 
 
+def _count_cupti_user(delta: int) -> None:
+    """A scope starts (+1) or stops (-1) needing external ids on launches. When the last one stops, the records
+    of graph replays no scope adopted (it closed meanwhile) are dropped: nothing will route there."""
+    global _CUPTI_USERS
+    with _STATE_LOCK:
+        _CUPTI_USERS += delta
+        if not _CUPTI_USERS:
+            for ext in [k for k, v in _BY_EXT.items() if isinstance(v, _ReplayRecords) and v.refs <= 0]:
+                del _BY_EXT[ext]
+
+
 def _route(records: list, ext_map: dict[int, int]) -> None:
     """Hand CUPTI's records to their activities (by external id); keep the ones not placeable yet. Any thread."""
     with _ROUTE_LOCK:
@@ -344,7 +355,8 @@ class Timer:
         self.source_note = ""  #: why ``source="auto"`` fell back to events, if it did
         self._cupti_pending = False  # CUPTI was acquired and not yet flushed and released
         self._cupti_offset_ns = 0  # CUPTI's clock minus the host's, read at the flush
-        self._holding = False  # this scope asked for held launches (`hooks.want_holds`)
+        self._holding = False  # this scope asks for held launches now (`hooks.want_holds`)
+        self._held = False  # it did (events source)
         self.devices: tuple[Device, ...] = tuple(devices)
         self._all_threads = all_threads
         self._layers: dict[Any, Any] = {}  # live layers by key (asyncgpu._core.hooks.attach)
@@ -487,7 +499,6 @@ class Timer:
 
     def _pick_source(self) -> None:
         """Take the CUPTI session when the scope asks for it and can have it; else say why not."""
-        global _CUPTI_USERS
         req = self._source_req
         if req == "events":
             return
@@ -505,8 +516,7 @@ class Timer:
                 raise
             self.source_note = f"events, because {exc}"
             return
-        with _STATE_LOCK:
-            _CUPTI_USERS += 1
+        _count_cupti_user(1)
         self.source, self._cupti_pending = "cupti", True
 
     def _cupti_collect(self) -> None:
@@ -530,12 +540,10 @@ class Timer:
             self._state = _DONE
             if self._cupti_pending:
                 self._cupti_pending = False
-                global _CUPTI_USERS
-                with _STATE_LOCK:
-                    _CUPTI_USERS -= 1
+                _count_cupti_user(-1)
                 cupti.release()
             raise
-        self._holding = self.source == "events"
+        self._holding = self._held = self.source == "events"
         if self._holding:  # event pairs need held launches; CUPTI times the work itself
             hooks.want_holds(1)
         outer = _SCOPES.get()
@@ -562,15 +570,12 @@ class Timer:
             _SCOPES.reset(self._token)
         except ValueError:  # exited in another context than it was entered: remove it by hand
             _SCOPES.set(tuple(s for s in _SCOPES.get() if s is not self))
-        global _THREAD_SCOPES, _OPEN_COUNT, _CUPTI_USERS
+        if self._cupti_pending:  # no more external ids for this scope (its flush comes after the devices)
+            _count_cupti_user(-1)
+        global _THREAD_SCOPES, _OPEN_COUNT
         with _STATE_LOCK:
             if self._all_threads:
                 _THREAD_SCOPES = tuple(s for s in _THREAD_SCOPES if s is not self)
-            if self._cupti_pending:
-                _CUPTI_USERS -= 1
-                if not _CUPTI_USERS:  # replays no scope adopted (it closed meanwhile): nothing will route there
-                    for ext in [k for k, v in _BY_EXT.items() if isinstance(v, _ReplayRecords) and v.refs <= 0]:
-                        del _BY_EXT[ext]
             _OPEN_COUNT -= 1
             if _OPEN_COUNT == 0:
                 hooks.uninstall(_OBSERVER)
@@ -635,9 +640,13 @@ class Timer:
                 _release_activity(act)
         for ev in (*self._start_marks.values(), *fences):
             ev.release()
+        unheld = [f"{d.name}: {why}" for d in self.devices if (why := d.bd.hold_problem())] if self._held else []
+        if unheld:  # never silently: its brackets on idle streams may hold host time
+            held_note = "launches not held (" + "; ".join(unheld) + ")"
+            self.source_note = f"{self.source_note}; {held_note}" if self.source_note else held_note
         from_cupti = np.zeros(n, bool)
         if self.source == "cupti":
-            extra = self._apply_cupti(acts, placements, start_col, dur_col, from_cupti)
+            extra = self._apply_cupti(acts, start_col, dur_col, from_cupti)
             if extra:
                 device_col, stream_col, name_col, kind_col, start_col, dur_col, from_cupti = _append_rows(
                     extra,
@@ -697,13 +706,11 @@ class Timer:
         self._host_ranges = []
         self._start_marks = {}
 
-    def _apply_cupti(
-        self, acts: list, placements: dict, start_col: np.ndarray, dur_col: np.ndarray, from_cupti: np.ndarray
-    ) -> list:
+    def _apply_cupti(self, acts: list, start_col: np.ndarray, dur_col: np.ndarray, from_cupti: np.ndarray) -> list:
         """CUPTI's device times in place of the events' where CUPTI saw the activity's work: a launch takes its
         own records' span, a block the span of its own and its launches' records. Returns the rows to add: the
         work CUPTI saw inside a block that asyncgpu did not launch (a torch or CuPy kernel), with its own name."""
-        spans: dict[int, list] = {}  # id(act) -> [start, end] on the device's globaltimer
+        spans: dict[int, list] = {}  # id(act) -> [start, end] on CUPTI's clock
         extra = []
         for act in acts:
             for kind, start, end, _dev, _stream, name in act.cupti or ():

@@ -301,3 +301,20 @@ def test_cupti_records_route_to_launches_blocks_and_graph_nodes(monkeypatch):
     ]
     assert got[8] == ("gemm_foreign", "kernel", 300)  # the block's child, under its own name
     assert got[1][2] >= 300  # the block spans its child
+
+
+def test_a_device_that_cannot_hold_says_so(monkeypatch):
+    """Never silently: when a backend cannot hold launches, event-timed scopes say why in the timeline."""
+    import asyncgpu
+
+    d = asyncgpu.device("host:0")
+    monkeypatch.setattr(d.bd, "hold", lambda raw_stream: None)
+    monkeypatch.setattr(d.bd, "hold_problem", lambda: "stream memory operations unusable")
+    with gpu_timer(d) as t:
+        d.stream.spin_us(100)
+    assert t.timeline.source == "events"
+    assert t.timeline.source_note == "launches not held (host:0: stream memory operations unusable)"
+    with gpu_timer(d, source="auto") as t:  # both notes: why not CUPTI, why not held
+        d.stream.spin_us(100)
+    note = t.timeline.source_note
+    assert note.startswith("CUPTI times CUDA devices only") and note.endswith("stream memory operations unusable)")

@@ -76,6 +76,10 @@ class BackendDevice(ABC):
         backend; a device without stream memory operations). Any thread; never blocks."""
         return None
 
+    def hold_problem(self) -> str | None:
+        """Why `hold` enqueues nothing on this device (None: it holds, or has no need to)."""
+        return None
+
     def stream_idle(self, raw_stream: Any) -> bool:
         """Whether everything enqueued on ``raw_stream`` has run (a snapshot). Any thread; never blocks."""
         return True

@@ -205,10 +205,13 @@ class CudaDevice(BackendDevice):
             d = drv.d
             res = d.cuStreamWaitValue32(raw_stream[1], addr, value, d.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
             failed = res[0] is not drv.SUCCESS
-        if failed:  # nothing was enqueued: this stream's brackets go unheld from now on (and say why)
+        if failed:  # nothing was enqueued: brackets go unheld from now on (`hold_problem` says why)
             _NO_GATES[self.index] = f"cuStreamWaitValue32 failed on {self.name}: stream memory operations unusable"
             return None
         return (gates.words, slot, value)
+
+    def hold_problem(self) -> str | None:
+        return _NO_GATES.get(self.index)
 
     def stream_idle(self, raw_stream: Any) -> bool:
         drv = self._drv

@@ -62,6 +62,7 @@ class Device:
     _clock_retired: Any
     clock_events: list[Any]
     pair_excess_samples: deque[float]
+    _pair_excess_ns: float | None
 
     def __init__(self) -> None:
         raise TypeError("open devices with asyncgpu.device(...) or asyncgpu.devices()")
@@ -100,6 +101,7 @@ class Device:
         self._clock_retired = None  # the previous anchor event, reused one refresh later
         self.clock_events = []  # raw timing events of the calibrations (not from the pools)
         self.pair_excess_samples = deque(maxlen=255)  # raw event pair minus CUPTI, ns, for the latest launches
+        self._pair_excess_ns = None  # their median, once there are 5
         return self
 
     # -- clock --------------------------------------------------------------------------------------------
@@ -129,11 +131,13 @@ class Device:
         span, ns): the CUPTI source hands them over, and the events source then subtracts their median
         (`pair_excess_ns`) instead of the in-kernel estimate. Any thread."""
         self.pair_excess_samples.extend(float(x) for x in samples_ns)
+        samples = list(self.pair_excess_samples)
+        if len(samples) >= 5:
+            self._pair_excess_ns = float(np.median(samples))
 
     def pair_excess_ns(self) -> float | None:
-        """The median of the learned samples (`learn_pair_excess`), ns; None before there are 5."""
-        samples = list(self.pair_excess_samples)
-        return float(np.median(samples)) if len(samples) >= 5 else None
+        """The median of the learned samples (`learn_pair_excess`), ns; None before there are 5. Never blocks."""
+        return self._pair_excess_ns
 
     def last_clock(self) -> ClockCalibration | None:
         """The latest clock calibration, however old, without measuring (None before the first). Never blocks."""

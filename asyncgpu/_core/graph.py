@@ -106,6 +106,7 @@ class Graph:
         "_capture",
         "_res",
         "_parts",
+        "_work",
         "_nodes",
         "_pointed",
         "_kinds",
@@ -121,6 +122,7 @@ class Graph:
     _capture: GraphCapture | None
     _res: _Resources
     _parts: tuple[tuple[str, str, int, int], ...]
+    _work: tuple[list[tuple[int, int] | None], int]
     _nodes: list[Any]
     _pointed: list[Any]
     _kinds: frozenset[str]
@@ -140,6 +142,7 @@ class Graph:
         self._capture = capture
         self._res = _Resources(self.bd)
         self._parts = ()  # (name, kind, start node index, end node index), in capture order
+        self._work = ([], 0)  # `_work_nodes` of the parts, once the capture ended
         self._nodes = []  # the backend's event-record nodes, one per placeholder event
         self._pointed = []  # the raw event each node records now (None: unknown)
         self._kinds = _NO_KINDS
@@ -175,6 +178,7 @@ class Graph:
         self._nodes = self.bd.graph_event_nodes(raw, self._res.events)
         self._pointed = list(self._res.events)
         self._parts = tuple(p for p in parts if p is not None)
+        self._work = self._work_nodes()
         self._kinds = frozenset({"graph", *(kind for _, kind, _, _ in self._parts)})
         self._state, self._capture = _READY, None
 
@@ -217,7 +221,7 @@ class Graph:
                 return
             pairs, tokens = self._launch_timed(s, name, wanted)
         s.tag = name
-        nodes, count = self._work_nodes()
+        nodes, count = self._work
         for act_name, kind, start_raw, end_raw, index in pairs:
             covered = nodes[index] if index >= 0 else hooks.WHOLE_GRAPH
             replay = hooks.Replay(tokens, covered, count) if covered is not None else None

@@ -179,7 +179,7 @@ def launch_now(stream: Stream, name: str, kind: str, fn: Callable[..., Any], arg
     # Hold the stream until the observers' brackets and the work are all enqueued: on an idle stream the start
     # event would otherwise complete at once and the bracket count the host's submission time (see `hold`).
     bd = stream.bd
-    held = bd.hold(stream.raw) if HOLD_USERS and should_hold(bd, stream.raw) else None
+    held = bd.hold(stream.raw) if should_hold(bd, stream.raw) else None
     stream.held = held is not None
     begun: list[tuple[LaunchObserver, Any]] = []
     try:
