@@ -57,7 +57,7 @@ import numpy as np
 
 from ._core import hooks, loops
 from ._core.clock import placement
-from ._core.engine import KIND_RELEASE
+from ._core.engine import KIND_CALLBACK
 from ._core.event import Event
 from ._core.loops import WAITING as _WAITING
 from ._core.loops import WOKEN as _WOKEN
@@ -694,7 +694,9 @@ class Channel:
         key = after.key
         assert key is not None  # recorded just above
         try:
-            dev.engine.add(after.raw, key, after.seq, None, 0, KIND_RELEASE, None, lambda _raw, h=h: h._resolve())
+            dev.engine.add(
+                after.raw, key, after.seq, None, 0, KIND_CALLBACK, None, lambda _raw, h=h: h._resolve(), after
+            )
         except ClosedError:
             h._resolve()
 

@@ -322,10 +322,10 @@ def _resolve(p: _Pending, placements: dict[Device, Placement]) -> LaunchRecord |
 
 
 def _release(p: _Pending) -> None:
-    dev, key = p.stream.device, p.stream.handle
+    dev = p.stream.device
     for raw in (p.start_raw, p.end_raw):
         if raw is not None:
-            dev.recycle_later(raw, key)
+            dev.recycle_later(raw)
     p.start_raw = p.end_raw = None
 
 

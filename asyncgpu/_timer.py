@@ -992,10 +992,10 @@ def _release_activity(act: _Activity) -> None:
         target.refs -= 1
         if target.refs <= 0:
             _BY_EXT.pop(target.ext, None)
-    dev, key = act.device, act.stream.handle
-    dev.recycle_later(act.start_raw, key)
+    dev = act.device
+    dev.recycle_later(act.start_raw)
     if act.end_raw is not None:
-        dev.recycle_later(act.end_raw, key)
+        dev.recycle_later(act.end_raw)
     act.start_raw = act.end_raw = None
 
 

@@ -11,6 +11,7 @@ import pytest
 
 import asyncgpu
 from asyncgpu import BackendError, ClosedError, DeviceMismatchError, ReleasedError, TimingDisabledError
+from asyncgpu._core import engine as engine_mod
 from asyncgpu.errors import NotReadyError, NotRecordedError, PoolExhaustedError
 
 pytestmark = pytest.mark.anyio
@@ -327,7 +328,9 @@ async def test_engine_keeps_its_own_schedule_without_progress_kicks():
             await ev.wait()
             assert time.perf_counter() - t0 < 0.1  # the safety-net sleep is 0.5 s
     assert dev.engine.estimate_ns(dev.stream.handle, "spin") is not None
-    assert dev.engine._early == 0 and dev.engine.pending == 0
+    assert dev.engine.pending == 0
+    await anyio.sleep(0.01)  # longer than a poller lingers: none stays armed for the device
+    assert all(dev.engine not in p.engines for p in engine_mod._POLLERS.values())
 
 
 def test_a_record_consumes_the_streams_work_tag(dev):

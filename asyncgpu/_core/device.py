@@ -21,7 +21,7 @@ import numpy as np
 from .._backends.contract import BackendDevice
 from .._errors import BackendError, ClosedError, DeviceMismatchError
 from .clock import CLOCK_MAX_AGE_S, DEFAULT_SAMPLES, ClockCalibration, calibrate
-from .engine import KIND_RELEASE, RELEASE_LAST, Engine
+from .engine import Engine
 from .event import Event
 from .memory import DeviceArray
 from .pool import EventPool, PoolStats
@@ -49,7 +49,7 @@ class Device:
     engine: Engine
     timing_pool: EventPool
     plain_pool: EventPool
-    _graveyard: deque[tuple[Any, bool, int | None, int]]
+    _returns: deque[tuple[Any, bool]]
     owned_streams: list[Stream]
     adopted_streams: dict[int, Stream]
     graphs: weakref.WeakSet[Graph]
@@ -88,7 +88,7 @@ class Device:
         self.engine = Engine(bd)
         self.timing_pool = EventPool(bd, timing=True, max_events=max_events, reclaim=self._reclaim)
         self.plain_pool = EventPool(bd, timing=False, max_events=max_events, reclaim=self._reclaim)
-        self._graveyard = deque()
+        self._returns = deque()  # released events the device may not have passed yet: (raw, timing)
         self.owned_streams = []
         self.adopted_streams = {}
         self.graphs = weakref.WeakSet()  # graphs captured here (asyncgpu._graph), closed with it
@@ -146,11 +146,10 @@ class Device:
     # -- events -------------------------------------------------------------------------------------------
     def record(self, stream: Stream | Any | None = None, *, timing: bool = True, tag: Any = None) -> Event:
         """Record a pooled event on ``stream`` (default: `stream`; a foreign ``__cuda_stream__`` object is
-        adopted) and return it. Never blocks. Release it with ``event.release()`` or a ``with`` block."""
+        adopted) and return it. Release it with ``event.release()`` or a ``with`` block. Event records do not
+        take the driver's per-stream launch slots (benchmarks/RESULTS.md, run 20): this call does not block."""
         if self._closed:
             self.check_open()
-        if self._graveyard:
-            self._drain_graveyard()
         pool = self.timing_pool if timing else self.plain_pool
         raw = pool.take()
         ev = Event._create(self, raw, timing)
@@ -182,47 +181,57 @@ class Device:
         return ev
 
     def pool_stats(self, timing: bool = True) -> PoolStats:
-        """Counters of the pool of timing (or non-timing) events."""
+        """Counters of the pool of timing (or non-timing) events, after taking back the released events the
+        device has passed (``in_use``: held by callers, or released and still ahead of the device)."""
+        self._reclaim(everything=True)
         return (self.timing_pool if timing else self.plain_pool).stats()
 
-    def recycle(self, raw: Any, timing: bool, key: int | None, seq: int) -> None:
-        """Give ``raw`` back to its pool once the device can no longer touch it."""
-        pool = self.timing_pool if timing else self.plain_pool
-        try:
-            done = key is None or self._closed or self.bd.query(raw)
-        except BackendError:
-            self.bd.destroy_event(raw)  # a failed device: never reuse its events
-            return
-        if done:
-            pool.give(raw)
-            return
-        assert key is not None  # done when key is None
-        try:
-            self.engine.add(raw, key, seq, None, 0, KIND_RELEASE, None, pool.give)
-        except ClosedError:
-            pool.give(raw)  # the pool is closed too: this destroys it (CUDA frees it once the device passes it)
+    def recycle(self, raw: Any, timing: bool, key: int | None) -> None:
+        """Give ``raw`` back to its pool once the device can no longer touch it (``key``: the stream it was last
+        recorded on, None if never). Cheap and lock-free: a recorded event waits in a queue that the pool
+        reclaims from when it runs out (`_reclaim`), never queried here. Any thread (also ``__del__``)."""
+        if key is None or self._closed:
+            (self.timing_pool if timing else self.plain_pool).give(raw)
+        else:
+            self._returns.append((raw, timing))
 
-    def recycle_later(self, raw: Any, key: int) -> None:
-        """Give the timing event ``raw``, recorded on the stream with handle ``key``, back to its pool once the
-        device has passed it (queued behind every real wait of that stream)."""
-        self.recycle(raw, True, key, RELEASE_LAST)
+    def recycle_later(self, raw: Any) -> None:
+        """Give the recorded timing event ``raw`` back to its pool once the device has passed it."""
+        self._returns.append((raw, True))
 
-    def bury(self, raw: Any, timing: bool, key: int | None, seq: int) -> None:
-        """From ``Event.__del__`` (any thread, maybe inside the engine's lock): recycle later, lock-free."""
-        self._graveyard.append((raw, timing, key, seq))
-
-    def _reclaim(self) -> None:
-        """A pool is at its bound: recycle collected events and the deferred releases the device has passed."""
-        self._drain_graveyard()
-        self.engine.collect_now()
-
-    def _drain_graveyard(self) -> None:
-        while True:
+    def _reclaim(self, everything: bool = False) -> int:
+        """Give back to their pools the released events the device has passed, oldest first: up to the first
+        one still pending, or (``everything``: a pool at its bound, a trim) all of them. Returns how many."""
+        returns, query = self._returns, self.bd.query
+        pending: list[tuple[Any, bool]] = []
+        given = 0
+        for _ in range(len(returns)):
             try:
-                item = self._graveyard.popleft()
+                raw, timing = returns.popleft()
             except IndexError:
-                return
-            self.recycle(*item)
+                break
+            try:
+                done = self._closed or query(raw)
+            except BackendError:
+                self.bd.destroy_event(raw)  # a failed device: never reuse its events
+                continue
+            if done:
+                (self.timing_pool if timing else self.plain_pool).give(raw)
+                given += 1
+            else:
+                pending.append((raw, timing))
+                if not everything:
+                    break
+        returns.extendleft(reversed(pending))
+        return given
+
+    def trim(self, keep: int = 256) -> None:
+        """Reclaim the released events the device has passed and destroy free events beyond ``keep`` per pool: the
+        pools shrink back once a burst of work is over (a finished scope calls this). Any thread; blocks
+        about 1 µs per destroyed event."""
+        self._reclaim(everything=True)
+        self.timing_pool.trim(keep)
+        self.plain_pool.trim(keep)
 
     # -- streams ------------------------------------------------------------------------------------------
     def _new_stream(self) -> Stream:
@@ -311,13 +320,15 @@ class Device:
         for graph in list(self.graphs):
             graph.close()
         self.engine.close()
-        self._drain_graveyard()
+        self._reclaim(everything=True)  # closed: every queued release goes back (and the closed pools destroy it)
         with self._clock_lock:
             for raw in (self._clock.anchor if self._clock else None, self._clock_retired, *self.clock_events):
                 if raw is not None:
                     self.bd.destroy_event(raw)
             self._clock = self._clock_ref = self._clock_retired = None
             self.clock_events = []
+        for s in (*self.owned_streams, *self.adopted_streams.values()):
+            s.release_checks()
         for s in self.owned_streams:
             self.bd.close_stream(s.raw)
         self.bd.close()

@@ -1,69 +1,73 @@
-"""The completion engine: one waiter thread per device resumes the tasks that await that device's events.
+"""The completion engine: one waiter thread per device, and the loops' own pollers, resume whoever awaits an event.
 
-No Python ever runs on a CUDA driver callback thread. The waiter thread works like this:
+No Python ever runs on a CUDA driver callback thread. How completions are found and delivered:
 
-* Pending waits are kept per stream, ordered by record sequence. A stream passes its events in order, so only
-  the oldest pending event of each stream is queried (``cuEventQuery``, GIL released); when it is done, the
-  ones behind it are checked at once.
-* Each (stream, tag) pair learns how long its work takes from the moment the stream is free to completion
-  ("fast down, slow up", so the estimate tracks the low end).
-* With an estimate, the thread sleeps (timer slack 1 ns) until shortly before the predicted completion. A task
-  awaiting from an event loop is then woken *early*: it polls the event itself between loop iterations for a
-  bounded window (``Event.wait``), which removes the thread-to-loop wake from the critical path. How early is
-  learned per loop kind: the measured delay from dispatch to the task's first poll (tracked near its upper
-  end), plus a margin. Waits that cannot poll (deferred releases) are polled every 8 µs near their
-  predicted completion. The thread never spins: it would hold the GIL the loop needs.
-* Without an estimate (or after a missed early window) the thread polls with a back-off of 1/8 of the age of
-  the wait (8 µs .. 1 ms), so the added latency stays a small fraction of the work's own duration.
-* Every sleep is a timed wait on a condition. A new wait interrupts it only when it is due before the planned
-  wake-up (a wait queued behind another on its stream never does), and a task that finishes polling only when
-  other waits are pending: each needless wake-up costs the event loop a GIL hand-over.
-* Woken tasks are resumed through their loop's own thread-safe entry point, batched per loop: asyncio (and
-  uvloop) ``loop.call_soon_threadsafe``; trio ``TrioToken.run_sync_soon`` + ``reschedule``. A plain thread
-  blocked in a wait (``Event.wait_sync(timeout_s=...)``, a channel's ``get``) is woken by releasing the lock it blocks
-  on; it is woken early too, and polls with ``sched_yield`` between queries.
+* Pending waits are kept per stream in record order. A stream passes its events in order, so only the oldest
+  pending wait of each stream (its *head*) is queried (``cuEventQuery``, never blocks); when it is done, the
+  waits behind it are resolved at once: the newest is queried, and if it is not done yet a binary search finds
+  where the done ones end. A burst of a thousand completions costs a handful of queries.
+* Each (stream, tag) learns how long its work takes from the moment the stream is free to completion, and how
+  much that varies ("fast down, slow up": the estimate tracks the low end).
+* **Loops poll, the thread plans.** Shortly before a head of an event loop's task is predicted to complete
+  (the loop's learned wake-up delay plus a margin plus the learned spread before it), the waiter thread *arms*
+  that loop's `Poller`: between the loop's iterations it queries the heads of the device's streams and resumes
+  what completed, in the loop's own thread, without a thread-to-loop hand-over. It lingers while completions
+  keep coming (a burst, or completions paced closer than a wake-up), then disarms; the thread takes over again.
+  While a poller covers a loop, the thread leaves that loop's heads alone (a thread that keeps waking would
+  contend for the GIL with the very loop that polls).
+* Without an estimate (or once a prediction is missed by more than its window), the thread polls that head
+  with a back-off of 1/16 of how late it is (8 µs .. `MAX_POLL_NS`): each head has its own schedule, so one
+  wait's age or one missed prediction never sets another's latency. Between looks the thread sleeps in a
+  timed wait on a condition (GIL released, timer slack 1 ns); a new wait interrupts it only when it is due
+  before the planned look.
+* Completions the thread finds are delivered in one batch per loop, through the loop's thread-safe entry point
+  (asyncio/uvloop ``call_soon_threadsafe``; trio ``TrioToken.run_sync_soon`` + ``reschedule``), which also arms
+  the loop's poller for a short linger (more of the burst may follow).
+* A plain thread blocked in a wait (``Event.wait_sync(timeout_s=...)``, a channel's ``get_sync``) is woken by
+  releasing the lock it blocks on; it is woken *early*, shortly before the predicted completion, and finishes
+  with the driver's own wait or polls.
 * A backend error (a sticky CUDA error) reaches every pending waiter as `BackendError`; nothing hangs.
 
-Waiter states: PENDING (parked: the owner waits for a dispatch), EARLY (dispatched early, the owner polls),
-FIRED (complete, or failed), CANCELLED (withdrawn by its owner).
+Waiter states: PENDING (parked), EARLY (a plain thread woken early polls for itself), FIRED (complete, or failed),
+CANCELLED (withdrawn by its owner).
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import sys
 import threading
 import time
-from typing import Any
+import weakref
+from collections import deque
+from functools import partial
+from typing import Any, Callable
 
 from .._backends.contract import BackendDevice
 from .._errors import BackendError, ClosedError
 from . import loops
 
-__all__ = ["Engine", "Waiter"]
+__all__ = ["Engine", "Poller", "Waiter"]
 
 PENDING, EARLY, FIRED, CANCELLED = 0, 1, 2, 3
 KIND_ASYNCIO, KIND_TRIO, KIND_THREAD = loops.ASYNCIO, loops.TRIO, loops.THREAD  # who waits: a loop's task, a thread
-KIND_RELEASE = 3  #: a deferred release: the target is called with the raw event on the waiter thread
-RELEASE_LAST = 1 << 62  #: the ``seq`` of a deferred release that queues behind every real wait of its stream
+KIND_CALLBACK = 3  #: the target is called with the raw event by whoever finds it complete (any thread)
 
 MIN_POLL_NS = 8_000
-MAX_POLL_NS = 1_000_000
-LEAD_MARGIN_NS = 10_000  #: an early wake comes (learned delivery delay + this + est/32) before completion
-INITIAL_DELIVERY_NS = {0: 30_000, 1: 60_000, 2: 20_000}  #: first guesses of the dispatch-to-poll delay (asyncio,
+MAX_POLL_NS = 500_000  #: the longest the thread leaves a head unlooked at whose completion it cannot predict
+LEAD_MARGIN_NS = 10_000  #: a poller is armed (learned wake-up delay + this + twice the spread) before completion
+INITIAL_DELIVERY_NS = {0: 30_000, 1: 60_000, 2: 20_000}  #: first guesses of the arm-to-first-poll delay (asyncio,
 #: trio, a blocked thread)
-MIN_WINDOW_NS = 60_000  #: a woken task polls until predicted + max(this, est/4), then parks again
+MIN_WINDOW_NS = 60_000  #: a prediction is missed once it is late by max(this, est/4)
+LINGER_NS = 60_000  #: a poller keeps polling this long after the last completion it saw (or was handed)
 MIN_SPIN_WINDOW_NS = 50_000
 SPIN_MARGIN_NS = 20_000
-EARLY_MAX = 4  #: at most this many tasks poll at once; other waits are resumed when the thread sees them done
 MAX_SLEEP_S = 0.5  # a safety net: even if nothing interrupts a sleep, every wait is looked at this often
 
 _now = time.perf_counter_ns
 
 
 class Waiter:
-    """One pending wait. Created by `Engine.add`; the engine thread and the owner's loop read its fields."""
+    """One pending wait. Created by `Engine.add`; the engine thread, pollers and the owner read its fields."""
 
     __slots__ = (
         "raw",
@@ -74,23 +78,28 @@ class Waiter:
         "kind",
         "loop",
         "target",
+        "owner",
         "state",
         "error",
-        "early_ok",
         "poll_until_ns",
-        "dispatch_ns",
+        "sent_ns",
         "woke_ns",
     )
 
     def __init__(
-        self, raw: Any, key: int, seq: int, tag: Any, record_ns: int, kind: int, loop: Any, target: Any
+        self, raw: Any, key: int, seq: int, tag: Any, record_ns: int, kind: int, loop: Any, target: Any, owner: Any
     ) -> None:
         self.raw, self.key, self.seq, self.tag, self.record_ns = raw, key, seq, tag, record_ns
-        self.kind, self.loop, self.target = kind, loop, target
+        self.kind, self.loop, self.target, self.owner = kind, loop, target, owner
         self.state = PENDING
         self.error: BaseException | None = None
-        self.early_ok = kind <= KIND_THREAD
-        self.poll_until_ns = self.dispatch_ns = self.woke_ns = 0  # woke_ns: set by the owner's first poll
+        self.poll_until_ns = self.sent_ns = self.woke_ns = 0  # a plain thread's early wake: window, sent, woke
+
+    def intact(self) -> bool:
+        """Whether this wait's event still stands where it was recorded (not released, not re-recorded): only
+        then may its completion tell about the waits around it on its stream."""
+        o = self.owner
+        return o is None or (o.raw is self.raw and o.seq == self.seq and o.key == self.key)
 
 
 def _set_timer_slack_1ns() -> None:
@@ -106,55 +115,81 @@ def _set_timer_slack_1ns() -> None:
 
 
 class Engine:
-    """The waiter thread of one device. `add`, `cancel`, `finish` and `rearm` may be called from any thread."""
+    """The completion engine of one device. `add`, `cancel`, `finish`, `rearm` and `collect` may be called from
+    any thread; the waiter thread starts on the first `add`."""
 
     def __init__(self, device: BackendDevice) -> None:
         self._dev = device
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
-        self._heaps: dict[int, list] = {}
+        self._queues: dict[int, deque[Waiter]] = {}
         self._live = 0
-        self._early = 0  # waiters in state EARLY
-        self._tiebreak = itertools.count()
         self._sleeping = False
         self._closed = False
         self._thread: threading.Thread | None = None
         self._estimate_ns: dict[tuple, int] = {}
+        self._spread_ns: dict[tuple, int] = {}
         self._last_done_ns: dict[int, int] = {}
         self._delivery_ns = dict(INITIAL_DELIVERY_NS)
         self._wake_at_ns = 0  # when the sleeping thread plans to look again
+        self._per_loop: dict[int, int] = {}  # id(loop or trio token) -> pending waits of that loop here
+        self.covered_until: dict[int, int] = {}  #: id(loop) -> until when that loop's poller polls here (ns)
         device.on_progress = self.kick
 
     # -- called from loops / other threads ----------------------------------------------------------------
-    def add(self, raw: Any, key: int, seq: int, tag: Any, record_ns: int, kind: int, loop: Any, target: Any) -> Waiter:
-        """Register a wait. Raises `ClosedError` after `close`."""
-        w = Waiter(raw, key, seq, tag, record_ns, kind, loop, target)
+    def add(
+        self,
+        raw: Any,
+        key: int,
+        seq: int,
+        tag: Any,
+        record_ns: int,
+        kind: int,
+        loop: Any,
+        target: Any,
+        owner: Any = None,
+    ) -> Waiter:
+        """Register a wait for ``raw`` (recorded on the stream ``key`` as its ``seq``-th record). ``owner``: the
+        `Event` it came from (None for an internal event nobody re-records). Raises `ClosedError` after `close`."""
+        w = Waiter(raw, key, seq, tag, record_ns, kind, loop, target, owner)
         with self._lock:
             if self._closed:
                 raise ClosedError(f"{self._dev.name} is closed: open it again with asyncgpu.device({self._dev.name!r})")
-            heap = self._heaps.get(key)
-            if heap is None:
-                heap = self._heaps[key] = []
-            while heap and heap[0][2].state >= FIRED:  # finished or withdrawn: drop, so the head is live
-                heapq.heappop(heap)
-            heapq.heappush(heap, (seq, next(self._tiebreak), w))
+            q = self._queues.get(key)
+            if q is None:
+                q = self._queues[key] = deque()
+            if not q or q[-1].seq <= seq:
+                q.append(w)
+            else:  # recorded by another thread meanwhile: keep record order
+                i = len(q) - 1
+                while i > 0 and q[i - 1].seq > seq:
+                    i -= 1
+                q.insert(i, w)
             self._live += 1
+            if kind <= KIND_TRIO:
+                lid = id(loop)
+                self._per_loop[lid] = self._per_loop.get(lid, 0) + 1
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=f"asyncgpu-{self._dev.name}-waiter", daemon=True)
                 self._thread.start()
-            elif self._sleeping and heap[0][2] is w and self._due_ns(w) < self._wake_at_ns:
+            elif self._sleeping and q[0] is w and self._due_ns(w) < self._wake_at_ns:
                 self._cv.notify()
         return w
 
     def _due_ns(self, w: Waiter) -> int:
         """When the thread should first look at a new head ``w`` (0: at once). Under the lock."""
-        est = self._estimate_ns.get((w.key, w.tag))
+        k = (w.key, w.tag)
+        est = self._estimate_ns.get(k)
         if est is None:
             return 0
         predicted = max(w.record_ns, self._last_done_ns.get(w.key, 0)) + est
-        if w.early_ok:
-            return predicted - self._delivery_ns[w.kind] - LEAD_MARGIN_NS - (est >> 5)
+        if w.kind <= KIND_THREAD:
+            return predicted - self._lead_ns(w.kind, k, est)
         return predicted - SPIN_MARGIN_NS - (est >> 4)
+
+    def _lead_ns(self, kind: int, k: tuple, est: int) -> int:
+        spread = self._spread_ns.get(k, est >> 5)
+        return self._delivery_ns[kind] + LEAD_MARGIN_NS + min(2 * spread, est >> 3)
 
     def cancel(self, w: Waiter) -> bool:
         """Withdraw a wait. True if it was parked and no dispatch will ever reach its owner."""
@@ -162,24 +197,36 @@ class Engine:
             state = w.state
             if state == PENDING or state == EARLY:
                 w.state = CANCELLED
-                self._live -= 1
-                self._early -= state == EARLY
+                self._gone_locked(w)
             return state == PENDING
 
+    def _gone_locked(self, w: Waiter) -> None:
+        self._live -= 1
+        if w.kind <= KIND_TRIO:
+            lid = id(w.loop)
+            n = self._per_loop.get(lid, 0) - 1
+            if n > 0:
+                self._per_loop[lid] = n
+            else:
+                self._per_loop.pop(lid, None)
+
+    def pending_for(self, loop: Any) -> int:
+        """How many waits of ``loop`` (an asyncio loop or a trio token) are pending here. Never blocks."""
+        return self._per_loop.get(id(loop), 0)
+
     def finish(self, w: Waiter, now_ns: int) -> None:
-        """The owner of an EARLY waiter saw its event complete at ``now_ns``."""
+        """The plain thread owning the EARLY waiter ``w`` saw its event complete at ``now_ns``."""
         with self._lock:
             if w.state == EARLY:
                 w.state = FIRED
-                self._live -= 1
-                self._early -= 1
-                self._learn(w, now_ns)
-                self._learn_delivery(w)
+                self._gone_locked(w)
+                self._learn(w, now_ns, True)
+                self._learn_delivery(w.kind, w.woke_ns - w.sent_ns)
                 if self._live and self._sleeping:
                     self._cv.notify()
 
     def rearm(self, w: Waiter, target: Any) -> bool:
-        """The owner of an EARLY waiter gave up polling: park it again (no second early wake).
+        """The plain thread owning the EARLY waiter ``w`` gave up polling: park it again.
 
         False if the engine already saw the event complete, or failed it (then ``w.error`` is set): the owner
         must not park.
@@ -187,11 +234,10 @@ class Engine:
         with self._lock:
             if w.state != EARLY:
                 return False
-            self._learn_delivery(w)
+            self._learn_delivery(w.kind, w.woke_ns - w.sent_ns)
             w.state = PENDING
-            self._early -= 1
-            w.early_ok = False
             w.target = target
+            w.poll_until_ns = -1  # no second early wake
             if self._sleeping:
                 self._cv.notify()
             return True
@@ -211,24 +257,109 @@ class Engine:
         if thread is not None and thread is not threading.current_thread():
             thread.join()
 
-    def collect_now(self) -> None:
-        """Query pending waits from the calling thread and resume what completed (a pool at its bound uses
-        this so that releases the waiter thread has not looked at yet are not counted as in use)."""
-        with self._lock:
-            keys = list(self._heaps)
-        try:
-            fired = self._collect(keys)
-        except BackendError:
-            return  # the waiter thread reports it to every waiter
-        if fired:
-            self._dispatch(fired, False)
-
     @property
     def pending(self) -> int:
         return self._live
 
     def estimate_ns(self, key: int, tag: Any) -> int | None:
         return self._estimate_ns.get((key, tag))
+
+    def delivery_ns(self, kind: int = KIND_ASYNCIO) -> int:
+        """The learned delay from arming a loop's poller (or waking a thread) to its first poll, in ns."""
+        return self._delivery_ns[kind]
+
+    # -- finding completions ------------------------------------------------------------------------------
+    def collect(self, skip_covered: bool = False) -> list[Waiter]:
+        """Query the head of every stream with pending waits and pop what completed (any thread). Returns the
+        waiters to resume (not yet resumed). ``skip_covered``: leave the heads of loops whose poller covers them
+        (the waiter thread). Raises `BackendError` when the device failed."""
+        fired: list[Waiter] = []
+        query = self._dev.query
+        now = _now()
+        with self._lock:
+            for q in self._queues.values():
+                while q:
+                    w = q[0]
+                    if w.state >= FIRED:
+                        q.popleft()
+                        continue
+                    if skip_covered and w.kind <= KIND_TRIO and self.covered_until.get(id(w.loop), 0) > now:
+                        break
+                    if not query(w.raw):
+                        break
+                    done_ns = _now()
+                    q.popleft()
+                    self._learn(w, done_ns, True)
+                    self._fire_locked(w, fired)
+                    n = self._done_behind(q, query)
+                    for _ in range(n):
+                        w = q.popleft()
+                        if w.state < FIRED:
+                            self._learn(w, done_ns, False)
+                            self._fire_locked(w, fired)
+                    break
+        return fired
+
+    @staticmethod
+    def _done_behind(q: deque[Waiter], query: Callable[[Any], bool]) -> int:
+        """How many waits at the front of ``q`` are complete, knowing the one just popped before them was:
+        events of one stream complete in record order. Under the lock."""
+        n = len(q)
+        if not n:
+            return 0
+        last = q[-1]
+        if last.state != CANCELLED and last.intact() and query(last.raw):
+            return n
+        lo, hi = 0, n - 1  # q[hi] is not done (or cannot tell)
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            w = q[mid]
+            if not w.intact():  # released or re-recorded: its answer says nothing of its place; go one by one
+                while lo < hi and q[lo].intact() and query(q[lo].raw):
+                    lo += 1
+                return lo
+            if query(w.raw):
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def _fire_locked(self, w: Waiter, fired: list[Waiter]) -> None:
+        early = w.state == EARLY  # a plain thread is polling and sees the completion itself
+        w.state = FIRED
+        self._gone_locked(w)
+        if not early:
+            fired.append(w)
+
+    def _learn(self, w: Waiter, now: int, sample: bool) -> None:
+        """``w`` was seen complete at ``now``; ``sample``: it was the head (its time is a sample of its work)."""
+        key = w.key
+        last = self._last_done_ns.get(key, 0)
+        if now <= last:
+            return
+        self._last_done_ns[key] = now
+        if not sample or w.kind == KIND_CALLBACK:
+            return
+        took = now - max(w.record_ns, last)
+        k = (key, w.tag)
+        est = self._estimate_ns.get(k)
+        if est is None:
+            self._estimate_ns[k] = took
+            return
+        self._estimate_ns[k] = took if took < est else est + (took - est) // 8
+        spread = self._spread_ns.get(k, est >> 5)
+        self._spread_ns[k] = spread + (abs(took - est) - spread) // 8
+
+    def _learn_delivery(self, kind: int, sample: int) -> None:
+        """Track the arm-to-first-poll delay near its upper end (fast up, slow down)."""
+        if sample <= 0:
+            return
+        est = self._delivery_ns[kind]
+        self._delivery_ns[kind] = est + ((sample - est) >> 2 if sample > est else -((est - sample) >> 5))
+
+    def learn_delivery(self, kind: int, sent_ns: int) -> None:
+        """A poller's arm message sent at ``sent_ns`` reached its loop now (called in that loop's thread)."""
+        self._learn_delivery(kind, _now() - sent_ns)
 
     # -- the waiter thread ------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -243,7 +374,7 @@ class Engine:
     def _step(self) -> bool:
         with self._lock:
             while self._live == 0:
-                self._heaps.clear()
+                self._queues.clear()
                 if self._closed:
                     return False
                 self._sleeping = True
@@ -253,164 +384,194 @@ class Engine:
             if self._closed:
                 self._fail_all_locked(ClosedError(f"{self._dev.name} was closed while a task waited on it"))
                 return True
-            keys = list(self._heaps)
         try:
-            fired = self._collect(keys)
+            fired = self.collect(skip_covered=True)
         except BackendError as err:
             self._fail_all(err)
             return True
         if fired:
-            self._dispatch(fired, False)
-        early = self._pause()
-        if early:
-            self._dispatch(early, True)
+            self.dispatch(fired, LINGER_NS)
+        self._pause()
         return True
 
-    def _collect(self, keys: list[int]) -> list[Waiter]:
-        """Query the head of each stream; pop what completed. Returns the waiters to resume."""
-        fired: list[Waiter] = []
-        query = self._dev.query
-        for key in keys:
-            done_raw = None
-            while True:
-                with self._lock:
-                    heap = self._heaps.get(key)
-                    if not heap:
-                        break
-                    w = heap[0][2]
-                    if w.state >= FIRED:
-                        heapq.heappop(heap)
-                        continue
-                    if w.raw is done_raw:  # several waits on one event
-                        heapq.heappop(heap)
-                        self._fire_locked(w, fired)
-                        continue
-                if not query(w.raw):
-                    break
-                now = _now()
-                with self._lock:
-                    if heap and heap[0][2] is w and w.state < FIRED:
-                        heapq.heappop(heap)
-                        self._learn(w, now)
-                        self._fire_locked(w, fired)
-                        done_raw = w.raw
-        return fired
-
-    def _fire_locked(self, w: Waiter, fired: list[Waiter]) -> None:
-        early = w.state == EARLY  # its owner is polling and sees the completion itself
-        w.state = FIRED
-        self._live -= 1
-        if early:
-            self._early -= 1
-        else:
-            fired.append(w)
-
-    def _learn(self, w: Waiter, now: int) -> None:
-        key = w.key
-        ready = max(w.record_ns, self._last_done_ns.get(key, 0))
-        if now <= self._last_done_ns.get(key, 0):
-            return
-        self._last_done_ns[key] = now
-        if w.kind == KIND_RELEASE:
-            return
-        sample = now - ready
-        k = (key, w.tag)
-        est = self._estimate_ns.get(k)
-        self._estimate_ns[k] = sample if est is None or sample < est else est + (sample - est) // 8
-
-    def _learn_delivery(self, w: Waiter) -> None:
-        """Track the dispatch-to-first-poll delay near its upper end (fast up, slow down)."""
-        if w.woke_ns <= w.dispatch_ns:
-            return
-        sample = w.woke_ns - w.dispatch_ns
-        est = self._delivery_ns[w.kind]
-        self._delivery_ns[w.kind] = est + ((sample - est) >> 2 if sample > est else -((est - sample) >> 5))
-
-    def delivery_ns(self, kind: int = KIND_ASYNCIO) -> int:
-        """The learned delay from an early dispatch to the task's first poll, in ns."""
-        return self._delivery_ns[kind]
-
-    def _pause(self) -> list[Waiter]:
-        """Sleep until the next head is worth looking at; returns heads to wake early instead."""
+    def _pause(self) -> None:
+        """Sleep until the next head is worth looking at; arm pollers and wake plain threads early on the way."""
         now = _now()
         wake_at = now + int(MAX_SLEEP_S * 1e9)
+        arm: dict[int, tuple[int, Any, int]] = {}  # id(loop) -> (kind, loop, until)
         early: list[Waiter] = []
         with self._lock:
-            heads = [h[0][2] for h in self._heaps.values() if h]
-            for w in heads:
+            for key, q in self._queues.items():
+                if not q:
+                    continue
+                w = q[0]
                 if w.state >= FIRED:
-                    return early  # a finished head: look again at once
-                ready = max(w.record_ns, self._last_done_ns.get(w.key, 0))
-                age = now - ready
-                backoff = now + min(max(age >> 3, MIN_POLL_NS), MAX_POLL_NS)
-                est = self._estimate_ns.get((w.key, w.tag))
+                    wake_at = now  # a finished head: look again at once
+                    continue
+                kind = w.kind
                 if w.state == EARLY:
-                    t = now + int(MAX_SLEEP_S * 1e9)  # its owner polls, then calls finish() or rearm()
-                elif est is None:
-                    t = backoff
+                    continue  # its thread polls, then calls finish() or rearm()
+                if kind <= KIND_TRIO:
+                    covered = self.covered_until.get(id(w.loop), 0)
+                    if covered > now:
+                        wake_at = min(wake_at, covered)
+                        continue
+                k = (key, w.tag)
+                est = self._estimate_ns.get(k)
+                ready = max(w.record_ns, self._last_done_ns.get(key, 0))
+                if est is None:
+                    t = now + min(max((now - ready) >> 4, MIN_POLL_NS), MAX_POLL_NS)
                 else:
                     predicted = ready + est
-                    if w.early_ok and self._early < EARLY_MAX:
-                        wake = predicted - self._delivery_ns[w.kind] - LEAD_MARGIN_NS - (est >> 5)
-                        if now >= wake:
+                    missed = predicted + max(MIN_WINDOW_NS, est >> 2)
+                    if now > missed or (kind == KIND_THREAD and w.poll_until_ns < 0):
+                        t = now + min(max((now - predicted) >> 4, MIN_POLL_NS), MAX_POLL_NS)
+                    elif kind <= KIND_THREAD:
+                        start = predicted - self._lead_ns(kind, k, est)
+                        if now < start:
+                            t = start
+                        elif kind == KIND_THREAD:
                             w.state = EARLY
-                            self._early += 1
-                            w.dispatch_ns = now
-                            w.poll_until_ns = max(predicted, now) + max(MIN_WINDOW_NS, est >> 2)
+                            w.poll_until_ns, w.sent_ns = missed, now
                             early.append(w)
-                            t = now + int(MAX_SLEEP_S * 1e9)
+                            continue
                         else:
-                            t = wake
+                            lid = id(w.loop)
+                            if arm.get(lid, (0, 0, 0))[2] < missed:
+                                arm[lid] = (kind, w.loop, missed)
+                            self.covered_until[lid] = missed
+                            t = missed
                     elif now < predicted - SPIN_MARGIN_NS - (est >> 4):
                         t = predicted - SPIN_MARGIN_NS - (est >> 4)
-                    elif now < predicted + max(MIN_SPIN_WINDOW_NS, est >> 2):
-                        t = now + MIN_POLL_NS  # the completion is due: look often, without spinning
                     else:
-                        t = backoff
+                        t = now + MIN_POLL_NS  # a callback's completion is due: look often, without spinning
                 if t < wake_at:
                     wake_at = t
             timeout = (wake_at - now) / 1e9
-            if early or timeout <= 0 or self._closed:
-                return early
-            self._sleeping = True
-            self._wake_at_ns = wake_at
-            self._cv.wait(min(timeout, MAX_SLEEP_S))
-            self._sleeping = False
-        return early
+            if not (arm or early or timeout <= 0 or self._closed):
+                self._sleeping = True
+                self._wake_at_ns = wake_at
+                self._cv.wait(min(timeout, MAX_SLEEP_S))
+                self._sleeping = False
+        for w in early:
+            w.target.release()  # the blocked thread reads w.state (EARLY) and polls until w.poll_until_ns
+        for kind, loop, until in arm.values():
+            loops.deliver(kind, loop, [], partial(_arm, kind, loop, self, until, _now()))
 
-    # -- waking tasks -------------------------------------------------------------------------------------
+    # -- waking --------------------------------------------------------------------------------------------
     def _fail_all(self, err: BaseException) -> None:
         with self._lock:
             self._fail_all_locked(err)
 
     def _fail_all_locked(self, err: BaseException) -> None:
         fired = []
-        for heap in self._heaps.values():
-            for _, _, w in heap:
+        for q in self._queues.values():
+            for w in q:
                 if w.state < FIRED:
                     parked = w.state == PENDING  # an EARLY owner is polling: it reads w.error on rearm
                     w.state = FIRED
                     w.error = err
                     if parked:
                         fired.append(w)
-            heap.clear()
-        self._live = self._early = 0
+            q.clear()
+        self._live = 0
+        self._per_loop.clear()
         if fired:
-            self._dispatch(fired, False)  # takes no engine lock: safe here
+            self.dispatch(fired, 0)  # takes no engine lock: safe here
 
-    def _dispatch(self, waiters: list[Waiter], early: bool) -> None:
-        by_loop: dict[int, tuple[Any, int, list]] = {}
+    def dispatch(self, waiters: list[Waiter], linger_ns: int, here: Any = None) -> None:
+        """Resume ``waiters`` (popped by `collect`): plain threads by their lock, callbacks in this thread, each
+        loop's tasks in one batch through its thread-safe entry point (arming its poller for ``linger_ns``) —
+        except those of ``here`` (the calling loop's poller), which it resumes itself and returns nothing for."""
+        by_loop: dict[int, tuple[int, Any, list]] = {}
+        now = _now()
         for w in waiters:
-            if w.kind == KIND_RELEASE:
+            kind = w.kind
+            if kind == KIND_THREAD:
+                w.target.release()  # the blocked thread reads w.state, w.error
+            elif kind == KIND_CALLBACK:
                 if w.error is None:
                     w.target(w.raw)
-                continue
-            if w.kind == KIND_THREAD:
-                w.target.release()  # a lock the blocked thread waits on (GIL released); it reads w.state, w.error
-                continue
-            entry = by_loop.get(id(w.loop))
-            if entry is None:
-                entry = by_loop[id(w.loop)] = (w.loop, w.kind, [])
-            entry[2].append((w.target, early, w.error))
-        for loop, kind, items in by_loop.values():
-            loops.deliver(kind, loop, items)
+            elif here is not None and w.loop is here.loop:
+                here.resolve(w)
+            else:
+                entry = by_loop.get(id(w.loop))
+                if entry is None:
+                    entry = by_loop[id(w.loop)] = (kind, w.loop, [])
+                entry[2].append((w.target, None, w.error))
+        for lid, (kind, loop, items) in by_loop.items():
+            then = None
+            if linger_ns and self._per_loop.get(lid):
+                until = now + linger_ns
+                self.covered_until[lid] = until
+                then = partial(_arm, kind, loop, self, until, now)
+            loops.deliver(kind, loop, items, then)
+
+
+class Poller:
+    """One event loop's poller: while armed for some engines, it runs between the loop's iterations (rescheduling
+    itself with the loop's ``call_soon``), queries those devices' stream heads and resumes what completed,
+    lingering `LINGER_NS` after each completion it sees. Lives in its loop's thread only; made by `loops`."""
+
+    __slots__ = ("kind", "loop", "engines", "scheduled", "schedule", "__weakref__")
+
+    def __init__(self, kind: int, loop: Any, schedule: Callable[[Callable[[], None]], None]) -> None:
+        self.kind, self.loop, self.schedule = kind, loop, schedule
+        self.engines: dict[Engine, int] = {}  # engine -> polls until (ns)
+        self.scheduled = False
+
+    def arm(self, engine: Engine, until_ns: int, sent_ns: int) -> None:
+        engine.learn_delivery(self.kind, sent_ns)
+        if until_ns > self.engines.get(engine, 0):
+            self.engines[engine] = until_ns
+            engine.covered_until[id(self.loop)] = until_ns
+        if not self.scheduled:
+            self.scheduled = True
+            self.run()
+
+    def resolve(self, w: Waiter) -> None:
+        loops.resolve_here(self.kind, w.target, w.error)
+
+    def run(self) -> None:
+        """One pass over the armed engines (in the loop's thread); reschedules itself while any stays armed."""
+        lid = id(self.loop)
+        for engine, until in list(self.engines.items()):
+            try:
+                fired = engine.collect()
+            except BackendError:
+                fired = []  # the waiter thread fails every wait of the device
+            now = _now()
+            if fired:
+                until = max(until, now + LINGER_NS)
+                engine.dispatch(fired, 0, here=self)
+            if now >= until or not engine.pending_for(self.loop):
+                del self.engines[engine]
+                if engine.covered_until.get(lid, 0) <= until:
+                    engine.covered_until.pop(lid, None)
+                engine.kick()
+            elif until != self.engines[engine]:
+                self.engines[engine] = until
+                engine.covered_until[lid] = until
+        if self.engines:
+            self.scheduled = True
+            try:
+                self.schedule(self.run)
+            except RuntimeError:  # the loop is closing: nobody is left to resume
+                self.scheduled = False
+                self.engines.clear()
+        else:
+            self.scheduled = False
+            if _POLLERS.get(id(self.loop)) is self:
+                del _POLLERS[id(self.loop)]
+
+
+#: id(loop or trio token) -> its poller while armed; touched only in that loop's thread
+_POLLERS: weakref.WeakValueDictionary[int, Poller] = weakref.WeakValueDictionary()
+
+
+def _arm(kind: int, loop: Any, engine: Engine, until_ns: int, sent_ns: int) -> None:
+    """In the loop's thread: arm its poller for ``engine`` until ``until_ns`` (made on first use)."""
+    poller = _POLLERS.get(id(loop))
+    if poller is None or poller.loop is not loop:
+        poller = _POLLERS[id(loop)] = Poller(kind, loop, loops.scheduler(kind, loop))
+    poller.arm(engine, until_ns, sent_ns)

@@ -120,6 +120,7 @@ class Event:
             self.record_ns,
             deadline_ns,
             dev.bd.sync_event,
+            self,
         )
 
     async def wait(self) -> None:
@@ -133,7 +134,7 @@ class Event:
         dev = self.device
         key = self.key
         assert key is not None  # checked() raised otherwise
-        await await_completion(dev.engine, dev.bd.query, raw, key, self.seq, self.tag, self.record_ns)
+        await await_completion(dev.engine, dev.bd.query, raw, key, self.seq, self.tag, self.record_ns, self)
 
     # -- timing -------------------------------------------------------------------------------------------
     def elapsed_ms(self, start: Event) -> float:
@@ -162,7 +163,7 @@ class Event:
         raw = self.raw
         if raw is not None:
             self.raw = None
-            self.device.recycle(raw, self.timing, self.key, self.seq)
+            self.device.recycle(raw, self.timing, self.key)
 
     def __enter__(self) -> Event:
         return self
@@ -174,7 +175,7 @@ class Event:
         raw = getattr(self, "raw", None)
         if raw is not None:
             self.raw = None
-            self.device.bury(raw, self.timing, self.key, self.seq)
+            self.device.recycle(raw, self.timing, self.key)
 
     def live(self) -> Any:
         raw = self.raw

@@ -217,6 +217,7 @@ class Graph:
             if not wanted:
                 self._point(self._res.events)
                 self.bd.launch_graph(self._res.raw, s.raw)
+                s.counted()
                 s.tag = name
                 return
             pairs, tokens = self._launch_timed(s, name, wanted)
@@ -226,8 +227,8 @@ class Graph:
             covered = nodes[index] if index >= 0 else hooks.WHOLE_GRAPH
             replay = hooks.Replay(tokens, covered, count) if covered is not None else None
             if not hooks.adopt(s, act_name, kind, start_raw, end_raw, replay):  # no scope left that wants it
-                dev.recycle_later(start_raw, s.handle)
-                dev.recycle_later(end_raw, s.handle)
+                dev.recycle_later(start_raw)
+                dev.recycle_later(end_raw)
 
     def _launch_timed(self, s: Stream, name: str, wanted: frozenset) -> tuple[list, list]:
         """Point the wanted parts' nodes at pooled events and launch between two more. Holds ``_lock``.
@@ -256,6 +257,7 @@ class Graph:
             tokens = hooks.correlate(s)  # CUPTI: the replay's nodes carry the scopes' external id
             try:
                 bd.launch_graph(self._res.raw, s.raw)
+                s.counted()
             finally:
                 hooks.uncorrelate(tokens)
             if whole:
@@ -265,7 +267,7 @@ class Graph:
                 pairs.insert(0, (name, "graph", start, end, -1))
         except BaseException:
             for raw in taken:  # back to the pool once the device has passed them (at once if never enqueued)
-                dev.recycle_later(raw, s.handle)
+                dev.recycle_later(raw)
             raise
         finally:
             if held is not None:

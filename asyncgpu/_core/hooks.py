@@ -175,6 +175,9 @@ def launch_now(stream: Stream, name: str, kind: str, fn: Callable[..., Any], arg
     if not observers:  # the hot path: nobody watches this launch
         fn(*args)
         stream.tag = name
+        stream.ops += 1  # (`Stream.counted`, inlined)
+        if stream.ops >= stream.next_check:
+            stream.counted(0)
         return
     # Hold the stream until the observers' brackets and the work are all enqueued: on an idle stream the start
     # event would otherwise complete at once and the bracket count the host's submission time (see `hold`).
@@ -200,6 +203,7 @@ def launch_now(stream: Stream, name: str, kind: str, fn: Callable[..., Any], arg
             stream.held = False
             bd.release(held)
     stream.tag = name
+    stream.counted(1 if held is None else 2)
 
 
 def wanted_kinds(device: Device, kinds: frozenset[str]) -> frozenset[str]:

@@ -7,7 +7,8 @@ asyncgpu serves plain threads, asyncio (uvloop included) and trio. Everything th
 * `deliver` — resume parked tasks of one loop from any thread, in one batch, through the loop's own
   thread-safe entry point: asyncio ``loop.call_soon_threadsafe``; trio ``TrioToken.run_sync_soon`` +
   ``reschedule``. A foreign thread never touches a loop's objects directly (``anyio.Event.set()`` from a
-  thread loses wake-ups on asyncio and raises on trio).
+  thread loses wake-ups on asyncio and raises on trio). `resolve_here` and `scheduler` do the same from the
+  loop's own thread (the completion engine's pollers).
 * `Parked` — one thread or task parked until another thread wakes it (a channel's getters and putters).
 * `checkpoint`, `is_cancellation`, `fresh_error`.
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 __all__ = [
     "ASYNCIO",
@@ -31,6 +32,8 @@ __all__ = [
     "deliver",
     "fresh_error",
     "is_cancellation",
+    "resolve_here",
+    "scheduler",
     "trio_module",
 ]
 
@@ -87,34 +90,65 @@ def fresh_error(err: BaseException) -> BaseException:
     return clone
 
 
-def deliver(kind: int, loop: Any, items: list[tuple[Any, Any, BaseException | None]]) -> None:
-    """From any thread: resume the parked ``(target, value, error)`` of one loop in one batch. ``loop`` is the
-    asyncio loop (targets: futures) or the `trio.lowlevel.TrioToken` (targets: tasks). A loop that has closed
-    is skipped: nobody is left to wake."""
+def deliver(
+    kind: int, loop: Any, items: list[tuple[Any, Any, BaseException | None]], then: Callable[[], None] | None = None
+) -> None:
+    """From any thread: resume the parked ``(target, value, error)`` of one loop in one batch, then call ``then``
+    (if given) in the loop's thread. ``loop`` is the asyncio loop (targets: futures) or the
+    `trio.lowlevel.TrioToken` (targets: tasks). A loop that has closed is skipped: nobody is left to wake."""
     try:
         if kind == ASYNCIO:
-            loop.call_soon_threadsafe(_resolve_asyncio, items)
+            loop.call_soon_threadsafe(_resolve_asyncio, items, then)
         else:
-            loop.run_sync_soon(_resolve_trio, items)
+            loop.run_sync_soon(_resolve_trio, items, then)
     except RuntimeError:  # trio's RunFinishedError is a RuntimeError too
         pass
 
 
-def _resolve_asyncio(items: Iterable[tuple[Any, Any, BaseException | None]]) -> None:
+def scheduler(kind: int, loop: Any) -> Callable[[Callable[[], None]], Any]:
+    """How to run a callback at the loop's next iteration, from the loop's own thread: asyncio ``call_soon``,
+    trio ``TrioToken.run_sync_soon`` (``loop`` as in `deliver`)."""
+    return loop.call_soon if kind == ASYNCIO else loop.run_sync_soon
+
+
+def resolve_here(kind: int, target: Any, err: BaseException | None) -> None:
+    """In the loop's own thread: resume one parked target (a future or a trio task) with None or ``err``."""
+    if kind == ASYNCIO:
+        if not target.done():
+            if err is None:
+                target.set_result(None)
+            else:
+                target.set_exception(fresh_error(err))
+    else:
+        import outcome
+        import trio
+
+        trio.lowlevel.reschedule(target, outcome.Value(None) if err is None else outcome.Error(fresh_error(err)))
+
+
+def _resolve_asyncio(
+    items: Iterable[tuple[Any, Any, BaseException | None]], then: Callable[[], None] | None = None
+) -> None:
     for fut, value, err in items:
         if not fut.done():
             if err is None:
                 fut.set_result(value)
             else:
                 fut.set_exception(fresh_error(err))
+    if then is not None:
+        then()
 
 
-def _resolve_trio(items: Iterable[tuple[Any, Any, BaseException | None]]) -> None:
+def _resolve_trio(
+    items: Iterable[tuple[Any, Any, BaseException | None]], then: Callable[[], None] | None = None
+) -> None:
     import outcome
     import trio
 
     for task, value, err in items:
         trio.lowlevel.reschedule(task, outcome.Value(value) if err is None else outcome.Error(fresh_error(err)))
+    if then is not None:
+        then()
 
 
 class Parked:

@@ -2,8 +2,8 @@
 
 Events are created in chunks on demand, up to ``max_events``; in the steady state `take` and `give` only move an
 event between a list and the caller. An event is given back only once the device can no longer touch it (the
-caller guarantees this: see `asyncgpu._event.Event.release`). Thread-safe: `take` and `give` may be called from
-any thread (list append/pop are atomic under the GIL; growth takes a lock).
+device's queue of releases checks: see `asyncgpu._core.device.Device.recycle`). Thread-safe: `take` and `give`
+may be called from any thread (list append/pop are atomic under the GIL; growth and trims take a lock).
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ __all__ = ["EventPool", "PoolStats"]
 
 @dataclass(frozen=True)
 class PoolStats:
-    """Counters of one pool. ``created`` only grows: in a steady state it stays flat while ``taken`` grows."""
+    """Counters of one pool. In a steady state ``created`` stays flat while ``taken`` grows; `EventPool.trim`
+    lowers it once a burst is over."""
 
     timing: bool
-    created: int  #: events created so far: the high-water mark (the pool grows only when none is free)
+    created: int  #: events alive (created, not destroyed by a trim): the pool grows only when none is free
     free: int  #: events ready to be taken
     in_use: int  #: events held by callers or waiting for the device to pass them
     taken: int  #: total takes (counted without a lock: a close estimate under concurrent takes)
@@ -32,6 +33,10 @@ class PoolStats:
 
 
 class EventPool:
+    """Recycled events of one kind (timing or not) of one device. ``reclaim(everything)``: gives back released
+    events the device has passed (the device's queue of releases); called before the pool grows, and with
+    ``everything=True`` when it is at its bound."""
+
     def __init__(
         self,
         device: BackendDevice,
@@ -39,10 +44,10 @@ class EventPool:
         timing: bool,
         max_events: int,
         grow_by: int = 64,
-        reclaim: Callable[[], None] | None = None,
+        reclaim: Callable[[bool], int] | None = None,
     ) -> None:
         self._device = device
-        self._reclaim = reclaim  # at the bound: give back released events the device has passed, then retry
+        self._reclaim = reclaim
         self._timing = timing
         self._max = max_events
         self._grow_by = grow_by
@@ -54,22 +59,32 @@ class EventPool:
         self._closed = False
 
     def take(self) -> Any:
-        """A free backend event (hot). Grows the pool when empty; raises `PoolExhaustedError` at the bound."""
+        """A free backend event (hot). When none is free: reclaims released ones the device has passed, else
+        grows; raises `PoolExhaustedError` at the bound."""
         try:
             raw = self._free.pop()
         except IndexError:
-            try:
-                raw = self._grow()
-            except PoolExhaustedError:
-                if self._reclaim is None:
-                    raise
-                self._reclaim()  # releases the waiter thread has not looked at yet
-                try:
-                    raw = self._free.pop()
-                except IndexError:
-                    raise PoolExhaustedError(self._exhausted()) from None
+            raw = self._refill()
         self._taken += 1
         return raw
+
+    def _refill(self) -> Any:
+        reclaim = self._reclaim
+        if reclaim is not None and reclaim(False):
+            try:
+                return self._free.pop()
+            except IndexError:
+                pass  # the reclaimed events were of the other kind
+        try:
+            return self._grow()
+        except PoolExhaustedError:
+            if reclaim is None:
+                raise
+            reclaim(True)
+            try:
+                return self._free.pop()
+            except IndexError:
+                raise PoolExhaustedError(self._exhausted()) from None
 
     def give(self, raw: Any) -> None:
         """Return an event the device has passed. After `close` the event is destroyed instead."""
@@ -91,6 +106,20 @@ class EventPool:
             raw = fresh.pop()
             self._free.extend(fresh)
             return raw
+
+    def trim(self, keep: int) -> int:
+        """Destroy free events beyond ``keep``; returns how many. ``created`` counts down by as many."""
+        gone = 0
+        with self._lock:
+            while len(self._free) > keep:
+                try:
+                    raw = self._free.pop(0)  # the least recently used
+                except IndexError:
+                    break
+                self._device.destroy_event(raw)
+                self._created -= 1
+                gone += 1
+        return gone
 
     def _exhausted(self) -> str:
         kind = "timing" if self._timing else "non-timing"

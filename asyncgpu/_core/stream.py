@@ -14,14 +14,18 @@ they reach the backend.
 from __future__ import annotations
 
 import itertools
+import warnings
+from collections import deque
 from typing import TYPE_CHECKING, Any, final
 
 import numpy as np
 
-from .._errors import DeviceMismatchError
+from .._errors import BlockingCallWarning, DeviceMismatchError
+from . import loops
 from .event import Event
 from .hooks import launch as run_timed
 from .memory import DeviceArray
+from .waiting import await_completion
 
 if TYPE_CHECKING:
     from .._backends.contract import BackendDevice
@@ -29,14 +33,46 @@ if TYPE_CHECKING:
     from .graph import GraphCapture
     from .hooks import CaptureHook
 
-__all__ = ["Stream"]
+__all__ = ["QUEUE_BOUND", "Stream"]
+
+#: Launches (kernels, memsets, copies, holds, graph replays, waits) asyncgpu lets queue on one stream before an
+#: async caller waits for room (`Stream.room`). The driver queues 1,022 launches per stream on H100/H200 (driver
+#: 580; event records take no slot) and then blocks the launching thread (benchmarks/RESULTS.md, run 20).
+QUEUE_BOUND = 768
+CHECK_EVERY = 64  #: a stream records a checkpoint (a non-timing event) after this many launches
+
+
+@final
+class _Check:
+    """A checkpoint on a stream: a non-timing event recorded after its ``ops``-th launch."""
+
+    __slots__ = ("raw", "key", "seq", "ops", "waiters")
+
+    def __init__(self, raw: Any, key: int, seq: int, ops: int) -> None:
+        self.raw, self.key, self.seq, self.ops, self.waiters = raw, key, seq, ops, 0
 
 
 @final
 class Stream:
     """One stream of a device. Get them from `Device.streams`, `Device.create_stream` or `Device.adopt_stream`."""
 
-    __slots__ = ("device", "label", "handle", "owned", "bd", "raw", "seqs", "tag", "capture_hook", "held")
+    __slots__ = (
+        "device",
+        "label",
+        "handle",
+        "owned",
+        "bd",
+        "raw",
+        "seqs",
+        "tag",
+        "capture_hook",
+        "held",
+        "ops",
+        "next_check",
+        "done_ops",
+        "checks",
+        "warned",
+    )
     device: Device
     label: str
     handle: int
@@ -47,6 +83,11 @@ class Stream:
     tag: Any
     capture_hook: CaptureHook | None
     held: bool
+    ops: int
+    next_check: int
+    done_ops: int
+    checks: deque[_Check]
+    warned: bool
 
     def __init__(self) -> None:
         raise TypeError("streams come from device.streams, device.create_stream() or device.adopt_stream()")
@@ -64,7 +105,85 @@ class Stream:
         self.seqs = itertools.count()
         self.tag = None
         self.held = False  # a launch onto it is being held now (`asyncgpu._core.hooks.launch_now`)
+        self.ops = 0  # launches enqueued through asyncgpu (`counted`)
+        self.next_check = CHECK_EVERY
+        self.done_ops = 0  # launches the device is known to have passed (from the checkpoints)
+        self.checks = deque()
+        self.warned = False
         return self
+
+    # -- room in the driver's queue ----------------------------------------------------------------------
+    def counted(self, n: int = 1) -> None:
+        """``n`` launches were just enqueued (the launch path calls this; hot: one add and a compare)."""
+        self.ops += n
+        if self.ops >= self.next_check:
+            self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        self._passed()
+        dev = self.device
+        raw = dev.plain_pool.take()
+        try:
+            self.bd.record(raw, self.raw)
+        except BaseException:
+            dev.plain_pool.give(raw)
+            raise
+        self.checks.append(_Check(raw, self.handle, next(self.seqs), self.ops))
+        self.next_check = self.ops + CHECK_EVERY
+        if not self.warned and self.ops - self.done_ops > QUEUE_BOUND and loops.current()[0] != loops.THREAD:
+            self.warned = True
+            warnings.warn(
+                f"{self.device.name}/{self.label} has {self.ops - self.done_ops} launches queued: past about "
+                "1,000 the driver blocks the launching thread, here an event loop's. In a task, "
+                "`await stream.room()` before launching waits for room without blocking the loop",
+                BlockingCallWarning,
+                stacklevel=5,
+            )
+
+    def _passed(self) -> None:
+        """Move `done_ops` up to the newest checkpoint the device has passed; give their events back."""
+        checks, query, pool = self.checks, self.bd.query, self.device.plain_pool
+        while checks and query(checks[0].raw):
+            c = checks.popleft()
+            self.done_ops = c.ops
+            if not c.waiters:
+                pool.give(c.raw)
+                c.raw = None
+
+    def queued(self) -> int:
+        """Launches enqueued through asyncgpu on this stream that the device may not have run yet (an upper
+        bound: it knows of their completion at checkpoints, every `CHECK_EVERY` launches). Never blocks."""
+        self._passed()
+        return self.ops - self.done_ops
+
+    async def room(self, launches: int = 1) -> None:
+        """Wait until ``launches`` more launches fit on this stream under `QUEUE_BOUND`: the driver queues
+        about a thousand per stream and then blocks the launching thread, which in a task is the event loop's.
+        Always a checkpoint (a producer that awaits it before each launch lets the loop's other tasks run);
+        waits for the device only when the stream is full. Cancellation withdraws the wait. Launches made by
+        other libraries on this stream are not counted."""
+        if self.queued() + launches <= QUEUE_BOUND:
+            await loops.checkpoint(*loops.current())
+            return
+        while self.queued() + launches > QUEUE_BOUND:
+            need = self.ops + launches - QUEUE_BOUND
+            c = next((c for c in self.checks if c.ops >= need), self.checks[-1])
+            c.waiters += 1
+            try:
+                await await_completion(self.device.engine, self.bd.query, c.raw, c.key, c.seq, "room", 0, c)
+            finally:
+                c.waiters -= 1
+                if not c.waiters and c not in self.checks and c.raw is not None:
+                    self.device.plain_pool.give(c.raw)
+                    c.raw = None
+
+    def release_checks(self) -> None:
+        """Give every checkpoint event back (the stream is closing; the device has run or drops its work)."""
+        while self.checks:
+            c = self.checks.popleft()
+            if c.raw is not None:
+                self.device.recycle(c.raw, False, c.key)
+                c.raw = None
 
     def __cuda_stream__(self) -> tuple[int, int]:
         """The CUDA stream protocol: ``(0, cudaStream_t address)``. Host streams are not CUDA streams."""
@@ -91,6 +210,7 @@ class Stream:
                 "with `await event.wait()` instead"
             )
         self.bd.wait_event(self.raw, event.checked())
+        self.counted()
 
     def sync(self) -> None:
         """Block the calling thread (GIL released) until everything enqueued here has run."""

@@ -1,8 +1,8 @@
 """Awaiting a backend event from an event loop: asyncio (and uvloop) or trio, whichever runs the caller.
 
-`await_completion` parks the calling task on the device's `Engine` and resumes it through the loop's own
-thread-safe entry point. When the engine wakes it *early* (shortly before the predicted completion), the task
-polls the event between loop iterations until it completes or a bounded window passes, then parks again.
+`await_completion` parks the calling task on the device's `Engine`, which resumes it from its loop's poller
+(shortly before a predicted completion, the loop itself polls the device's stream heads between iterations) or
+through the loop's own thread-safe entry point (`asyncgpu._core.engine`).
 
 Cancellation: the wait is withdrawn from the engine before the cancellation propagates; nothing is left
 behind (the engine never touches a withdrawn waiter's loop again, or, on trio, delivers the one wake-up that
@@ -25,74 +25,56 @@ _now = time.perf_counter_ns
 
 
 async def await_completion(
-    engine: Engine, query: Callable[[Any], bool], raw: Any, key: int, seq: int, tag: Any, record_ns: int
+    engine: Engine,
+    query: Callable[[Any], bool],
+    raw: Any,
+    key: int,
+    seq: int,
+    tag: Any,
+    record_ns: int,
+    owner: Any = None,
 ) -> None:
-    """Resume the calling task once ``query(raw)`` is true. Always a checkpoint. Raises what the engine failed."""
+    """Resume the calling task once ``query(raw)`` is true. Always a checkpoint. Raises what the engine failed.
+    ``owner``: the `Event` waited on (see `Engine.add`)."""
     kind, loop = loops.current()
     if kind == loops.TRIO:
-        return await _await_trio(loop, engine, query, raw, key, seq, tag, record_ns)
+        return await _await_trio(loop, engine, query, raw, key, seq, tag, record_ns, owner)
     if kind != loops.ASYNCIO:
         raise RuntimeError("await event.wait() needs a running asyncio (or uvloop) or trio event loop")
-    if query(raw):  # already complete: still a checkpoint, without a round trip through the waiter thread
+    if query(raw):  # already complete: still a checkpoint, without a round trip through the engine
         await asyncio.sleep(0)
         return
     fut = loop.create_future()
-    w = engine.add(raw, key, seq, tag, record_ns, KIND_ASYNCIO, loop, fut)
+    w = engine.add(raw, key, seq, tag, record_ns, KIND_ASYNCIO, loop, fut, owner)
     try:
-        while await fut:  # True: an early wake; poll for a while
-            if await _poll_asyncio(engine, w, query):
-                return
-            fut = loop.create_future()
-            if not engine.rearm(w, fut):
-                _raise_if_failed(w)
-                return
+        await fut
     except BaseException:
         engine.cancel(w)
         raise
 
 
-async def _poll_asyncio(engine: Engine, w: Waiter, query: Callable[[Any], bool]) -> bool:
-    raw, until, sleep = w.raw, w.poll_until_ns, asyncio.sleep
-    w.woke_ns = _now()
-    while True:
-        if query(raw):
-            engine.finish(w, _now())
-            return True
-        if _now() > until:
-            return False
-        await sleep(0)
-
-
 async def _await_trio(
-    trio: Any, engine: Engine, query: Callable[[Any], bool], raw: Any, key: int, seq: int, tag: Any, record_ns: int
+    trio: Any,
+    engine: Engine,
+    query: Callable[[Any], bool],
+    raw: Any,
+    key: int,
+    seq: int,
+    tag: Any,
+    record_ns: int,
+    owner: Any,
 ) -> None:
     lowlevel = trio.lowlevel
     if query(raw):
         await lowlevel.checkpoint()
         return
     task = lowlevel.current_task()
-    w = engine.add(raw, key, seq, tag, record_ns, KIND_TRIO, lowlevel.current_trio_token(), task)
+    w = engine.add(raw, key, seq, tag, record_ns, KIND_TRIO, lowlevel.current_trio_token(), task, owner)
 
     def abort(_: Any) -> Any:
         return lowlevel.Abort.SUCCEEDED if engine.cancel(w) else lowlevel.Abort.FAILED
 
-    try:
-        while await lowlevel.wait_task_rescheduled(abort):
-            until = w.poll_until_ns
-            w.woke_ns = _now()
-            while True:
-                if query(raw):
-                    engine.finish(w, _now())
-                    return
-                if _now() > until:
-                    break
-                await lowlevel.checkpoint()
-            if not engine.rearm(w, task):
-                _raise_if_failed(w)
-                return
-    except BaseException:
-        engine.cancel(w)
-        raise
+    await lowlevel.wait_task_rescheduled(abort)
 
 
 def block_until_complete(
@@ -105,6 +87,7 @@ def block_until_complete(
     record_ns: int,
     deadline_ns: int | None = None,
     sync: Callable[[Any], None] | None = None,
+    owner: Any = None,
 ) -> bool:
     """Block the calling plain thread (GIL released) until ``query(raw)`` is true, or until ``deadline_ns``
     (``time.perf_counter_ns`` base; None: no limit). Returns False on timeout, with the wait withdrawn. Raises
@@ -118,7 +101,7 @@ def block_until_complete(
         return True
     lock = threading.Lock()
     lock.acquire()
-    w = engine.add(raw, key, seq, tag, record_ns, KIND_THREAD, None, lock)
+    w = engine.add(raw, key, seq, tag, record_ns, KIND_THREAD, None, lock, owner)
     try:
         while True:
             if deadline_ns is None:

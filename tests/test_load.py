@@ -1,0 +1,209 @@
+"""Waits under load and room in the driver's queue (issue 14), on every loop and backend.
+
+The figures (latency under paced completions and bursts against the loop's floor) are a benchmark,
+benchmarks/bench_load.py; these tests check behaviour: every wait resumes, none before its event, nothing is
+left behind, the loop keeps running while launches wait for room.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import anyio
+import numpy as np
+import pytest
+
+import asyncgpu
+from asyncgpu._core import engine as engine_mod
+from asyncgpu._core import stream as stream_mod
+from asyncgpu.errors import BlockingCallWarning
+
+pytestmark = pytest.mark.anyio
+
+
+def _hold(dev, s):
+    """Hold ``s`` on the device until the returned function is called (any thread)."""
+    token = dev.bd.hold(s.raw)
+    assert token is not None
+    return lambda: dev.bd.release(token)
+
+
+@pytest.mark.parametrize("backend", ["host", pytest.param("cuda", marks=pytest.mark.gpu)])
+async def test_a_thousand_waits_in_flight_each_resume_after_its_event(backend):
+    dev = asyncgpu.device(f"{backend}:0", streams=8)
+    release = [_hold(dev, s) for s in dev.streams]
+    events = []
+    for i in range(1000):
+        s = dev.streams[i % 8]
+        if i % 100 < 8:
+            s.spin_us(200)
+        events.append(s.record())
+    woke = [0] * len(events)
+    done_at_wake = [False] * len(events)
+
+    async def waiter(i, ev):
+        await ev.wait()
+        woke[i] = time.perf_counter_ns()
+        done_at_wake[i] = ev.query()
+
+    async with anyio.create_task_group() as tg:
+        for i, ev in enumerate(events):
+            tg.start_soon(waiter, i, ev)
+        await anyio.sleep(0.02)
+        assert not any(woke), "a wait resumed while its stream was held"
+        assert dev.engine.pending == 1000
+        for r in release:
+            r()
+    assert all(woke) and all(done_at_wake)
+    assert dev.engine.pending == 0
+    for ev in events:
+        ev.release()
+    assert dev.pool_stats().in_use == 0
+
+
+async def test_cancelled_waits_leave_nothing_behind():
+    dev = asyncgpu.device("host:0", streams=4)
+    release = [_hold(dev, s) for s in dev.streams]
+    events = [dev.streams[i % 4].record() for i in range(500)]
+    async with anyio.create_task_group() as tg:
+        for ev in events:
+            tg.start_soon(ev.wait)
+        await anyio.sleep(0.01)
+        assert dev.engine.pending == 500
+        tg.cancel_scope.cancel()
+    assert dev.engine.pending == 0
+    for r in release:
+        r()
+    for ev in events:
+        ev.wait_sync(timeout_s=5)  # still recorded, still the caller's
+        ev.release()
+    assert dev.pool_stats().in_use == 0
+
+
+async def test_a_rerecorded_event_behind_a_held_head_never_resumes_those_before_it():
+    """The engine infers the completion of waits behind a done head from the newest one; an event recorded again
+    elsewhere says nothing of its old place and must not be used for that."""
+    dev = asyncgpu.device("host:0", streams=2)
+    held, free = dev.streams
+    release = _hold(dev, held)
+    events = [held.record() for _ in range(10)]
+    woke = []
+
+    async def waiter(i, ev):
+        await ev.wait()
+        woke.append(i)
+
+    async with anyio.create_task_group() as tg:
+        for i, ev in enumerate(events[:9]):
+            tg.start_soon(waiter, i, ev)
+        await anyio.sleep(0.005)
+        tg.start_soon(waiter, 9, events[9])
+        await anyio.sleep(0.005)
+        events[9].record(free)  # re-recorded on an idle stream: it completes at once
+        await anyio.sleep(0.02)
+        assert woke in ([], [9]), f"resumed before their held events completed: {woke}"
+        release()
+    assert sorted(woke) == list(range(10))
+    for ev in events:
+        ev.release()
+
+
+async def test_pollers_disarm_when_nothing_is_due():
+    dev = asyncgpu.device("host:0")
+    for _ in range(30):  # learn the duration: the engine then arms the loop's poller before each completion
+        dev.stream.spin_us(1_000)
+        with dev.record() as ev:
+            await ev.wait()
+    await anyio.sleep(0.01)
+    assert dev.engine.pending == 0
+    assert all(dev.engine not in p.engines for p in engine_mod._POLLERS.values())
+
+
+@pytest.mark.parametrize("backend", ["host", pytest.param("cuda", marks=pytest.mark.gpu)])
+async def test_launches_wait_for_room_and_the_loop_keeps_ticking(backend):
+    """10,000 launches and events queued behind a held stream from a task that awaits room: the loop never
+    blocks (a 1 ms ticker stays within 2 ms of its schedule), no stream holds more than the bound."""
+    dev = asyncgpu.device(f"{backend}:0", streams=8)
+    for s in dev.streams:
+        s.spin_us(0)  # load the kernel before the ticker starts
+    dev.synchronize()
+    release = [_hold(dev, s) for s in dev.streams]
+    late_ns: list[int] = []
+    most_queued = [0]
+    stop = threading.Event()
+    events = []
+
+    async def ticker():
+        nxt = time.perf_counter_ns() + 1_000_000
+        while not stop.is_set():
+            await anyio.sleep(max(nxt - time.perf_counter_ns(), 0) / 1e9)
+            late_ns.append(time.perf_counter_ns() - nxt)
+            nxt += 1_000_000
+
+    async def producer():
+        for i in range(10_000):
+            s = dev.streams[i % 8]
+            await s.room()
+            s.spin_us(0)
+            most_queued[0] = max(most_queued[0], s.queued())
+            if i % 10 == 0:
+                events.append(s.record(timing=False))
+        for ev in events:
+            await ev.wait()
+            ev.release()
+        stop.set()
+
+    threading.Timer(0.3, lambda: [r() for r in release]).start()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker)
+        tg.start_soon(producer)
+    late_ms = np.asarray(late_ns[1:]) / 1e6
+    assert most_queued[0] <= stream_mod.QUEUE_BOUND
+    assert len(late_ms) > 100
+    # Host streams are 8 Python threads that contend for the GIL once released (stalls of tens of ms); the bound
+    # there only says the loop never froze for the hold (300 ms).
+    bound_ms = 2.0 if backend == "cuda" else 200.0
+    assert late_ms.max() < bound_ms, f"the loop stalled {late_ms.max():.1f} ms"
+
+
+async def test_launching_past_the_bound_from_a_loop_warns_and_names_room():
+    dev = asyncgpu.device("host:0")
+    s = dev.stream
+    release = _hold(dev, s)
+    try:
+        with pytest.warns(BlockingCallWarning, match=r"await stream\.room\(\)"):
+            for _ in range(stream_mod.QUEUE_BOUND + stream_mod.CHECK_EVERY):
+                s.spin_us(0)
+    finally:
+        release()
+    dev.synchronize()
+    assert s.queued() == 0
+
+
+def test_a_plain_thread_launches_past_the_bound_without_a_warning(recwarn):
+    dev = asyncgpu.device("host:0")
+    s = dev.stream
+    release = _hold(dev, s)
+    for _ in range(2 * stream_mod.QUEUE_BOUND):
+        s.spin_us(0)
+    assert s.queued() >= stream_mod.QUEUE_BOUND
+    release()
+    dev.synchronize()
+    assert not [w for w in recwarn if issubclass(w.category, BlockingCallWarning)]
+
+
+async def test_room_is_cancellable():
+    dev = asyncgpu.device("host:0")
+    s = dev.stream
+    release = _hold(dev, s)
+    with pytest.warns(BlockingCallWarning):
+        for _ in range(stream_mod.QUEUE_BOUND + stream_mod.CHECK_EVERY):
+            s.spin_us(0)
+    with anyio.move_on_after(0.05) as scope:
+        await s.room()
+    assert scope.cancelled_caught
+    assert dev.engine.pending == 0
+    release()
+    await s.room()  # the device drains: room again
+    assert s.queued() <= stream_mod.QUEUE_BOUND
