@@ -301,6 +301,7 @@ class _ActivityBlock:
         if act is not None:
             _end(act, block=True)
             self._stream.tag = self._name
+            self._stream.counted(2)
         timer = self._timer
         if timer._state == _OPEN:  # a plain tuple here (hot path); a HostRange when the scope ends
             timer._host_ranges.append(

@@ -493,6 +493,8 @@ def queue_depth(dev, truth) -> dict:
         blocked = not done.is_set()
         stuck.set()
         truth.words[0] = v  # release
+        if tokens and tokens[-1] is not None:  # the blocked hold returns once the device has room
+            dev.bd.release(tokens[-1])
         th.join(10)
         if tokens and tokens[-1] is not None:
             dev.bd.release(tokens[-1])

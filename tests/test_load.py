@@ -32,6 +32,8 @@ def _hold(dev, s):
 @pytest.mark.parametrize("backend", ["host", pytest.param("cuda", marks=pytest.mark.gpu)])
 async def test_a_thousand_waits_in_flight_each_resume_after_its_event(backend):
     dev = asyncgpu.device(f"{backend}:0", streams=8)
+    dev.stream.spin_us(0)  # load the kernel first: loading a module waits for the held streams (a deadlock)
+    dev.synchronize()
     release = [_hold(dev, s) for s in dev.streams]
     events = []
     for i in range(1000):

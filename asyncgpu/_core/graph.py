@@ -257,13 +257,14 @@ class Graph:
             tokens = hooks.correlate(s)  # CUPTI: the replay's nodes carry the scopes' external id
             try:
                 bd.launch_graph(self._res.raw, s.raw)
-                s.counted()
+                s.counted(1 + (held is not None) + whole)  # (its event nodes are part of the graph's launch)
             finally:
                 hooks.uncorrelate(tokens)
             if whole:
                 end = pool.take()
                 taken.append(end)
                 bd.record(end, s.raw)
+                s.counted()
                 pairs.insert(0, (name, "graph", start, end, -1))
         except BaseException:
             for raw in taken:  # back to the pool once the device has passed them (at once if never enqueued)

@@ -203,7 +203,7 @@ def launch_now(stream: Stream, name: str, kind: str, fn: Callable[..., Any], arg
             stream.held = False
             bd.release(held)
     stream.tag = name
-    stream.counted(1 if held is None else 2)
+    stream.counted(1 + (held is not None) + 2 * len(begun))  # the work, the hold, each observer's two records
 
 
 def wanted_kinds(device: Device, kinds: frozenset[str]) -> frozenset[str]:

@@ -35,9 +35,10 @@ if TYPE_CHECKING:
 
 __all__ = ["QUEUE_BOUND", "Stream"]
 
-#: Launches (kernels, memsets, copies, holds, graph replays, waits) asyncgpu lets queue on one stream before an
-#: async caller waits for room (`Stream.room`). The driver queues 1,022 launches per stream on H100/H200 (driver
-#: 580; event records take no slot) and then blocks the launching thread (benchmarks/RESULTS.md, run 20).
+#: Launches (kernels, memsets, copies, holds, timing event records, graph replays, waits) asyncgpu lets queue on
+#: one stream before an async caller waits for room (`Stream.room`). The driver queues 1,022 of them per stream
+#: on H200 (driver 580; a record of an event without timing takes no slot) and then blocks the launching thread
+#: (benchmarks/RESULTS.md, run 20).
 QUEUE_BOUND = 768
 CHECK_EVERY = 64  #: a stream records a checkpoint (a non-timing event) after this many launches
 
