@@ -53,12 +53,19 @@ SOURCE = r"""
 __device__ __forceinline__ unsigned long long gt() {
     unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t;
 }
-// Spin until %globaltimer reaches target_ns, then store the instant into pinned memory: the completion's truth.
-extern "C" __global__ void pace(unsigned long long target_ns, unsigned long long* stamp) {
+// Spin until %globaltimer reaches *base + rel_ns (the host writes base once every wait is registered), then store
+// the instant into pinned memory: the completion's truth.
+extern "C" __global__ void pace(const volatile unsigned long long* base, unsigned long long rel_ns,
+                                unsigned long long* stamp) {
+    const unsigned long long target = *base + rel_ns;
     unsigned long long t = gt();
-    while (t < target_ns) t = gt();
+    while (t < target) t = gt();
     *(volatile unsigned long long*)stamp = t;
     __threadfence_system();
+}
+// Hold a stream until the host writes `value` to *flag.
+extern "C" __global__ void gate(volatile unsigned int* flag, unsigned int value) {
+    while (*flag != value) {}
 }
 // Say it started, spin until the host writes `value` to *flag, store %globaltimer: one clock-offset sample.
 extern "C" __global__ void flip(volatile unsigned int* flag, unsigned int value, volatile unsigned int* started,
@@ -127,6 +134,7 @@ class Truth:
         code = Program(SOURCE, "c++", ProgramOptions(arch=f"sm_{arch}", std="c++17")).compile("cubin")
         self.pace = code.get_kernel("pace")
         self.flip_k = code.get_kernel("flip")
+        self.gate = code.get_kernel("gate")
         self.nop = code.get_kernel("nop")
         self.one = LaunchConfig(grid=1, block=1)
         self.flip_stream = dev.create_stream()
@@ -273,7 +281,7 @@ LOOPS = {"asyncio": AsyncioLoop, "uvloop": UvloopLoop, "trio": TrioLoop}
 
 # -- one case ----------------------------------------------------------------------------------------------------
 def plan(n: int, rate: float | None, n_streams: int, lead_ns: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per wait: its stream index and its completion instant relative to the first (ns). Burst: all at 0."""
+    """Per wait: its stream index and its completion instant relative to the start (ns). Burst: all at 0."""
     streams = np.arange(n) % n_streams
     if rate is None:
         rel = np.zeros(n, dtype=np.int64)
@@ -282,33 +290,42 @@ def plan(n: int, rate: float | None, n_streams: int, lead_ns: int) -> tuple[np.n
     return streams, rel + lead_ns
 
 
+START_NS = 2_000_000  # the first completion comes this long after every wait is registered
+
+
 async def case_gpu(lp, route, setups, n, rate, n_streams):
-    """One case over every GPU: n waits per GPU. Returns per-wait excess (ns), CPU ns per wait, peak threads."""
-    lead_ns = 40_000_000 + n * 60_000
-    items = []  # (truth index list per device...) flattened: (dev_i, stamp_i, event)
+    """One case over every GPU: n waits per GPU. Each stream is gated until every task has registered its wait;
+    then the completions come at their paced instants. Returns per-wait excess (ns), CPU ns per wait, peak
+    threads, and how many completed before the host saw them registered (0 by design)."""
+    items = []  # flattened over devices: (device index, stamp index, event)
     per_dev = []
+    base_i = None
     for di, (_dev, truth, streams) in enumerate(setups):
-        sidx, rel = plan(n, rate, n_streams, lead_ns)
-        before = truth.offset()
-        base_gt = _now() + before[1]  # %globaltimer now
+        sidx, rel = plan(n, rate, n_streams, 0)
         truth.stamps[:n] = 0
+        base_i = truth.capacity + 16  # the pinned word the pace kernels read their base from
+        truth.stamps[base_i] = 1 << 62
+        truth.value += 1
+        v = truth.value
+        truth.words[0] = v - 1
+        for s in streams:
+            s.launch(truth.gate, truth.one, np.uint64(truth.words_dptr), np.uint32(v), name="gate")
         evs = []
         burst = rate is None
+        base_ptr = np.uint64(truth.dptr + 8 * base_i)
         if burst:  # one pace kernel per stream at the instant, then the events behind it
             for k, s in enumerate(streams):
-                s.launch(
-                    truth.pace, truth.one, np.uint64(base_gt + lead_ns), np.uint64(truth.dptr + 8 * k), name="pace"
-                )
+                s.launch(truth.pace, truth.one, base_ptr, np.uint64(0), np.uint64(truth.dptr + 8 * k), name="pace")
             for i in range(n):
-                s = streams[sidx[i]]
-                evs.append((int(sidx[i]), s.record(timing=False)))
+                evs.append((int(sidx[i]), streams[sidx[i]].record(timing=False)))
         else:
             for i in range(n):
                 s = streams[sidx[i]]
-                s.launch(truth.pace, truth.one, np.uint64(base_gt + rel[i]), np.uint64(truth.dptr + 8 * i), name="pace")
+                s.launch(truth.pace, truth.one, base_ptr, np.uint64(rel[i]), np.uint64(truth.dptr + 8 * i), name="pace")
                 evs.append((i, s.record(timing=False)))
-        per_dev.append((truth, before, evs, burst))
+        per_dev.append((truth, v, evs, burst))
         items += [(di, j, ev) for j, ev in evs]
+    befores = [truth.offset() for _, truth, _ in setups]
     woke = [0] * len(items)
     registered = [0]
     peak = [_threads()]
@@ -320,7 +337,6 @@ async def case_gpu(lp, route, setups, n, rate, n_streams):
             await ev.wait()
             woke[k] = _now()
 
-        coros = [waiter(k, ev) for k, (_, _, ev) in enumerate(items)]
     elif route == "poll":
         query, ok = drv.cuEventQuery, drv.CUresult.CUDA_SUCCESS
 
@@ -330,7 +346,6 @@ async def case_gpu(lp, route, setups, n, rate, n_streams):
                 await lp.sleep0()
             woke[k] = _now()
 
-        coros = [waiter(k, ev) for k, (_, _, ev) in enumerate(items)]
     elif route == "to_thread":
         sync = drv.cuEventSynchronize
 
@@ -338,13 +353,16 @@ async def case_gpu(lp, route, setups, n, rate, n_streams):
             await lp.to_thread(sync, ev.raw[1])
             woke[k] = _now()
 
-        coros = [waiter(k, ev) for k, (_, _, ev) in enumerate(items)]
     else:
         raise ValueError(route)
+    coros = [waiter(k, ev) for k, (_, _, ev) in enumerate(items)]
 
     async def sampler():
-        await lp.sleep0()
+        await lp.sleep0()  # every waiter has run its first step: all waits are registered
         registered[0] = _now()
+        for (truth, v, _, _), before in zip(per_dev, befores):
+            truth.stamps[base_i] = _now() + before[1] + START_NS
+            truth.words[0] = v
         while not all(woke):
             peak[0] = max(peak[0], _threads())
             ours[0] = max(ours[0], _ours())
@@ -355,7 +373,7 @@ async def case_gpu(lp, route, setups, n, rate, n_streams):
     cpu = time.process_time_ns() - c0
     excess, early = [], 0
     k = 0
-    for truth, before, evs, burst in per_dev:
+    for (truth, _, evs, burst), before in zip(per_dev, befores):
         after = truth.offset()
         stamps = truth.stamps[: (len(setups[0][2]) if burst else len(evs))].copy()
         host = to_host(stamps, before, after)
@@ -373,16 +391,16 @@ async def case_gpu(lp, route, setups, n, rate, n_streams):
 async def case_floor(lp, n_total, rate):
     """The loop's floor: futures resolved by a plain thread, in batches, at the same instants (no GPU)."""
     make, wait_of, resolve = lp.floor_waiter()
-    lead_ns = 40_000_000 + n_total * 60_000
     rel = np.zeros(n_total, dtype=np.int64) if rate is None else (np.arange(n_total) * (1e9 / rate)).astype(np.int64)
     parked = [make() for _ in range(n_total)]
     woke = [0] * n_total
-    t0 = _now() + lead_ns
-    instants = (rel + t0).tolist()
+    instants: list = []
     registered = [0]
+    go = threading.Event()
 
     def thread():
         _slack_1ns()
+        go.wait()
         i = 0
         while i < n_total:
             now = _now()
@@ -400,6 +418,8 @@ async def case_floor(lp, n_total, rate):
     async def start():
         await lp.sleep0()
         registered[0] = _now()
+        instants.extend((rel + registered[0] + START_NS).tolist())
+        go.set()
 
     th = threading.Thread(target=thread, daemon=True)
     c0 = time.process_time_ns()

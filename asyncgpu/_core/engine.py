@@ -114,6 +114,18 @@ def _set_timer_slack_1ns() -> None:
         pass
 
 
+class _Queue:
+    """The pending waits of one stream, in record order, and what the engine learned of that stream."""
+
+    __slots__ = ("waits", "last_done_ns", "estimate_ns", "spread_ns")
+
+    def __init__(self) -> None:
+        self.waits: deque[Waiter] = deque()
+        self.last_done_ns = 0  # when a wait of this stream was last seen complete
+        self.estimate_ns: dict[Any, int] = {}  # tag -> how long its work takes once the stream is free
+        self.spread_ns: dict[Any, int] = {}  # tag -> how much that varies (mean absolute deviation)
+
+
 class Engine:
     """The completion engine of one device. `add`, `cancel`, `finish`, `rearm` and `collect` may be called from
     any thread; the waiter thread starts on the first `add`."""
@@ -122,14 +134,11 @@ class Engine:
         self._dev = device
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
-        self._queues: dict[int, deque[Waiter]] = {}
+        self._queues: dict[int, _Queue] = {}
         self._live = 0
         self._sleeping = False
         self._closed = False
         self._thread: threading.Thread | None = None
-        self._estimate_ns: dict[tuple, int] = {}
-        self._spread_ns: dict[tuple, int] = {}
-        self._last_done_ns: dict[int, int] = {}
         self._delivery_ns = dict(INITIAL_DELIVERY_NS)
         self._wake_at_ns = 0  # when the sleeping thread plans to look again
         self._per_loop: dict[int, int] = {}  # id(loop or trio token) -> pending waits of that loop here
@@ -155,9 +164,10 @@ class Engine:
         with self._lock:
             if self._closed:
                 raise ClosedError(f"{self._dev.name} is closed: open it again with asyncgpu.device({self._dev.name!r})")
-            q = self._queues.get(key)
-            if q is None:
-                q = self._queues[key] = deque()
+            qs = self._queues.get(key)
+            if qs is None:
+                qs = self._queues[key] = _Queue()
+            q = qs.waits
             if not q or q[-1].seq <= seq:
                 q.append(w)
             else:  # recorded by another thread meanwhile: keep record order
@@ -172,23 +182,22 @@ class Engine:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=f"asyncgpu-{self._dev.name}-waiter", daemon=True)
                 self._thread.start()
-            elif self._sleeping and q[0] is w and self._due_ns(w) < self._wake_at_ns:
+            elif self._sleeping and q[0] is w and self._due_ns(qs, w) < self._wake_at_ns:
                 self._cv.notify()
         return w
 
-    def _due_ns(self, w: Waiter) -> int:
+    def _due_ns(self, qs: _Queue, w: Waiter) -> int:
         """When the thread should first look at a new head ``w`` (0: at once). Under the lock."""
-        k = (w.key, w.tag)
-        est = self._estimate_ns.get(k)
+        est = qs.estimate_ns.get(w.tag)
         if est is None:
             return 0
-        predicted = max(w.record_ns, self._last_done_ns.get(w.key, 0)) + est
+        predicted = max(w.record_ns, qs.last_done_ns) + est
         if w.kind <= KIND_THREAD:
-            return predicted - self._lead_ns(w.kind, k, est)
+            return predicted - self._lead_ns(w.kind, qs, w.tag, est)
         return predicted - SPIN_MARGIN_NS - (est >> 4)
 
-    def _lead_ns(self, kind: int, k: tuple, est: int) -> int:
-        spread = self._spread_ns.get(k, est >> 5)
+    def _lead_ns(self, kind: int, qs: _Queue, tag: Any, est: int) -> int:
+        spread = qs.spread_ns.get(tag, est >> 5)
         return self._delivery_ns[kind] + LEAD_MARGIN_NS + min(2 * spread, est >> 3)
 
     def cancel(self, w: Waiter) -> bool:
@@ -220,7 +229,9 @@ class Engine:
             if w.state == EARLY:
                 w.state = FIRED
                 self._gone_locked(w)
-                self._learn(w, now_ns, True)
+                qs = self._queues.get(w.key)
+                if qs is not None:
+                    self._learn(qs, w, now_ns)
                 self._learn_delivery(w.kind, w.woke_ns - w.sent_ns)
                 if self._live and self._sleeping:
                     self._cv.notify()
@@ -262,7 +273,8 @@ class Engine:
         return self._live
 
     def estimate_ns(self, key: int, tag: Any) -> int | None:
-        return self._estimate_ns.get((key, tag))
+        qs = self._queues.get(key)
+        return None if qs is None else qs.estimate_ns.get(tag)
 
     def delivery_ns(self, kind: int = KIND_ASYNCIO) -> int:
         """The learned delay from arming a loop's poller (or waking a thread) to its first poll, in ns."""
@@ -276,86 +288,88 @@ class Engine:
         fired: list[Waiter] = []
         query = self._dev.query
         now = _now()
+        covered = self.covered_until if skip_covered else None
         with self._lock:
-            for q in self._queues.values():
+            for qs in self._queues.values():
+                q = qs.waits
                 while q:
                     w = q[0]
                     if w.state >= FIRED:
                         q.popleft()
                         continue
-                    if skip_covered and w.kind <= KIND_TRIO and self.covered_until.get(id(w.loop), 0) > now:
+                    if covered and w.kind <= KIND_TRIO and covered.get(id(w.loop), 0) > now:
                         break
                     if not query(w.raw):
                         break
-                    done_ns = _now()
                     q.popleft()
-                    self._learn(w, done_ns, True)
+                    self._learn(qs, w, now)
                     self._fire_locked(w, fired)
-                    n = self._done_behind(q, query)
-                    for _ in range(n):
-                        w = q.popleft()
-                        if w.state < FIRED:
-                            self._learn(w, done_ns, False)
-                            self._fire_locked(w, fired)
+                    self._pop_done(q, query, fired)
                     break
         return fired
 
-    @staticmethod
-    def _done_behind(q: deque[Waiter], query: Callable[[Any], bool]) -> int:
-        """How many waits at the front of ``q`` are complete, knowing the one just popped before them was:
+    def _pop_done(self, q: deque[Waiter], query: Callable[[Any], bool], fired: list[Waiter]) -> None:
+        """Pop the waits at the front of ``q`` that are complete, knowing the one just popped before them was:
         events of one stream complete in record order. Under the lock."""
         n = len(q)
         if not n:
-            return 0
+            return
         last = q[-1]
         if last.state != CANCELLED and last.intact() and query(last.raw):
-            return n
-        lo, hi = 0, n - 1  # q[hi] is not done (or cannot tell)
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            w = q[mid]
-            if not w.intact():  # released or re-recorded: its answer says nothing of its place; go one by one
-                while lo < hi and q[lo].intact() and query(q[lo].raw):
-                    lo += 1
-                return lo
-            if query(w.raw):
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+            done = n
+        else:
+            lo, hi = 0, n - 1  # q[hi] is not done (or cannot tell)
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                w = q[mid]
+                if not w.intact():  # released or re-recorded: says nothing of its place; go one by one
+                    while lo < hi and q[lo].intact() and query(q[lo].raw):
+                        lo += 1
+                    break
+                if query(w.raw):
+                    lo = mid + 1
+                else:
+                    hi = mid
+            done = lo
+        popleft, fire = q.popleft, self._fire_locked
+        for _ in range(done):
+            w = popleft()
+            if w.state < FIRED:
+                fire(w, fired)
 
     def _fire_locked(self, w: Waiter, fired: list[Waiter]) -> None:
-        early = w.state == EARLY  # a plain thread is polling and sees the completion itself
+        early = w.state == EARLY  # a plain thread woken early polls and sees the completion itself
         w.state = FIRED
         self._gone_locked(w)
         if not early:
             fired.append(w)
 
-    def _learn(self, w: Waiter, now: int, sample: bool) -> None:
-        """``w`` was seen complete at ``now``; ``sample``: it was the head (its time is a sample of its work)."""
-        key = w.key
-        last = self._last_done_ns.get(key, 0)
+    def _learn(self, qs: _Queue, w: Waiter, now: int) -> None:
+        """``w``, the head of its stream, was seen complete at ``now``: a sample of how long its work takes."""
+        last = qs.last_done_ns
         if now <= last:
             return
-        self._last_done_ns[key] = now
-        if not sample or w.kind == KIND_CALLBACK:
+        qs.last_done_ns = now
+        if w.kind == KIND_CALLBACK:
             return
         took = now - max(w.record_ns, last)
-        k = (key, w.tag)
-        est = self._estimate_ns.get(k)
+        tag = w.tag
+        est = qs.estimate_ns.get(tag)
         if est is None:
-            self._estimate_ns[k] = took
+            qs.estimate_ns[tag] = took
             return
-        self._estimate_ns[k] = took if took < est else est + (took - est) // 8
-        spread = self._spread_ns.get(k, est >> 5)
-        self._spread_ns[k] = spread + (abs(took - est) - spread) // 8
+        qs.estimate_ns[tag] = took if took < est else est + (took - est) // 8
+        spread = qs.spread_ns.get(tag, est >> 5)
+        qs.spread_ns[tag] = spread + (abs(took - est) - spread) // 8
 
     def _learn_delivery(self, kind: int, sample: int) -> None:
-        """Track the arm-to-first-poll delay near its upper end (fast up, slow down)."""
+        """Track the arm-to-first-poll delay near its upper end: up by a quarter, down by a sixteenth of the
+        difference, a sample counting at most twice the current estimate (one stall moves it little)."""
         if sample <= 0:
             return
         est = self._delivery_ns[kind]
-        self._delivery_ns[kind] = est + ((sample - est) >> 2 if sample > est else -((est - sample) >> 5))
+        sample = min(sample, 2 * est)
+        self._delivery_ns[kind] = est + ((sample - est) >> 2 if sample > est else -((est - sample) >> 4))
 
     def learn_delivery(self, kind: int, sent_ns: int) -> None:
         """A poller's arm message sent at ``sent_ns`` reached its loop now (called in that loop's thread)."""
@@ -374,7 +388,7 @@ class Engine:
     def _step(self) -> bool:
         with self._lock:
             while self._live == 0:
-                self._queues.clear()
+                self._queues = {k: qs for k, qs in self._queues.items() if qs.estimate_ns}  # what it learned stays
                 if self._closed:
                     return False
                 self._sleeping = True
@@ -400,51 +414,51 @@ class Engine:
         wake_at = now + int(MAX_SLEEP_S * 1e9)
         arm: dict[int, tuple[int, Any, int]] = {}  # id(loop) -> (kind, loop, until)
         early: list[Waiter] = []
+        covered_until = self.covered_until
         with self._lock:
-            for key, q in self._queues.items():
+            for qs in self._queues.values():
+                q = qs.waits
                 if not q:
                     continue
                 w = q[0]
                 if w.state >= FIRED:
                     wake_at = now  # a finished head: look again at once
                     continue
-                kind = w.kind
                 if w.state == EARLY:
                     continue  # its thread polls, then calls finish() or rearm()
-                if kind <= KIND_TRIO:
-                    covered = self.covered_until.get(id(w.loop), 0)
-                    if covered > now:
-                        wake_at = min(wake_at, covered)
-                        continue
-                k = (key, w.tag)
-                est = self._estimate_ns.get(k)
-                ready = max(w.record_ns, self._last_done_ns.get(key, 0))
-                if est is None:
-                    t = now + min(max((now - ready) >> 4, MIN_POLL_NS), MAX_POLL_NS)
-                else:
-                    predicted = ready + est
-                    missed = predicted + max(MIN_WINDOW_NS, est >> 2)
-                    if now > missed or (kind == KIND_THREAD and w.poll_until_ns < 0):
-                        t = now + min(max((now - predicted) >> 4, MIN_POLL_NS), MAX_POLL_NS)
-                    elif kind <= KIND_THREAD:
-                        start = predicted - self._lead_ns(kind, k, est)
-                        if now < start:
-                            t = start
-                        elif kind == KIND_THREAD:
-                            w.state = EARLY
-                            w.poll_until_ns, w.sent_ns = missed, now
-                            early.append(w)
-                            continue
-                        else:
-                            lid = id(w.loop)
-                            if arm.get(lid, (0, 0, 0))[2] < missed:
-                                arm[lid] = (kind, w.loop, missed)
-                            self.covered_until[lid] = missed
-                            t = missed
-                    elif now < predicted - SPIN_MARGIN_NS - (est >> 4):
-                        t = predicted - SPIN_MARGIN_NS - (est >> 4)
+                kind = w.kind
+                lid = id(w.loop)
+                covered = covered_until.get(lid, 0) if kind <= KIND_TRIO else 0
+                est = qs.estimate_ns.get(w.tag)
+                ready = max(w.record_ns, qs.last_done_ns)
+                predicted = ready + (est or 0)
+                missed = predicted + max(MIN_WINDOW_NS, (est or 0) >> 2)
+                if est is None or now > missed or (kind == KIND_THREAD and w.poll_until_ns < 0):
+                    if covered > now:  # its loop's poller looks at every head anyway
+                        t = covered
                     else:
-                        t = now + MIN_POLL_NS  # a callback's completion is due: look often, without spinning
+                        late = now - (ready if est is None else predicted)
+                        t = now + min(max(late >> 4, MIN_POLL_NS), MAX_POLL_NS)
+                elif kind <= KIND_THREAD:
+                    start = predicted - self._lead_ns(kind, qs, w.tag, est)
+                    if now < start:
+                        t = start
+                    elif kind == KIND_THREAD:
+                        w.state = EARLY
+                        w.poll_until_ns, w.sent_ns = missed, now
+                        early.append(w)
+                        continue
+                    elif covered >= missed:
+                        t = covered
+                    else:  # arm (or extend) the loop's poller to this head's window
+                        if arm.get(lid, (0, 0, 0))[2] < missed:
+                            arm[lid] = (kind, w.loop, missed)
+                        covered_until[lid] = missed
+                        t = missed
+                elif now < predicted - SPIN_MARGIN_NS - (est >> 4):
+                    t = predicted - SPIN_MARGIN_NS - (est >> 4)
+                else:
+                    t = now + MIN_POLL_NS  # a callback's completion is due: look often, without spinning
                 if t < wake_at:
                     wake_at = t
             timeout = (wake_at - now) / 1e9
@@ -455,8 +469,9 @@ class Engine:
                 self._sleeping = False
         for w in early:
             w.target.release()  # the blocked thread reads w.state (EARLY) and polls until w.poll_until_ns
+        sent = _now()
         for kind, loop, until in arm.values():
-            loops.deliver(kind, loop, [], partial(_arm, kind, loop, self, until, _now()))
+            loops.deliver(kind, loop, [], partial(_arm, kind, loop, self, until, sent))
 
     # -- waking --------------------------------------------------------------------------------------------
     def _fail_all(self, err: BaseException) -> None:
@@ -465,15 +480,15 @@ class Engine:
 
     def _fail_all_locked(self, err: BaseException) -> None:
         fired = []
-        for q in self._queues.values():
-            for w in q:
+        for qs in self._queues.values():
+            for w in qs.waits:
                 if w.state < FIRED:
                     parked = w.state == PENDING  # an EARLY owner is polling: it reads w.error on rearm
                     w.state = FIRED
                     w.error = err
                     if parked:
                         fired.append(w)
-            q.clear()
+            qs.waits.clear()
         self._live = 0
         self._per_loop.clear()
         if fired:
@@ -482,9 +497,9 @@ class Engine:
     def dispatch(self, waiters: list[Waiter], linger_ns: int, here: Any = None) -> None:
         """Resume ``waiters`` (popped by `collect`): plain threads by their lock, callbacks in this thread, each
         loop's tasks in one batch through its thread-safe entry point (arming its poller for ``linger_ns``) —
-        except those of ``here`` (the calling loop's poller), which it resumes itself and returns nothing for."""
+        except those of ``here`` (the calling loop's poller), which it resumes itself."""
         by_loop: dict[int, tuple[int, Any, list]] = {}
-        now = _now()
+        mine = here.loop if here is not None else None
         for w in waiters:
             kind = w.kind
             if kind == KIND_THREAD:
@@ -492,18 +507,20 @@ class Engine:
             elif kind == KIND_CALLBACK:
                 if w.error is None:
                     w.target(w.raw)
-            elif here is not None and w.loop is here.loop:
+            elif w.loop is mine:
                 here.resolve(w)
             else:
                 entry = by_loop.get(id(w.loop))
                 if entry is None:
                     entry = by_loop[id(w.loop)] = (kind, w.loop, [])
                 entry[2].append((w.target, None, w.error))
+        now = _now()
         for lid, (kind, loop, items) in by_loop.items():
             then = None
             if linger_ns and self._per_loop.get(lid):
                 until = now + linger_ns
-                self.covered_until[lid] = until
+                if self.covered_until.get(lid, 0) < until:
+                    self.covered_until[lid] = until
                 then = partial(_arm, kind, loop, self, until, now)
             loops.deliver(kind, loop, items, then)
 
@@ -545,10 +562,9 @@ class Poller:
                 until = max(until, now + LINGER_NS)
                 engine.dispatch(fired, 0, here=self)
             if now >= until or not engine.pending_for(self.loop):
-                del self.engines[engine]
+                del self.engines[engine]  # (the waiter thread wakes by then: it planned for `until` or sooner)
                 if engine.covered_until.get(lid, 0) <= until:
                     engine.covered_until.pop(lid, None)
-                engine.kick()
             elif until != self.engines[engine]:
                 self.engines[engine] = until
                 engine.covered_until[lid] = until
