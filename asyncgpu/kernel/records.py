@@ -655,10 +655,11 @@ def _decode_pairs(
         ):
             return None
         np.right_shift(we, _U32, out=d_out.view(np.uint64))
-        # The check leaves the tag's bits 14-15 zero: its low 16 bits are the stage shifted by STAGE_SHIFT.
-        np.right_shift(
-            wb.view(np.uint16)[..., 0::4], np.uint16(f.STAGE_SHIFT), out=stage[o0:o1].reshape(shape).view(np.uint16)
-        )
+        # The check leaves the tag's bits 14-15 zero: its low 16 bits are the stage shifted by STAGE_SHIFT (copied
+        # out, then shifted in place: faster than one shift with a strided input).
+        stage16 = stage[o0:o1].reshape(shape).view(np.uint16)
+        np.copyto(stage16, wb.view(np.uint16)[..., 0::4])
+        np.right_shift(stage16, np.uint16(f.STAGE_SHIFT), out=stage16)
         np.right_shift(wb, _U32, out=wb)
         np.copyto(s_out, wb.view(np.int64))
         s_out *= clock.rate  # (x * 1.0 is x: no branch for an unscaled clock)
