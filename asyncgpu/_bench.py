@@ -616,7 +616,7 @@ def _result(run: _Run, label: str) -> BenchmarkResult:
 def _cupti_times(run: _Run, gpu: np.ndarray) -> tuple[str, str]:
     """Put CUPTI's span of each complete call's work in ``gpu`` (ms, in place) where CUPTI saw it; flushes CUPTI
     (blocks). Returns the source and its note."""
-    failed = _ROUTER.collect()
+    _offset_ns, failed = _ROUTER.collect()  # (durations only: no placement)
     if failed:
         return "events", failed
     missing = 0

@@ -350,10 +350,9 @@ def _update() -> None:
 def _collect_cupti() -> str:
     """Flush the history's CUPTI channel (blocks) and give each recorded launch CUPTI saw its span on the host
     time base. Returns "" or why the flush failed. Under `_read_lock`."""
-    failed = _ROUTER.collect()
+    offset_ns, failed = _ROUTER.collect()
     if failed:
         return failed
-    offset_ns = cupti.host_offset_ns()
     for p in list(_ROUTER.targets.values()):
         seen = cupti.span(p.cupti or ())
         if seen is not None:

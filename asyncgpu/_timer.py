@@ -480,11 +480,9 @@ class Timer:
             return
         self._cupti_pending = False
         try:
-            failed = _ROUTER.collect()
+            self._cupti_offset_ns, failed = _ROUTER.collect()
             if failed:  # the events' durations stand, and the timeline says why
                 self.source, self.source_note = "events", failed
-            else:
-                self._cupti_offset_ns = cupti.host_offset_ns()
         finally:
             cupti.release(cupti.TIMER)
 

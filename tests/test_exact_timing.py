@@ -479,6 +479,32 @@ def test_a_launch_timed_by_a_scope_and_the_history_carries_both_ids(stand_in_cup
     assert r.source == "cupti" and round(r.duration_ms * 1e6) == 90
 
 
+def test_a_failed_cupti_flush_keeps_the_event_times_and_says_why(stand_in_cupti, monkeypatch, backend):
+    if backend != "host":
+        pytest.skip("the stand-in replaces CUPTI")
+    import asyncgpu
+    from asyncgpu import benchmark, kernel_history
+    from asyncgpu._backends import cupti
+
+    def lost(channel):
+        stand_in_cupti.pushed[channel].clear()
+        raise RuntimeError("buffer lost")
+
+    monkeypatch.setattr(cupti, "flush", lost)
+    d = asyncgpu.device("host:0")
+    why = "events, because the CUPTI flush failed (buffer lost)"
+    r = benchmark(_spin, (100,), n_repeat=3, n_warmup=0, devices=d, source="cupti")
+    assert (r.source, r.source_note) == ("events", why) and np.all(r.gpu_times_ms >= 0.09)
+    with gpu_timer(d, source="cupti") as t:
+        d.stream.spin_us(100)
+    assert (t.timeline.source, t.timeline.source_note) == ("events", why)
+    with kernel_history.recording(source="cupti") as rec:
+        d.stream.spin_us(100)
+    assert rec.source_note == why
+    (launch,) = kernel_history()
+    assert launch.source == "events" and launch.duration_ms >= 0.09
+
+
 def test_bench_command_takes_a_source(capsys, tmp_path):
     from asyncgpu._cli import main
 

@@ -143,14 +143,14 @@ class Router:
     def untag(self, ext: int) -> None:
         self.targets.pop(ext, None)
 
-    def collect(self) -> str:
-        """Flush the channel and route its records; returns "" or, when the flush failed, why (the users' event
-        times then stand: "events, because ...")."""
+    def collect(self) -> tuple[int, str]:
+        """Flush the channel and route its records. Returns CUPTI's clock minus the host's (`host_offset_ns`)
+        and "", or, when the flush failed, ``(0, why)``: the users' event times then stand, and they say why."""
         try:
             self.route(*flush(self.channel))
+            return host_offset_ns(), ""
         except Exception as exc:  # noqa: BLE001 - the caller keeps the events' times and says why
-            return f"events, because the CUPTI flush failed ({exc})"
-        return ""
+            return 0, f"events, because the CUPTI flush failed ({exc})"
 
     def route(self, records: list[CuptiRecord], ext_map: dict[int, int]) -> None:
         """Hand ``records`` to their targets (by external id); keep the ones not placeable yet. Any thread."""
