@@ -26,8 +26,17 @@ time is measured), a second event is recorded. The devices advance in lockstep (
 ``i`` before any starts ``i + 2``) and each keeps one repeat queued behind the one running, so the device is
 never idle between repeats, as with ``triton.testing.do_bench``: the GPU time is the time between the two
 events (including any time the device waits for ``fn``'s host code between its launches, but not the launch
-latency of an idle device, which CuPy's timings, synchronized after every repeat, include). The warm-up calls
-are not timed, and the devices are synchronized after them.
+latency of an idle device, which CuPy's timings, synchronized after every repeat, include), less what the pair
+of events itself adds (``subtract_overhead``, as `gpu_timer` does). The warm-up calls are not timed, and the
+devices are synchronized after them.
+
+The timing source (``source=``, as `gpu_timer`'s): ``"events"`` (the default) is the above. ``"cupti"``:
+each timed call runs under an external correlation id of its own (`asyncgpu._backends.cupti`, the benchmark's
+channel), and its GPU time is the span of CUPTI's records of the work it launched on that thread (first start to
+last end: kernels, memsets, copies, those of torch or CuPy too), read when the run ends (a CUPTI flush: about
+0.1 ms per hundred records); a call CUPTI saw no work for keeps its event time, and `BenchmarkResult.source_note`
+says how many. ``max_noise`` judges the event times while the run goes on. ``"auto"``: CUPTI when it can be had,
+else events (`BenchmarkResult.source_note` says why).
 
 Stopping: after ``n_repeat`` repeats; after the first repeat that completes past ``max_duration_s`` seconds of
 timed repeats; or, with ``max_noise``, once every device's relative standard deviation (std / mean) of the GPU
@@ -53,6 +62,8 @@ from typing import Any, Callable, Iterable, Mapping, final
 
 import numpy as np
 
+from ._backends import cupti
+from ._core.clock import placement
 from ._core.device import Device
 from ._core.stream import Stream
 from ._errors import BenchmarkError
@@ -63,6 +74,7 @@ NOISE_MIN_REPEATS = 10  #: repeats needed before ``max_noise`` may stop a run (n
 PROGRESS_AFTER_S = 1.0  #: a run longer than this shows a progress bar (when attached to a terminal)
 _POLL_S = 0.1
 _now = time.perf_counter_ns
+_ROUTER = cupti.Router(cupti.BENCH)  # external id -> `_Call` of a run timed with CUPTI, until the run ends
 
 
 @final
@@ -72,7 +84,9 @@ class BenchmarkResult:
 
     ``cpu_times_ms[i]``: host wall time of repeat ``i``'s calls, from the first device's call starting to the
     last one returning (with one device: the call's host time, as CuPy's ``cpu_times``).
-    ``gpu_times_ms[d, i]``: time between the events around device ``d``'s call in repeat ``i``.
+    ``gpu_times_ms[d, i]``: device ``d``'s time for its call in repeat ``i``, from `source`: the time between
+    the events around the call, less the pair's own latency (``"events"``), or the span of CUPTI's records of
+    the work the call launched (``"cupti"``).
     """
 
     name: str
@@ -83,6 +97,8 @@ class BenchmarkResult:
     stop_reason: str  #: ``n_repeat``, ``max_duration``, ``max_noise``, or ``error`` (partial result)
     elapsed_s: float  #: host wall time of the timed repeats (from the first start to the last completion)
     streams: tuple[str, ...] = ()  #: the stream label used on each device
+    source: str = "events"  #: where `gpu_times_ms` come from: ``"cupti"`` or ``"events"``
+    source_note: str = ""  #: why ``source="auto"`` fell back to events, or which calls CUPTI did not see
 
     @property
     def n_repeat(self) -> int:
@@ -155,6 +171,8 @@ class BenchmarkResult:
             "n_warmup": self.n_warmup,
             "stop_reason": self.stop_reason,
             "elapsed_s": self.elapsed_s,
+            "source": self.source,
+            "source_note": self.source_note,
             "rows": rows,
         }
         if times:
@@ -175,7 +193,7 @@ class BenchmarkResult:
                 items.append(
                     f"{label}: {mean:9.3f} us +/- {std:7.3f} (min: {lo:9.3f} / median: {med:9.3f} / max: {hi:9.3f}) us"
                 )
-        return f"{self.name:<20s}: " + "    ".join(items)
+        return f"{self.name:<20s}: " + "    ".join(items) + f"    (GPU times: {self.source})"
 
     def __repr__(self) -> str:
         return (
@@ -192,7 +210,7 @@ class BenchmarkResult:
         where = ", ".join(f"{d}/{s}" for d, s in zip(self.devices, self.streams)) or ", ".join(self.devices)
         yield Text(
             f"benchmark {self.name!r}: {self.n_repeat:,} repeats after {self.n_warmup:,} warm-up on {where} "
-            f"(stopped by {self.stop_reason}; {self.elapsed_s:,.3f} s)"
+            f"(stopped by {self.stop_reason}; {self.elapsed_s:,.3f} s; GPU times from {self.source})"
         )
         table = Table(show_edge=False)
         table.add_column("", justify="left")
@@ -202,9 +220,15 @@ class BenchmarkResult:
             rsd = stats[r, 5]
             table.add_row(label, *[_us(v) for v in stats[r, :5]], "—" if math.isnan(rsd) else f"{rsd:.2%}")
         yield table
+        device_rows = (
+            "the span of CUPTI's records of the work its call launched"
+            if self.source == "cupti"
+            else "time between the events around its call on its stream, less the pair's own latency"
+        )
+        note = f" ({self.source_note})" if self.source_note else ""
         yield Text(
-            "CPU: host time of each repeat's calls (first start to last return); each device: time between "
-            "the events around its call on its stream. std: population standard deviation.",
+            f"CPU: host time of each repeat's calls (first start to last return); each device: {device_rows}"
+            f"{note}. std: population standard deviation.",
             style="dim",
         )
 
@@ -232,9 +256,15 @@ class _Run:
         n_warmup: int,
         max_duration_s: float,
         max_noise: float | None,
+        cut_ms: list[float],
+        source: str,
+        source_note: str,
     ) -> None:
         n = len(streams)
         self.fn, self.args, self.kwargs, self.streams = fn, args, kwargs, streams
+        self.cut_ms = cut_ms  # per device: what the event pair adds, taken out of each event time
+        self.source, self.source_note = source, source_note
+        self.calls: list[list[_Call]] = [[] for _ in range(n)]  # per device, per repeat (CUPTI source)
         self.n_repeat, self.n_warmup = n_repeat, n_warmup
         self.max_duration_ns = max_duration_s * 1e9
         self.max_noise = max_noise
@@ -314,7 +344,8 @@ def _worker(run: _Run, k: int) -> None:
                 warm.wait_sync()
         events = [dev.create_event() for _ in range(4)]
         pairs = ((events[0], events[1]), (events[2], events[3]))
-        gpu_ms, t0s, t1s = run.gpu_ms[k], run.t0_ns[k], run.t1_ns[k]
+        gpu_ms, t0s, t1s, cut_ms = run.gpu_ms[k], run.t0_ns[k], run.t1_ns[k], run.cut_ms[k]
+        calls = run.calls[k] if run.source == "cupti" else None
         run.barrier.wait()  # every device is warm
         i, inflight = 0, None
         while True:
@@ -323,9 +354,20 @@ def _worker(run: _Run, k: int) -> None:
                 phase = f"repeat {i}"
                 start, end = pairs[i & 1]
                 start.record(stream)
-                t0 = _now()
-                fn(stream, *args, **kwargs)
-                t1 = _now()
+                if calls is None:
+                    t0 = _now()
+                    fn(stream, *args, **kwargs)
+                    t1 = _now()
+                else:  # what this thread launches in the call carries the call's id
+                    call = _Call()
+                    calls.append(call)
+                    cupti.push(call.ext, cupti.BENCH)
+                    try:
+                        t0 = _now()
+                        fn(stream, *args, **kwargs)
+                        t1 = _now()
+                    finally:
+                        cupti.pop(cupti.BENCH)
                 end.record(stream)
                 t0s.append(t0)
                 t1s.append(t1)
@@ -334,7 +376,8 @@ def _worker(run: _Run, k: int) -> None:
             if inflight is not None:
                 phase = f"repeat {len(gpu_ms)}"
                 inflight[1].wait_sync()
-                gpu_ms.append(inflight[1] - inflight[0])
+                elapsed_ms = inflight[1] - inflight[0]
+                gpu_ms.append(elapsed_ms - min(elapsed_ms, cut_ms))  # as `Placement.trim`: never below zero
                 run.barrier.wait()  # its action counts the repeat and decides whether to stop
             elif issued is None:
                 break
@@ -384,8 +427,25 @@ def parse_devices(spec: str | None, backend: str | None = None) -> list[Device]:
     return [device(int(x) if x.isdigit() else x, backend=backend) for x in items]
 
 
+class _Call:
+    """One timed call of a CUPTI-timed run: its external id and the records routed to it (`cupti.Router`)."""
+
+    __slots__ = ("ext", "cupti")
+
+    def __init__(self) -> None:
+        self.cupti: list | None = None
+        self.ext = _ROUTER.tag(self)
+
+
 def _check(
-    fn: Any, args: Any, kwargs: Any, n_repeat: Any, n_warmup: Any, max_duration_s: Any, max_noise: Any
+    fn: Any,
+    args: Any,
+    kwargs: Any,
+    n_repeat: Any,
+    n_warmup: Any,
+    max_duration_s: Any,
+    max_noise: Any,
+    source: Any,
 ) -> tuple[tuple, dict]:
     if not callable(fn):
         raise TypeError(f"benchmark() times a callable fn(stream, *args, **kwargs), not {type(fn).__name__}")
@@ -406,6 +466,7 @@ def _check(
         raise ValueError(
             f"max_noise is a relative standard deviation (0.005 = 0.5%) and must be > 0, got {max_noise!r}"
         )
+    cupti.check_source(source)
     return tuple(args), dict(kwargs or {})
 
 
@@ -421,6 +482,8 @@ def benchmark(
     max_noise: float | None = None,
     name: str | None = None,
     progress: bool | None = None,
+    source: str = "events",
+    subtract_overhead: bool = True,
     max_duration: float | None = None,
 ) -> BenchmarkResult:
     """Time ``fn(stream, *args, **kwargs)`` on every device of ``devices`` at once; see the module docstring
@@ -433,9 +496,18 @@ def benchmark(
     stderr: ``None`` shows it on runs longer than `PROGRESS_AFTER_S` when stderr is a terminal, ``True`` always,
     ``False`` never.
 
+    ``source``: where GPU times come from, as in `gpu_timer`: ``"events"`` (the default), ``"cupti"`` (CUPTI's
+    records of each call's work: needs cupti-python, the extra ``asyncgpu[cupti]``, and CUDA devices) or
+    ``"auto"`` (CUPTI when it can be had, else events); `BenchmarkResult.source` says which one ran.
+    ``subtract_overhead`` (event times, as `gpu_timer`'s): take what the pair of events itself adds out of each
+    repeat's time (the device's `Device.pair_excess_ns` once a CUPTI scope has taught it, else its measured
+    bracket overhead: about 2.5 µs on H200; nothing on the host backend); ``False`` keeps the raw time between
+    the events, as CuPy and ``do_bench`` report it.
+
     Returns a `BenchmarkResult`; raises `BenchmarkError` (with the partial result) when ``fn`` or its device
     fails, ``ValueError``/``TypeError`` for bad arguments, `UnknownDeviceError`/`NoDeviceError` for devices
-    that do not exist. Blocks the calling thread; not a checkpoint.
+    that do not exist, `SourceError` naming the fix when ``source="cupti"`` cannot be had. Blocks the calling
+    thread; not a checkpoint.
     """
     if max_duration is not None:
         warnings.warn(
@@ -444,19 +516,39 @@ def benchmark(
             stacklevel=2,
         )
         max_duration_s = max_duration
-    args, kwargs = _check(fn, args, kwargs, n_repeat, n_warmup, max_duration_s, max_noise)
+    args, kwargs = _check(fn, args, kwargs, n_repeat, n_warmup, max_duration_s, max_noise, source)
     streams = _targets(devices)
     label = name or getattr(fn, "__name__", None) or type(fn).__name__
-    run = _Run(
-        fn,
-        args,
-        kwargs,
-        streams,
-        int(n_repeat),
-        int(n_warmup),
-        float(max_duration_s),
-        None if max_noise is None else float(max_noise),
-    )
+    cut_ms = [placement(s.device, subtract_overhead=bool(subtract_overhead)).overhead_ns / 1e6 for s in streams]
+    used, note = cupti.choose(source, [s.device for s in streams], cupti.BENCH, "this benchmark")
+    try:
+        run = _Run(
+            fn,
+            args,
+            kwargs,
+            streams,
+            int(n_repeat),
+            int(n_warmup),
+            float(max_duration_s),
+            None if max_noise is None else float(max_noise),
+            cut_ms,
+            used,
+            note,
+        )
+        try:
+            return _execute(run, label, progress)
+        finally:
+            for calls in run.calls:
+                for call in calls:
+                    _ROUTER.untag(call.ext)
+    finally:
+        if used == "cupti":
+            cupti.release(cupti.BENCH)
+
+
+def _execute(run: _Run, label: str, progress: bool | None) -> BenchmarkResult:
+    """Run the device threads to the end (also on errors and Ctrl-C) and make the result."""
+    streams = run.streams
     threads = [
         threading.Thread(
             target=contextvars.copy_context().run,
@@ -504,6 +596,9 @@ def _result(run: _Run, label: str) -> BenchmarkResult:
     t1 = np.array([t[:n] for t in run.t1_ns], np.int64).reshape(len(run.streams), n)
     cpu = (t1.max(axis=0) - t0.min(axis=0)) / 1e6 if n else np.zeros(0)
     reason = "error" if run.failure is not None else (run.stop_reason or "interrupted")
+    source, note = run.source, run.source_note
+    if source == "cupti":
+        source, note = _cupti_times(run, gpu)
     return BenchmarkResult(
         label,
         tuple(s.device.name for s in run.streams),
@@ -513,7 +608,27 @@ def _result(run: _Run, label: str) -> BenchmarkResult:
         reason,
         (run.end_ns - run.start_ns) / 1e9,
         tuple(s.label for s in run.streams),
+        source,
+        note,
     )
+
+
+def _cupti_times(run: _Run, gpu: np.ndarray) -> tuple[str, str]:
+    """Put CUPTI's span of each complete call's work in ``gpu`` (ms, in place) where CUPTI saw it; flushes CUPTI
+    (blocks). Returns the source and its note."""
+    _offset_ns, failed = _ROUTER.collect()  # (durations only: no placement)
+    if failed:
+        return "events", failed
+    missing = 0
+    for k, calls in enumerate(run.calls):
+        for i, call in enumerate(calls[: gpu.shape[1]]):
+            seen = cupti.span(call.cupti or ())
+            if seen is None:
+                missing += 1
+            else:
+                gpu[k, i] = (seen[1] - seen[0]) / 1e6
+    note = f"CUPTI saw no work for {missing} calls: their event times are kept" if missing else ""
+    return "cupti", note
 
 
 # -- progress --------------------------------------------------------------------------------------------------

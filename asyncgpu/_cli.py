@@ -266,6 +266,7 @@ def _run_bench(console: Console, args: argparse.Namespace) -> int:
             devices=devs,
             max_noise=args.max_noise,
             name=args.target.rpartition(":")[2],
+            source=args.source,
         )
     except (ValueError, TypeError) as exc:
         raise _Usage(str(exc)) from None
@@ -421,6 +422,12 @@ def _parser() -> argparse.ArgumentParser:
         help="comma-separated: 0,1 or cuda:0,cuda:1 or host:0,host:1 (default: every device)",
     )
     bench.add_argument("--backend", choices=("cuda", "host"), help="default: $ASYNCGPU_BACKEND, else cuda")
+    bench.add_argument(
+        "--source",
+        choices=("events", "auto", "cupti"),
+        default="events",
+        help="where GPU times come from (cupti needs the asyncgpu[cupti] extra; default events)",
+    )
     bench.add_argument("--json", metavar="FILE", help="also write the statistics and every time to FILE")
     report = sub.add_parser(
         "report",

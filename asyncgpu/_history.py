@@ -5,6 +5,10 @@
     for r in asyncgpu.kernel_history():           # LaunchRecords since the last call, in issue order
         print(r.name, r.device, r.grid, r.duration_ms)
 
+    with asyncgpu.kernel_history.recording(source="cupti") as rec:   # durations from CUPTI (or "auto")
+        ...
+    rec.source, rec.source_note                   # which source the block got, and why "auto" fell back
+
 What is recorded: every launch through an asyncgpu `Stream` (``launch`` and the built-in workloads) while the
 history is on, from any thread, inside or outside `gpu_timer` scopes. Work captured into a CUDA graph is not
 launched at capture time and is not recorded; graph replays are not either.
@@ -15,13 +19,24 @@ on the host time base (``time.perf_counter_ns()``) through the device's clock ca
 own overhead is taken out of kernel durations, exactly as `gpu_timer` does, so both report the same numbers.
 When off, the launch path pays one module-attribute check.
 
+The timing source, as `gpu_timer`'s ``source=``: ``enabled`` and ``recording()`` time with the events above.
+``recording(source="cupti")`` (or ``"auto"``) holds the process's CUPTI session while the block is open (CUPTI
+has one subscriber per process, so only a block may take it: never the process-wide switch): each launch then
+also runs under an external correlation id of the history's own channel (`asyncgpu._backends.cupti`), launches
+are not held, and a launch that CUPTI saw takes CUPTI's start and end of its work (placed on the host time base
+through CUPTI's clock offset, not trimmed). Leaving such a block waits for the launches recorded so far and
+flushes CUPTI (blocks the calling thread: about 0.1 ms per hundred launches). Each `LaunchRecord` says where its
+times come from (``source``): a launch CUPTI did not see (recorded outside the block, still running at a
+``wait=False`` read, or on the host backend) keeps its event times.
+
 Threads: launches may come from any thread; `kernel_history()` may be called from any thread. With
 ``wait=True`` (the default) it blocks the calling thread (GIL released) until the recorded launches have run;
 from async code, await an event recorded after the work first, or pass ``wait=False``.
 
 Memory: records wait in a queue until read. Every `COMPACT_AT` pending records, those the devices have finished
 are resolved in the launch path and their events go back to the pools, so a history that is never read holds
-two events per launch still in flight, plus one small record per launch.
+two events per launch still in flight, plus one small record per launch. Launches recorded under CUPTI wait for
+the next read or the block's end (CUPTI's flush) before their events go back.
 """
 
 from __future__ import annotations
@@ -30,19 +45,19 @@ import itertools
 import threading
 import time
 from collections import deque
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, final
+from typing import TYPE_CHECKING, Any, final
 
+from ._backends import cupti
 from ._core import hooks
 from ._core.clock import Placement, placement
-from ._errors import AsyncGPUError, NotReadyError
+from ._errors import AsyncGPUError, NotReadyError, ScopeError
 
 if TYPE_CHECKING:
     from ._core.device import Device
     from ._core.stream import Stream
 
-__all__ = ["LaunchRecord", "kernel_history"]
+__all__ = ["HistoryRecording", "LaunchRecord", "kernel_history"]
 
 ON = False  #: whether the history is on (its launch observer is installed while it is)
 COMPACT_AT = 8192  #: pending records that trigger resolving the finished ones in the launch path
@@ -50,6 +65,8 @@ COMPACT_AT = 8192  #: pending records that trigger resolving the finished ones i
 _state_lock = threading.Lock()
 _forced = False  # the `enabled` flag
 _depth = 0  # open `recording()` blocks
+_cupti_depth = 0  # of which hold CUPTI: launches get an external id of the history's channel while there is one
+_ROUTER = cupti.Router(cupti.HISTORY)  # external id -> `_Pending`, until its record is made or dropped
 _pending: deque = deque()  # _Pending, appended in issue order from any thread
 _done: deque = deque()  # KernelRecords resolved by a compaction, not read yet
 _read_lock = threading.Lock()  # one reader or compaction at a time
@@ -71,6 +88,7 @@ class LaunchRecord:
     start_ns: int | None  #: absolute start, host time base (``time.perf_counter_ns()``); None if not placed
     issue_ns: int  #: host time at which the launch was issued (same time base)
     seq: int  #: issue order over the whole process
+    source: str = "events"  #: where ``duration_ms`` and ``start_ns`` come from: ``"cupti"`` or ``"events"``
 
     @property
     def end_ns(self) -> int | None:
@@ -81,7 +99,20 @@ class LaunchRecord:
 
 
 class _Pending:
-    __slots__ = ("stream", "name", "kind", "grid", "block", "start_raw", "end_raw", "issue_ns", "seq")
+    __slots__ = (
+        "stream",
+        "name",
+        "kind",
+        "grid",
+        "block",
+        "start_raw",
+        "end_raw",
+        "issue_ns",
+        "seq",
+        "ext",
+        "cupti",
+        "span",
+    )
     stream: Stream
     name: str
     kind: str
@@ -91,6 +122,9 @@ class _Pending:
     end_raw: Any
     issue_ns: int
     seq: int
+    ext: int  # the CUPTI external id (0: none pushed)
+    cupti: list | None  # CUPTI records routed here (`cupti.Router`)
+    span: tuple[int, int] | None  # CUPTI's start on the host time base and duration, ns, once flushed
 
 
 def _dim3(value: Any) -> tuple[int, int, int] | None:
@@ -122,6 +156,8 @@ class _Observer:
         return begin(stream, name, kind, fn, args)
 
     def launch_end(self, p: _Pending, ok: bool) -> None:
+        if p.ext:
+            cupti.pop(cupti.HISTORY)
         if ok:
             end(p)
         else:
@@ -159,6 +195,10 @@ def begin(stream: Stream, name: str, kind: str, fn: Any, args: tuple) -> _Pendin
         dev.timing_pool.give(raw)
         raise
     p.start_raw, p.end_raw, p.issue_ns = raw, None, time.perf_counter_ns()
+    p.ext, p.cupti, p.span = 0, None, None
+    if _cupti_depth:
+        p.ext = _ROUTER.tag(p)
+        cupti.push(p.ext, cupti.HISTORY)
     return p
 
 
@@ -199,6 +239,8 @@ class _KernelHistory:
             pending = _take_all(_pending)
             if wait:
                 _wait_for(pending)
+            if _cupti_depth:
+                _collect_cupti()
             out, keep = _resolve_all(pending)
             _pending.extendleft(reversed(keep))
             out.extend(_take_all(_done))
@@ -217,20 +259,14 @@ class _KernelHistory:
             _forced = bool(value)
             _update()
 
-    @contextmanager
-    def recording(self) -> Iterator[None]:
+    def recording(self, *, source: str = "events") -> HistoryRecording:
         """Record launches inside the block (process-wide, every thread); blocks nest and may overlap across
-        threads: the history stays on while any is open or `enabled` is set."""
-        global _depth
-        with _state_lock:
-            _depth += 1
-            _update()
-        try:
-            yield
-        finally:
-            with _state_lock:
-                _depth -= 1
-                _update()
+        threads: the history stays on while any is open or `enabled` is set. ``source`` as in `gpu_timer`:
+        ``"events"`` (the default), ``"cupti"`` (CUPTI's times for the launches it sees while the block is open;
+        `SourceError` naming the fix when CUPTI cannot be had) or ``"auto"`` (CUPTI when it can be had, else
+        events); ``with ... as rec``: ``rec.source`` and ``rec.source_note`` say which one the block got, and why.
+        See `asyncgpu._history` for what leaving a CUPTI block costs."""
+        return HistoryRecording(source)
 
     def clear(self) -> None:
         """Forget every record without resolving it (events go back to their pools)."""
@@ -246,19 +282,82 @@ class _KernelHistory:
 kernel_history = _KernelHistory()
 
 
+@final
+class HistoryRecording:
+    """A ``with kernel_history.recording(source=...) as rec:`` block: use it once. Once entered, `source` says
+    where the block's launches get their times (``"cupti"`` or ``"events"``) and `source_note` why ``"auto"``
+    fell back to events (or that CUPTI's flush failed when the block ended)."""
+
+    __slots__ = ("_source_req", "_state", "source", "source_note")
+
+    def __init__(self, source: str) -> None:
+        cupti.check_source(source)
+        self._source_req = source
+        self._state = 0  # 0 new, 1 open, 2 done
+        self.source = "events"
+        self.source_note = ""
+
+    def __enter__(self) -> HistoryRecording:
+        global _depth, _cupti_depth
+        if self._state:
+            raise ScopeError("this kernel_history.recording() block was already used: make a new one for each block")
+        self.source, self.source_note = cupti.choose(self._source_req, None, cupti.HISTORY, "this process")
+        self._state = 1
+        with _state_lock:
+            _depth += 1
+            _cupti_depth += self.source == "cupti"
+            _update()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        global _depth, _cupti_depth
+        self._state = 2
+        with _state_lock:
+            _depth -= 1
+            _cupti_depth -= self.source == "cupti"
+            _update()
+        if self.source == "cupti":  # the block's launches take their CUPTI times before CUPTI is left
+            try:
+                with _read_lock:
+                    _wait_for(list(_pending))
+                    self.source_note = _collect_cupti()
+            finally:
+                cupti.release(cupti.HISTORY)
+
+    def __repr__(self) -> str:
+        state = ("new", "open", "done")[self._state]
+        return f"<asyncgpu.kernel_history.recording source={self.source!r} {state}>"
+
+
 _holding = False  # this history asked for holds (`hooks.want_holds`)
 
 
 def _update() -> None:
+    """The launch observer is installed while the history is on; launches are held while some of it times
+    with events (CUPTI-only blocks need no hold, as a CUPTI scope)."""
     global ON, _holding
     ON = _forced or _depth > 0
     if ON:
         hooks.install(_OBSERVER)
     else:
         hooks.uninstall(_OBSERVER)
-    if ON != _holding:
-        hooks.want_holds(1 if ON else -1)
-        _holding = ON
+    hold = _forced or _depth > _cupti_depth
+    if hold != _holding:
+        hooks.want_holds(1 if hold else -1)
+        _holding = hold
+
+
+def _collect_cupti() -> str:
+    """Flush the history's CUPTI channel (blocks) and give each recorded launch CUPTI saw its span on the host
+    time base. Returns "" or why the flush failed. Under `_read_lock`."""
+    offset_ns, failed = _ROUTER.collect()
+    if failed:
+        return failed
+    for p in list(_ROUTER.targets.values()):
+        seen = cupti.span(p.cupti or ())
+        if seen is not None:
+            p.span = (seen[0] - offset_ns, seen[1] - seen[0])
+    return ""
 
 
 def _take_all(queue: deque) -> list:
@@ -283,11 +382,11 @@ def _wait_for(pending: list) -> None:
             pass  # a failed device: its records come back without times
 
 
-def _resolve_all(pending: list) -> tuple[list[LaunchRecord], list[_Pending]]:
+def _resolve_all(pending: list, final: bool = True) -> tuple[list[LaunchRecord], list[_Pending]]:
     placements: dict[Device, Placement] = {}
     out, keep = [], []
     for p in pending:
-        rec = _resolve(p, placements)
+        rec = _resolve(p, placements, final)
         if rec is None:
             keep.append(p)
         else:
@@ -295,10 +394,29 @@ def _resolve_all(pending: list) -> tuple[list[LaunchRecord], list[_Pending]]:
     return out, keep
 
 
-def _resolve(p: _Pending, placements: dict[Device, Placement]) -> LaunchRecord | None:
-    """The record of a finished launch (its events released), or None while the device has not finished it."""
+def _resolve(p: _Pending, placements: dict[Device, Placement], final: bool = True) -> LaunchRecord | None:
+    """The record of a finished launch (its events released), or None while the device has not finished it, or
+    (``final`` False: a compaction) while its CUPTI times may still come."""
     stream = p.stream
     dev, bd = stream.device, stream.bd
+    if p.span is not None:
+        cupti_start_ns, cupti_ns = p.span
+        _release(p)
+        return LaunchRecord(
+            p.name,
+            dev.name,
+            stream.label,
+            p.kind,
+            p.grid,
+            p.block,
+            cupti_ns / 1e6,
+            cupti_start_ns,
+            p.issue_ns,
+            p.seq,
+            "cupti",
+        )
+    if p.ext and not final:
+        return None
     duration_ms = start_ns = None
     if not dev.closed:
         try:
@@ -322,6 +440,8 @@ def _resolve(p: _Pending, placements: dict[Device, Placement]) -> LaunchRecord |
 
 
 def _release(p: _Pending) -> None:
+    if p.ext:
+        _ROUTER.untag(p.ext)
     dev = p.stream.device
     for raw in (p.start_raw, p.end_raw):
         if raw is not None:
@@ -334,7 +454,7 @@ def _compact() -> None:
     if not _read_lock.acquire(blocking=False):
         return  # someone is reading or compacting
     try:
-        out, keep = _resolve_all(_take_all(_pending))
+        out, keep = _resolve_all(_take_all(_pending), final=False)
         _pending.extendleft(reversed(keep))
         _done.extend(out)
     finally:

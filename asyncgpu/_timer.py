@@ -16,7 +16,6 @@ passes them.
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from contextvars import ContextVar
@@ -28,7 +27,7 @@ from . import _nvtx
 from ._backends import cupti
 from ._core import hooks, loops
 from ._core.clock import CLOCK_MAX_AGE_S, Placement, placement
-from ._errors import NotReadyError, ScopeError, SourceError
+from ._errors import NotReadyError, ScopeError
 from ._records import KIND_CODES, KINDS, ActivityRecord, CollectiveMark, HostRange, Timeline
 
 if TYPE_CHECKING:
@@ -42,18 +41,12 @@ _THREAD_SCOPES: tuple = ()  # scopes opened with all_threads=True: they also tak
 _OPEN_COUNT = 0  # open scopes in the process: the launch observer is installed while there is one
 _STATE_LOCK = threading.Lock()
 _NEW, _OPEN, _DONE = 0, 1, 2
-SOURCES = ("auto", "cupti", "events")
 
-# The CUPTI source (`asyncgpu._backends.cupti`): while a scope uses it, each activity gets an external id, pushed
-# on the launching thread around its work, and CUPTI's records are routed to it by that id.
+# The CUPTI source (`asyncgpu._backends.cupti`): while a scope uses it, each activity gets an external id of the
+# timer's channel, pushed on the launching thread around its work, and CUPTI's records are routed to it by that id.
 _CUPTI_USERS = 0  # open scopes using CUPTI
-_EXT_IDS = itertools.count(1)
-_BY_EXT: dict[int, Any] = {}  # external id -> activity (or a graph replay's records) until released
-_UNROUTED: list = []  # CUPTI records whose correlation or activity was not known yet at the last flush
-_EXT_MAP: dict[int, int] = {}  # CUPTI correlation id -> external id, not used yet
-_ROUTE_LOCK = threading.Lock()
+_ROUTER = cupti.Router(cupti.TIMER)  # external id -> activity (or a graph replay's records) until released
 _BLOCKS = threading.local()  # .stack: the activity blocks open on this thread (CUPTI source only)
-_MAX_UNROUTED = 100_000
 _PAIRED_KINDS = ("kernel", "memset", "memcpy")  # one launch, one CUPTI record: what teaches a device its pair excess
 
 
@@ -112,8 +105,7 @@ def _begin(stream: Stream, name: str, kind: str, owners: list, block: bool = Fal
         if scope._nvtx and act.nvtx_id is None:
             act.nvtx_id = _nvtx.start(name, kind)
     if _CUPTI_USERS:
-        act.ext = next(_EXT_IDS)
-        _BY_EXT[act.ext] = act
+        act.ext = _ROUTER.tag(act)
         stack = getattr(_BLOCKS, "stack", None)
         if stack:
             act.parent = stack[-1]
@@ -121,13 +113,13 @@ def _begin(stream: Stream, name: str, kind: str, owners: list, block: bool = Fal
             if stack is None:
                 stack = _BLOCKS.stack = []
             stack.append(act)
-        cupti.push(act.ext)
+        cupti.push(act.ext, cupti.TIMER)
     return act
 
 
 def _end(act: _Activity, block: bool = False) -> None:
     if act.ext:
-        cupti.pop()
+        cupti.pop(cupti.TIMER)
         if block:
             stack = getattr(_BLOCKS, "stack", None)
             if stack and act in stack:
@@ -146,8 +138,8 @@ class _ReplayRecords:
 
     __slots__ = ("ext", "cupti", "refs")
 
-    def __init__(self, ext: int) -> None:
-        self.ext = ext
+    def __init__(self) -> None:
+        self.ext = _ROUTER.tag(self)
         self.cupti: list | None = None
         self.refs = 0
 
@@ -172,30 +164,9 @@ def _count_cupti_user(delta: int) -> None:
     with _STATE_LOCK:
         _CUPTI_USERS += delta
         if not _CUPTI_USERS:
-            for ext in [k for k, v in _BY_EXT.items() if isinstance(v, _ReplayRecords) and v.refs <= 0]:
-                del _BY_EXT[ext]
-
-
-def _route(records: list, ext_map: dict[int, int]) -> None:
-    """Hand CUPTI's records to their activities (by external id); keep the ones not placeable yet. Any thread."""
-    with _ROUTE_LOCK:
-        _EXT_MAP.update(ext_map)
-        keep = []
-        for rec in (*_UNROUTED, *records):
-            kind, start, end, corr, dev_id, stream_id, name = rec
-            ext = _EXT_MAP.get(corr)
-            act = _BY_EXT.get(ext) if ext is not None else None
-            if act is None:
-                if ext is None:
-                    keep.append(rec)  # its correlation record may come with the next buffer
-                continue
-            if act.cupti is None:  # (the id stays mapped: a graph replay's nodes all share one correlation id)
-                act.cupti = []
-            act.cupti.append((kind, start, end, dev_id, stream_id, name))
-        _UNROUTED[:] = keep[-_MAX_UNROUTED:]
-        if len(_EXT_MAP) > _MAX_UNROUTED:  # ids of work nobody times any more
-            for corr in list(_EXT_MAP)[: len(_EXT_MAP) - _MAX_UNROUTED]:
-                del _EXT_MAP[corr]
+            for ext, v in list(_ROUTER.targets.items()):
+                if isinstance(v, _ReplayRecords) and v.refs <= 0:
+                    _ROUTER.untag(ext)
 
 
 def current_scopes() -> tuple[Timer, ...]:
@@ -237,7 +208,7 @@ class _Observer:
         act.nvtx_id = act.placed = act.parent = act.cupti = act.replay = None
         act.ext = 0
         act.held = False
-        target = _BY_EXT.get(replay.token_of(self) or 0) if replay is not None else None
+        target = _ROUTER.targets.get(replay.token_of(self) or 0) if replay is not None else None
         if isinstance(target, _ReplayRecords):
             target.refs += 1
             act.replay = (target, replay.nodes, replay.count)  # type: ignore[union-attr]  # (not None here)
@@ -248,13 +219,12 @@ class _Observer:
     def correlate(self, stream: Stream) -> Any:
         if not _CUPTI_USERS:
             return None
-        ext = next(_EXT_IDS)
-        _BY_EXT[ext] = _ReplayRecords(ext)  # what CUPTI records for the replay's nodes, until its acts go
-        cupti.push(ext)
+        ext = _ReplayRecords().ext  # what CUPTI records for the replay's nodes, until its acts go
+        cupti.push(ext, cupti.TIMER)
         return ext
 
     def uncorrelate(self, token: Any) -> None:
-        cupti.pop()  # (the replay's records stay under `token` while an activity of it lives; see `_stop`)
+        cupti.pop(cupti.TIMER)  # (the replay's records stay under `token` while an activity of it lives; see `_stop`)
 
     def attach(self, device: Device, key: Any, make_layer: Callable[[], Any], fence: Stream | None) -> list[Any]:
         scopes = _SCOPES.get() or _THREAD_SCOPES
@@ -349,8 +319,7 @@ class Timer:
         all_threads: bool = False,
         source: str = "events",
     ) -> None:
-        if source not in SOURCES:
-            raise ValueError(f"source must be one of {', '.join(map(repr, SOURCES))}, not {source!r}")
+        cupti.check_source(source)
         self._source_req = source
         self.source = "events"  #: where this scope's durations come from (``"cupti"`` or ``"events"``), once entered
         self.source_note = ""  #: why ``source="auto"`` fell back to events, if it did
@@ -499,26 +468,12 @@ class Timer:
         self._state = _OPEN
 
     def _pick_source(self) -> None:
-        """Take the CUPTI session when the scope asks for it and can have it; else say why not."""
-        req = self._source_req
-        if req == "events":
-            return
-        others = [d.name for d in self.devices if d.backend != "cuda"]
-        if others:
-            why = f"CUPTI times CUDA devices only, and this scope covers {', '.join(others)}"
-            if req == "cupti":
-                raise SourceError(f"source='cupti': {why}: use source='events' (or 'auto', which picks it)")
-            self.source_note = why
-            return
-        try:
-            cupti.acquire()
-        except SourceError as exc:
-            if req == "cupti":
-                raise
-            self.source_note = f"events, because {exc}"
-            return
-        _count_cupti_user(1)
-        self.source, self._cupti_pending = "cupti", True
+        """Take the CUPTI session when the scope asks for it and can have it; else say why not
+        (`asyncgpu._backends.cupti.choose`)."""
+        self.source, self.source_note = cupti.choose(self._source_req, self.devices, cupti.TIMER, "this scope")
+        if self.source == "cupti":
+            _count_cupti_user(1)
+            self._cupti_pending = True
 
     def _cupti_collect(self) -> None:
         """Flush CUPTI (blocks), route its records to their activities and leave the session."""
@@ -526,12 +481,11 @@ class Timer:
             return
         self._cupti_pending = False
         try:
-            _route(*cupti.flush())
-            self._cupti_offset_ns = cupti.host_offset_ns()
-        except Exception as exc:  # noqa: BLE001 - the events' durations stand, and the timeline says why
-            self.source, self.source_note = "events", f"events, because the CUPTI flush failed ({exc})"
+            self._cupti_offset_ns, failed = _ROUTER.collect()
+            if failed:  # the events' durations stand, and the timeline says why
+                self.source, self.source_note = "events", failed
         finally:
-            cupti.release()
+            cupti.release(cupti.TIMER)
 
     def _start(self) -> None:
         try:  # here, not in `_claim`: nothing between taking CUPTI and the scope's exit may leave it taken
@@ -542,7 +496,7 @@ class Timer:
             if self._cupti_pending:
                 self._cupti_pending = False
                 _count_cupti_user(-1)
-                cupti.release()
+                cupti.release(cupti.TIMER)
             raise
         self._holding = self._held = self.source == "events"
         if self._holding:  # event pairs need held launches; CUPTI times the work itself
@@ -987,12 +941,12 @@ def _append_rows(extra: list, dev_codes: dict, streams: dict, names: dict, *cols
 
 def _release_activity(act: _Activity) -> None:
     if act.ext:
-        _BY_EXT.pop(act.ext, None)
+        _ROUTER.untag(act.ext)
     if act.replay is not None:  # (kept on the activity: a scope reads it after the release)
         target = act.replay[0]
         target.refs -= 1
         if target.refs <= 0:
-            _BY_EXT.pop(target.ext, None)
+            _ROUTER.untag(target.ext)
     dev = act.device
     dev.recycle_later(act.start_raw)
     if act.end_raw is not None:

@@ -7,6 +7,7 @@ from ._bench import BenchmarkResult as BenchmarkResult
 from ._core.clock import ClockCalibration as ClockCalibration
 from ._core.pool import PoolStats as PoolStats
 from ._handoff import HandoffRecord as HandoffRecord
+from ._history import HistoryRecording as HistoryRecording
 from ._history import LaunchRecord as LaunchRecord
 from ._public import publish
 from ._records import ActivityRecord as ActivityRecord
@@ -35,6 +36,7 @@ __all__ = [
     "DeviceStats",
     "DeviceSummary",
     "HandoffRecord",
+    "HistoryRecording",
     "HostRange",
     "LaunchRecord",
     "PoolStats",

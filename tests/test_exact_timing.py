@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from asyncgpu import gpu_timer
@@ -236,43 +238,72 @@ def test_cupti_times_each_node_of_a_replayed_graph(dev, backend):
         assert 500 <= by[("tail", "user")] < 510 and 1500 <= by[("graph", "graph")] < 1520, by
 
 
-def test_cupti_records_route_to_launches_blocks_and_graph_nodes(monkeypatch):
-    """The attribution logic, without a GPU: a stand-in for `asyncgpu._backends.cupti` hands back, for each
-    external id asyncgpu pushed, the records CUPTI would (one per launch; one per node of a graph replay, all
-    under the replay's id; a foreign kernel inside a block). The real CUPTI runs in the GPU tests above."""
-    import asyncgpu
-    from asyncgpu import _timer
-    from asyncgpu._backends import cupti
+class _StandInCupti:
+    """A stand-in for `asyncgpu._backends.cupti` without a GPU. `choose` grants CUPTI to any source but
+    "events"; a flush of a channel hands back, for each external id pushed on it since its last flush, the records
+    CUPTI would: those put in ``work[(channel, id)]``, else one 40 ns kernel (the n-th id at 100 n ns). The real
+    CUPTI runs in the GPU tests; this one checks what asyncgpu does with the records."""
 
-    pushed: list[int] = []
-    fake_work = {}  # external id -> [(kind, start, end, name)]
+    def __init__(self, monkeypatch) -> None:
+        from asyncgpu._backends import cupti
 
-    def push(ext):
-        pushed.append(ext)
+        self.channels = (cupti.TIMER, cupti.BENCH, cupti.HISTORY)
+        self.pushed: dict[int, list[int]] = {c: [] for c in self.channels}
+        self.open = {c: 0 for c in self.channels}  # pushes not popped yet
+        self.work: dict[tuple[int, int], list[tuple[str, int, int, str]]] = {}
+        self.users = 0
+        monkeypatch.setattr(cupti, "choose", self.choose)
+        monkeypatch.setattr(cupti, "release", self.release)
+        monkeypatch.setattr(cupti, "push", self.push)
+        monkeypatch.setattr(cupti, "pop", self.pop)
+        monkeypatch.setattr(cupti, "flush", self.flush)
+        monkeypatch.setattr(cupti, "host_offset_ns", lambda: 0)
 
-    def flush():
+    def choose(self, source, devices, channel, what):
+        from asyncgpu._backends import cupti
+
+        cupti.check_source(source)
+        if source == "events":
+            return "events", ""
+        self.users += 1
+        return "cupti", ""
+
+    def release(self, channel):
+        self.users -= 1
+
+    def push(self, ext, channel):
+        self.pushed[channel].append(ext)
+        self.open[channel] += 1
+
+    def pop(self, channel):
+        self.open[channel] -= 1
+
+    def flush(self, channel):
         records, ext_map = [], {}
-        for n, ext in enumerate(pushed):
+        for n, ext in enumerate(self.pushed[channel]):
             corr = 1000 + n
             ext_map[corr] = ext
-            for kind, start, end, name in fake_work.get(ext, [("kernel", 100 * n, 100 * n + 40, "k")]):
+            for kind, start, end, name in self.work.get((channel, ext), [("kernel", 100 * n, 100 * n + 40, "k")]):
                 records.append((kind, start, end, corr, 0, 7, name))
-        pushed.clear()
+        self.pushed[channel].clear()
         return records, ext_map
 
-    def pick(self):
-        with _timer._STATE_LOCK:
-            _timer._CUPTI_USERS += 1
-        self.source, self._cupti_pending = "cupti", True
 
-    monkeypatch.setattr(cupti, "acquire", lambda: None)
-    monkeypatch.setattr(cupti, "release", lambda: None)
-    monkeypatch.setattr(cupti, "push", push)
-    monkeypatch.setattr(cupti, "pop", lambda: None)
-    monkeypatch.setattr(cupti, "flush", flush)
-    monkeypatch.setattr(cupti, "host_offset_ns", lambda: 0)
-    monkeypatch.setattr(_timer.Timer, "_pick_source", pick)
+@pytest.fixture
+def stand_in_cupti(monkeypatch):
+    fake = _StandInCupti(monkeypatch)
+    yield fake
+    assert fake.users == 0, "a CUPTI user was left open"
+    assert not any(fake.open.values()), f"pushes without a pop: {fake.open}"
 
+
+def test_cupti_records_route_to_launches_blocks_and_graph_nodes(stand_in_cupti):
+    """The timer's attribution: one record per launch; one per node of a graph replay, all under the replay's
+    id; a foreign kernel inside a block."""
+    import asyncgpu
+    from asyncgpu._backends import cupti
+
+    fake, timer = stand_in_cupti, cupti.TIMER
     d = asyncgpu.device("host:0")
     s = d.stream
     with s.capture() as graph:
@@ -280,14 +311,14 @@ def test_cupti_records_route_to_launches_blocks_and_graph_nodes(monkeypatch):
         with graph.part("tail"):
             s.spin_us(30)
             s.spin_us(20)
-    with gpu_timer(d) as t:
+    with gpu_timer(d, source="cupti") as t:
         s.spin_us(10)  # one launch: one record
         with t.activity("block", stream=s):
             s.spin_us(10)  # a launch inside a block; the block's own id carries a foreign kernel (below)
-        fake_work[pushed[1]] = [("kernel", 5_000, 5_300, "gemm_foreign")]
+        fake.work[(timer, fake.pushed[timer][1])] = [("kernel", 5_000, 5_300, "gemm_foreign")]
         graph.launch()
-        fake_work[pushed[-1]] = [("kernel", 9_000, 9_100, "n0"), ("kernel", 9_110, 9_140, "n1")]
-        fake_work[pushed[-1]].append(("kernel", 9_150, 9_170, "n2"))
+        fake.work[(timer, fake.pushed[timer][-1])] = [("kernel", 9_000, 9_100, "n0"), ("kernel", 9_110, 9_140, "n1")]
+        fake.work[(timer, fake.pushed[timer][-1])].append(("kernel", 9_150, 9_170, "n2"))
     assert t.timeline.source == "cupti" and t.timeline.source_note == "", t.timeline.source_note
     got = [(r.name, r.kind, round(r.duration_ms * 1e6)) for r in t.records]
     assert got[0] == ("spin", "kernel", 40)
@@ -301,6 +332,266 @@ def test_cupti_records_route_to_launches_blocks_and_graph_nodes(monkeypatch):
     ]
     assert got[8] == ("gemm_foreign", "kernel", 300)  # the block's child, under its own name
     assert got[1][2] >= 300  # the block spans its child
+
+
+# -- source= on benchmark and kernel_history (issue 13) -------------------------------------------------------------
+def _spin(stream, us):
+    stream.spin_us(us)
+
+
+def test_benchmark_and_history_refuse_an_unknown_source_before_anything_runs(dev):
+    from asyncgpu import benchmark, kernel_history
+
+    calls = []
+    for bad in ("nvml", None, "CUPTI"):
+        with pytest.raises(ValueError, match="source must be one of 'auto', 'cupti', 'events'"):
+            benchmark(lambda s: calls.append(s), n_repeat=2, devices=dev, source=bad)
+        with pytest.raises(ValueError, match="source must be one of 'auto', 'cupti', 'events'"):
+            kernel_history.recording(source=bad)
+    assert calls == [] and not kernel_history.enabled
+
+
+def test_benchmark_on_host_devices_has_no_cupti_and_auto_says_why(two_devs, backend):
+    if backend != "host":
+        pytest.skip("the host backend's errors")
+    from asyncgpu import benchmark
+    from asyncgpu._report import render
+    from asyncgpu.errors import SourceError
+
+    with pytest.raises(
+        SourceError, match=r"CUDA devices only, and this benchmark covers host:0, host:1: use source='events'"
+    ):
+        benchmark(_spin, (10,), n_repeat=2, devices=two_devs, source="cupti")
+    r = benchmark(_spin, (10,), n_repeat=3, n_warmup=0, devices=two_devs, source="auto")
+    assert r.source == "events" and "CUPTI times CUDA devices only" in r.source_note
+    assert str(r).endswith("(GPU times: events)") and "\n" not in str(r)
+    text = render(r, width=200)
+    assert "GPU times from events" in text and "less the pair's own latency" in text and "CUDA devices only" in text
+    d = r.to_dict()
+    assert d["source"] == "events" and d["source_note"] == r.source_note
+    r = benchmark(_spin, (10,), n_repeat=3, n_warmup=0, devices=two_devs)  # the default: events, nothing to say
+    assert r.source == "events" and r.source_note == ""
+
+
+def test_history_without_cuda_has_no_cupti_and_auto_says_why(dev, monkeypatch):
+    from asyncgpu import kernel_history
+    from asyncgpu._backends import load_backend
+    from asyncgpu._core import hooks
+    from asyncgpu.errors import ScopeError, SourceError
+
+    monkeypatch.setattr(load_backend("cuda"), "available", lambda: (False, "no CUDA driver: stand-in"))
+    with pytest.raises(
+        SourceError,
+        match=r"CUDA devices only, and this process has none \(no CUDA driver: stand-in\): use source='events'",
+    ):
+        with kernel_history.recording(source="cupti"):
+            pass
+    assert not kernel_history.enabled and hooks.HOLD_USERS == 0  # nothing left switched on
+    with kernel_history.recording(source="auto") as rec:
+        assert kernel_history.enabled and hooks.HOLD_USERS == 1  # events: launches are held
+        dev.stream.spin_us(100)
+    assert rec.source == "events" and "CUDA devices only" in rec.source_note and "stand-in" in rec.source_note
+    (r,) = kernel_history()
+    assert r.source == "events" and r.duration_ms > 0
+    with pytest.raises(ScopeError, match="make a new one for each block"):
+        with rec:
+            pass
+
+
+def test_benchmark_times_each_call_from_cuptis_records(stand_in_cupti, backend):
+    """Each timed call runs under an id of its own: its GPU time is the span of the records of its work (first
+    start to last end); a call CUPTI saw nothing for keeps its event time, and the result says how many."""
+    if backend != "host":
+        pytest.skip("the stand-in replaces CUPTI")
+    import asyncgpu
+    from asyncgpu import benchmark
+    from asyncgpu._backends import cupti
+
+    fake, bench = stand_in_cupti, cupti.BENCH
+    two = asyncgpu.devices("host", count=2)
+    r = benchmark(_spin, (50,), n_repeat=5, n_warmup=2, devices=two, source="cupti")
+    assert r.source == "cupti" and r.source_note == "" and r.gpu_times_ms.shape == (2, 5)
+    assert np.all(r.gpu_times_ms == 40e-6)  # ms: the stand-in's 40 ns kernel per call, not the events' 50 µs
+
+    calls = []
+
+    def fn(stream):
+        if fake.open[bench]:  # a timed call (warm-up calls run without an id)
+            seen = [("kernel", 1_000, 1_500, "a"), ("memset", 1_700, 3_000, "memset")] if len(calls) % 2 == 0 else []
+            fake.work[(bench, fake.pushed[bench][-1])] = seen  # one device: no other thread pushes
+            calls.append(fake.pushed[bench][-1])
+        stream.spin_us(200)
+
+    r = benchmark(fn, n_repeat=4, n_warmup=1, devices=two[0], source="auto")
+    assert len(set(calls)) == 4
+    g = r.gpu_times_ms[0]
+    assert r.source == "cupti" and r.source_note == "CUPTI saw no work for 2 calls: their event times are kept"
+    assert g[0] == g[2] == 2e-3 and g[1] >= 0.19 and g[3] >= 0.19  # spans; the events' 200 µs
+    assert "the span of CUPTI's records" in render_text(r) and str(r).endswith("(GPU times: cupti)")
+
+
+def render_text(r):
+    from asyncgpu._report import render
+
+    return render(r, width=200)
+
+
+def test_history_takes_cuptis_times_inside_a_cupti_block(stand_in_cupti, backend):
+    if backend != "host":
+        pytest.skip("the stand-in replaces CUPTI")
+    import asyncgpu
+    from asyncgpu import kernel_history
+    from asyncgpu._core import hooks
+
+    d = asyncgpu.device("host:0")
+    with kernel_history.recording(source="cupti") as rec:
+        assert kernel_history.enabled and hooks.HOLD_USERS == 0  # CUPTI times the work: no hold
+        d.stream.spin_us(300)
+        d.stream.spin_us(300)
+    assert rec.source == "cupti" and rec.source_note == "" and not kernel_history.enabled
+    d.stream.spin_us(300)  # the history is off: not recorded
+    with kernel_history.recording():
+        d.stream.spin_us(300)
+    recs = kernel_history()
+    assert [r.source for r in recs] == ["cupti", "cupti", "events"]
+    assert [(r.duration_ms, r.start_ns) for r in recs[:2]] == [(40e-6, 0), (40e-6, 100)]  # CUPTI's, placed
+    assert recs[2].duration_ms >= 0.29  # the events' 300 µs
+
+
+def test_a_launch_timed_by_a_scope_and_the_history_carries_both_ids(stand_in_cupti, backend):
+    """Each feature has a channel of its own (an external correlation kind): the same launch's records reach
+    both, and each keeps its own."""
+    if backend != "host":
+        pytest.skip("the stand-in replaces CUPTI")
+    import asyncgpu
+    from asyncgpu import kernel_history
+    from asyncgpu._backends import cupti
+
+    fake = stand_in_cupti
+    d = asyncgpu.device("host:0")
+    with kernel_history.recording(source="cupti"):
+        with gpu_timer(d, source="cupti") as t:
+            d.stream.spin_us(10)
+        assert fake.pushed[cupti.TIMER] == [] and len(fake.pushed[cupti.HISTORY]) == 1  # the scope's flush: its own
+        fake.work[(cupti.HISTORY, fake.pushed[cupti.HISTORY][0])] = [("kernel", 500, 590, "spin")]
+    assert round(t.records[0].duration_ms * 1e6) == 40
+    (r,) = kernel_history()
+    assert r.source == "cupti" and round(r.duration_ms * 1e6) == 90
+
+
+def test_a_failed_cupti_flush_keeps_the_event_times_and_says_why(stand_in_cupti, monkeypatch, backend):
+    if backend != "host":
+        pytest.skip("the stand-in replaces CUPTI")
+    import asyncgpu
+    from asyncgpu import benchmark, kernel_history
+    from asyncgpu._backends import cupti
+
+    def lost(channel):
+        stand_in_cupti.pushed[channel].clear()
+        raise RuntimeError("buffer lost")
+
+    monkeypatch.setattr(cupti, "flush", lost)
+    d = asyncgpu.device("host:0")
+    why = "events, because the CUPTI flush failed (buffer lost)"
+    r = benchmark(_spin, (100,), n_repeat=3, n_warmup=0, devices=d, source="cupti")
+    assert (r.source, r.source_note) == ("events", why) and np.all(r.gpu_times_ms >= 0.09)
+    with gpu_timer(d, source="cupti") as t:
+        d.stream.spin_us(100)
+    assert (t.timeline.source, t.timeline.source_note) == ("events", why)
+    with kernel_history.recording(source="cupti") as rec:
+        d.stream.spin_us(100)
+    assert rec.source_note == why
+    (launch,) = kernel_history()
+    assert launch.source == "events" and launch.duration_ms >= 0.09
+
+
+def test_bench_command_takes_a_source(capsys, tmp_path):
+    from asyncgpu._cli import main
+
+    path = tmp_path / "benchmod_source.py"
+    path.write_text("def step(stream):\n    stream.spin_us(20)\n")
+    argv = ["bench", f"{path}:step", "--backend", "host", "-n", "3", "-w", "0"]
+    assert main([*argv, "--source", "cupti"]) == 2  # a usage mistake, in one line
+    out = capsys.readouterr().out
+    assert out.startswith("asyncgpu bench: source='cupti': CUPTI times CUDA devices only") and "Traceback" not in out
+    assert main([*argv, "--source", "auto", "--json", str(tmp_path / "r.json")]) == 0
+    assert "GPU times from events" in capsys.readouterr().out
+    assert json.loads((tmp_path / "r.json").read_text())["source"] == "events"
+
+
+# -- on a GPU: CUPTI's records in the benchmark and the kernel history ----------------------------------------------
+@pytest.mark.parametrize("work", ["spin 50 µs", "memset 40 MB"])
+def test_benchmark_with_cupti_agrees_with_events(dev, backend, work):
+    """Per repeat median, CUPTI's span of each call's work against the events around it (less the pair's own
+    latency): within max(1 %, 1 µs), the issue's tolerance."""
+    _cupti_or_skip(backend)
+    from asyncgpu import benchmark
+
+    a = dev.alloc(10_000_000)
+
+    def fn(stream):
+        if work.startswith("spin"):
+            stream.spin_us(50)
+        else:
+            stream.memset(a, 0)
+
+    fn(dev.stream)  # load the kernel outside the timing
+    dev.synchronize()
+    events = benchmark(fn, n_repeat=200, n_warmup=10, devices=dev, source="events")
+    exact = benchmark(fn, n_repeat=200, n_warmup=10, devices=dev, source="cupti")
+    assert events.source == "events" and exact.source == "cupti" and exact.source_note == "", exact.source_note
+    e_us, c_us = events.median_ms[1] * 1e3, exact.median_ms[1] * 1e3
+    assert abs(e_us - c_us) <= max(0.01 * c_us, 1.0), (work, e_us, c_us)
+    if work.startswith("spin"):
+        assert 50 <= c_us < 53, c_us  # the spin's own time, plus well under 3 µs
+    assert np.all(exact.gpu_times_ms > 0)
+    a.free()
+
+
+def test_kernel_history_records_carry_cupti_durations(dev, backend):
+    _cupti_or_skip(backend)
+    from asyncgpu import kernel_history
+
+    a = dev.alloc(1 << 20)
+    dev.stream.spin_us(10)
+    dev.synchronize()
+    kernel_history.clear()
+    t0_ns = time.perf_counter_ns()
+    with kernel_history.recording(source="cupti") as rec:
+        dev.stream.spin_us(50)
+        dev.stream.memset(a, 0)
+        dev.stream.spin_us(80)
+    t1_ns = time.perf_counter_ns()
+    recs = kernel_history()
+    assert rec.source == "cupti" and rec.source_note == "", rec.source_note
+    assert [(r.name, r.source) for r in recs] == [("spin", "cupti"), ("memset", "cupti"), ("spin", "cupti")]
+    spins = [r.duration_ms * 1e3 for r in recs if r.name == "spin"]
+    assert 50 <= spins[0] < 53 and 80 <= spins[1] < 83, spins
+    assert recs[1].duration_ms > 0
+    starts = [r.start_ns for r in recs]
+    assert starts == sorted(starts) and t0_ns - 50_000 <= starts[0] and recs[2].end_ns <= t1_ns + 50_000
+    a.free()
+
+
+def test_a_cupti_scope_and_a_cupti_history_read_the_same_records(dev, backend):
+    """A launch timed by a scope and recorded by the history carries an id of each one's channel (CUPTI's
+    external correlation kinds CUSTOM0 and CUSTOM2): both get its one record."""
+    _cupti_or_skip(backend)
+    from asyncgpu import kernel_history
+
+    a = dev.alloc(1 << 20)
+    dev.stream.spin_us(10)
+    dev.synchronize()
+    kernel_history.clear()
+    with kernel_history.recording(source="cupti"):
+        with gpu_timer(dev, source="cupti") as t:
+            dev.stream.spin_us(50)
+            dev.stream.memset(a, 0)
+    recs = kernel_history()
+    assert t.timeline.source == "cupti" and t.timeline.source_note == "", t.timeline.source_note
+    assert [r.source for r in recs] == ["cupti", "cupti"]
+    assert [round(r.duration_ms * 1e6) for r in recs] == [round(r.duration_ms * 1e6) for r in t.records]
+    a.free()
 
 
 def test_a_device_that_cannot_hold_says_so(monkeypatch):

@@ -272,6 +272,80 @@ def test_fast_and_general_paths_match_a_reference_decoder(seed, monkeypatch):
     assert paths == ([] if nested or seed in (4, 5) else [True])  # the fast path took the simple buffers
 
 
+def simple_pairs_decode(buf: np.ndarray, to_host) -> dict[str, list]:
+    """The fast path's results the simple way: each lane's (begin, end) pairs one at a time, with Python ints and
+    floats, in the fast path's order of float operations (start = since * rate + lane start, end = duration * rate
+    + start), so that the two agree to the bit."""
+    from asyncgpu.kernel.records import _Clock
+
+    h = [int(x) for x in buf[: F.HEADER_WORDS].view(np.uint32)]
+    groups, lanes, cap = h[F.HDR_GROUPS], h[F.HDR_LANES], h[F.HDR_CAPACITY]
+    words = [[int(x) for x in lane_words(buf, lane)] for lane in range(lanes)]
+    origin = min(w[F.LANE_START] for w in words if w[F.LANE_FIN] & M32)
+    clock = _Clock(to_host, None, origin)
+    out: dict[str, list] = {k: [] for k in ("block", "group", "stage", "start_ns", "end_ns", "duration_ns")}
+    for lane, w in enumerate(words):
+        start, kept = w[F.LANE_START], min(w[F.LANE_FIN] & M32, cap)
+        lane_start = float(start - clock.g0)
+        if clock.rate != 1.0:
+            lane_start *= clock.rate
+        lane_start += clock.h0
+        for k in range(0, kept, 2):
+            begin, end = w[F.LANE_WORDS + k], w[F.LANE_WORDS + k + 1]
+            since = ((begin >> F.TIME_SHIFT) - start) & M32
+            duration = ((end >> F.TIME_SHIFT) - (begin >> F.TIME_SHIFT)) & M32
+            start_ns = float(since) * clock.rate + lane_start
+            out["block"].append(lane // groups)
+            out["group"].append(lane % groups)
+            out["stage"].append((begin >> F.STAGE_SHIFT) & F.STAGE_MASK)
+            out["start_ns"].append(start_ns)
+            out["end_ns"].append(float(duration) * clock.rate + start_ns)
+            out["duration_ns"].append(duration)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_fast_path_equals_a_simple_decode_bit_for_bit(seed, monkeypatch):
+    """Random buffers of begin/end pairs (lanes empty, partly and completely full; stamps wrapping the low word;
+    an affine host clock or none), decoded in chunks of one lane, a few lanes and all: every column is the simple
+    decode's, value for value and dtype for dtype."""
+    from asyncgpu.kernel import records as _kdecode
+
+    paths = []
+    fast = _kdecode._decode_pairs
+    monkeypatch.setattr(_kdecode, "_decode_pairs", lambda *a: paths.append(fast(*a) is not None) or fast(*a))
+    monkeypatch.setattr(_kdecode, "_CHUNK_PAIRS", (1, 40, 64, 1 << 16)[seed % 4])
+    rng = np.random.default_rng(100 + seed)
+    groups, lanes, cap = int(rng.integers(1, 4)), int(rng.integers(1, 40)), 2 * int(rng.integers(1, 40))
+    buf = armed(groups, lanes, cap)
+    full = seed % 3 == 0  # every lane full: the chunks' 2-D planes; else the gathered 1-D ones
+    for lane in range(lanes):
+        n = cap if full else 2 * int(rng.integers(0, cap // 2 + 1))
+        t = start = (int(rng.integers(1, 1 << 20)) << 32) - int(rng.integers(0, 1 << 24))  # wraps soon, or not
+        recs = []
+        for _ in range(n // 2):
+            t += int(rng.integers(0, 1 << 24))
+            begin = t
+            t += int(rng.integers(0, 1 << 26))
+            stage = int(rng.integers(0, F.MAX_STAGES))
+            recs += [(B, stage, begin), (E, stage, t)]
+        write_lane(buf, lane, start, recs, t + 1)
+    if not any(lane_words(buf, ln)[F.LANE_FIN] & M32 for ln in range(lanes)):
+        write_lane(buf, 0, 1 << 32, [(B, 3, (1 << 32) + 5), (E, 3, (1 << 32) + 9)], (1 << 32) + 10)
+    g0 = int(rng.integers(1, 1 << 40))
+    rate = (1.0, 1.0000071, 0.99999)[seed % 3]
+    to_host = None if seed % 4 == 1 else (lambda t: 5e12 + (np.asarray(t, np.int64) - g0) * rate)
+    r = decode(buf, to_host=to_host)
+    assert paths == [True], "the fast path did not take these buffers"
+    expected = simple_pairs_decode(buf, to_host)
+    dtypes = {"block": np.int32, "group": np.int32, "stage": np.int16, "duration_ns": np.int64}
+    for column, values in expected.items():
+        got = getattr(r, column)
+        assert got.dtype == dtypes.get(column, np.float64), column
+        assert np.array_equal(got, np.array(values, got.dtype)), column  # floats too: bit for bit
+    assert len(r) == len(expected["stage"]) > 0 and r.instant_ns.size == 0
+
+
 def test_a_lane_longer_than_the_wrap_is_unwrapped_and_a_long_gap_is_reported():
     buf = armed(1, 2, 16)
     t0 = 3 << 32

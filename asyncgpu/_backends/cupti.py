@@ -1,42 +1,177 @@
 """CUPTI activity records through NVIDIA's ``cupti-python``: the only module that imports it.
 
-What `asyncgpu._timer` needs for ``gpu_timer(source="cupti")``: the device's own start and end of every kernel,
-memset and memcpy, and, for each, the external correlation id that asyncgpu pushed on the launching thread
-(`push` / `pop`), so that it lands on the right activity. CUPTI emits the id only for API records (measured on
-H200: no EXTERNAL_CORRELATION record without the DRIVER kind), so the driver and runtime API kinds are on while a
-session is open, for launch, copy and set calls only (`_quiet_apis`); their records are dropped in the buffer
-callback.
+What the features that time with CUPTI need (``source="cupti"`` on `gpu_timer`, `benchmark` and
+`kernel_history.recording`): `choose`, the one answer to "which source does this user get", the device's own
+start and end of every kernel, memset and memcpy, and, for each, the external correlation id that the feature
+pushed on the launching thread (`push` / `pop`), so that a `Router` hands it to the right activity, repeat or
+launch. Each feature has a *channel* of its own (`TIMER`, `BENCH`, `HISTORY`: CUPTI's external correlation kinds
+CUSTOM0..2), so that a launch timed by a scope and recorded by the kernel history at once carries both ids, and a
+flush hands each channel every record (`flush` takes only the caller's channel). CUPTI emits the ids only for API
+records (measured on H200: no EXTERNAL_CORRELATION record without the DRIVER kind), so the driver and runtime API
+kinds are on while a session is open, for launch, copy and set calls only (`_quiet_apis`); their records are
+dropped in the buffer callback.
 
 One CUPTI subscriber per process: `acquire` claims it (``cuptiSubscribe``) and fails with `SourceError` when
-torch.profiler, Nsight Systems or another tool holds it. The session is shared by every open scope (counted);
-the last `release` flushes, disables the kinds and unsubscribes.
+torch.profiler, Nsight Systems or another tool holds it. The session is shared by every user of every channel
+(counted); the last `release` flushes, disables the kinds and unsubscribes.
 
-Threads: `push`/`pop` on the launching thread (CUPTI keeps one stack per thread). CUPTI hands full buffers to
-`_completed` on a thread of its own: it only filters and appends tuples (no asyncgpu code, no locks held long).
-`flush` blocks (CUPTI walks its buffers: ~0.1 ms per hundred records), so async callers run it in a worker thread.
-Timestamps are ns on CUPTI's own clock, shared by every device: `host_offset_ns` places them on the host's.
+Threads: `push`/`pop` on the launching thread (CUPTI keeps one stack per thread and kind). CUPTI hands full
+buffers to `_completed` on a thread of its own: it only filters and appends tuples (no asyncgpu code, no locks
+held long). `flush` blocks (CUPTI walks its buffers: ~0.1 ms per hundred records), so async callers run it in a
+worker thread. Timestamps are ns on CUPTI's own clock, shared by every device: `host_offset_ns` places them on the
+host's.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
-from typing import Any
+from typing import Any, Iterable, Sequence, final
 
 from .._errors import SourceError
 
-__all__ = ["CuptiRecord", "acquire", "available", "flush", "host_offset_ns", "pop", "push", "release"]
+__all__ = [
+    "BENCH",
+    "HISTORY",
+    "SOURCES",
+    "TIMER",
+    "CuptiRecord",
+    "Router",
+    "acquire",
+    "available",
+    "check_source",
+    "choose",
+    "flush",
+    "host_offset_ns",
+    "pop",
+    "push",
+    "release",
+    "span",
+]
 
 BUFFER_BYTES = 8 << 20
+SOURCES = ("auto", "cupti", "events")  #: what ``source=`` accepts, wherever it is accepted
+TIMER, BENCH, HISTORY = 0, 1, 2  #: channels: `gpu_timer` scopes, `benchmark` runs, the kernel history
+_CHANNELS = 3
 #: ``(kind, start_ns, end_ns, correlation_id, device_id, stream_id, name)``; kind: "kernel", "memset", "memcpy"
 CuptiRecord = tuple
 
 _lock = threading.Lock()
-_users = 0
+_users = 0  # users of every channel
+_channel_users = [0] * _CHANNELS
+_inbox: list[list[CuptiRecord]] = [[] for _ in range(_CHANNELS)]  # records not flushed yet, per open channel
+_external: list[dict[int, int]] = [{} for _ in range(_CHANNELS)]  # per channel: correlation id -> external id
 _subscriber: Any = None
-_records: list[CuptiRecord] = []
-_external: dict[int, int] = {}  # CUPTI correlation id -> asyncgpu's external id
 _kinds: tuple = ()
+_ext_kinds: tuple = ()  # CUPTI's external correlation kind of each channel
+_channel_of: dict[int, int] = {}  # and back
+_api: Any = None  # the ``cupti`` module, once a session was opened
 _why_not: str | None = None  # why CUPTI cannot be used in this process, once known
+
+
+def check_source(source: Any) -> None:
+    """`ValueError` naming the choices unless ``source`` is one of `SOURCES`."""
+    if not isinstance(source, str) or source not in SOURCES:
+        raise ValueError(f"source must be one of {', '.join(map(repr, SOURCES))}, not {source!r}")
+
+
+def choose(source: str, devices: Sequence[Any] | None, channel: int, what: str) -> tuple[str, str]:
+    """Which source a user of ``channel`` gets for ``source`` (one of `SOURCES`): ``("cupti", "")`` with the
+    session acquired (the caller `release` s it), or ``("events", why)``: ``why`` is empty for ``"events"`` and
+    says why ``"auto"`` fell back. ``devices``: the devices timed (each with ``name`` and ``backend``), or None
+    for every device of the process (the kernel history). ``what`` names the user in messages ("this scope").
+    `SourceError` naming the fix when ``"cupti"`` cannot be had. Blocks briefly (`acquire`)."""
+    check_source(source)
+    if source == "events":
+        return "events", ""
+    if devices is None:
+        from . import load_backend
+
+        ok, why_no_cuda = load_backend("cuda").available()
+        why = "" if ok else f"CUPTI times CUDA devices only, and {what} has none ({why_no_cuda})"
+    else:
+        others = [d.name for d in devices if d.backend != "cuda"]
+        why = f"CUPTI times CUDA devices only, and {what} covers {', '.join(others)}" if others else ""
+    if why:
+        if source == "cupti":
+            raise SourceError(f"source='cupti': {why}: use source='events' (or 'auto', which picks it)")
+        return "events", why
+    try:
+        acquire(channel)
+    except SourceError as exc:
+        if source == "cupti":
+            raise
+        return "events", f"events, because {exc}"
+    return "cupti", ""
+
+
+def span(records: Iterable[tuple]) -> tuple[int, int] | None:
+    """``(first start, last end)`` in ns of records routed by a `Router` (None when there are none)."""
+    start = end = None
+    for _kind, s, e, *_ in records:
+        if start is None or s < start:
+            start = s
+        if end is None or e > end:
+            end = e
+    return None if start is None or end is None else (start, end)
+
+
+@final
+class Router:
+    """One feature's external ids and the CUPTI records routed to them. `tag` gives a target (any object with a
+    ``cupti`` attribute, None at first) an id to `push` around its launches; `collect` flushes the feature's
+    channel and appends each record, ``(kind, start_ns, end_ns, device_id, stream_id, name)``, to the list in
+    its target's ``cupti``; `untag` forgets the target. Records whose correlation is not known yet wait for the
+    next collect (up to `MAX_UNROUTED`). `tag` and `untag` from any thread; `collect` blocks (`flush`)."""
+
+    MAX_UNROUTED = 100_000
+
+    def __init__(self, channel: int) -> None:
+        self.channel = channel
+        self.targets: dict[int, Any] = {}  # external id -> target, until untagged
+        self._ids = itertools.count(1)
+        self._unrouted: list[CuptiRecord] = []
+        self._ext_map: dict[int, int] = {}  # CUPTI correlation id -> external id, kept while it may be used
+        self._lock = threading.Lock()
+
+    def tag(self, target: Any) -> int:
+        """A new external id for ``target``."""
+        ext = next(self._ids)
+        self.targets[ext] = target
+        return ext
+
+    def untag(self, ext: int) -> None:
+        self.targets.pop(ext, None)
+
+    def collect(self) -> tuple[int, str]:
+        """Flush the channel and route its records. Returns CUPTI's clock minus the host's (`host_offset_ns`)
+        and "", or, when the flush failed, ``(0, why)``: the users' event times then stand, and they say why."""
+        try:
+            self.route(*flush(self.channel))
+            return host_offset_ns(), ""
+        except Exception as exc:  # noqa: BLE001 - the caller keeps the events' times and says why
+            return 0, f"events, because the CUPTI flush failed ({exc})"
+
+    def route(self, records: list[CuptiRecord], ext_map: dict[int, int]) -> None:
+        """Hand ``records`` to their targets (by external id); keep the ones not placeable yet. Any thread."""
+        with self._lock:
+            self._ext_map.update(ext_map)
+            keep = []
+            for rec in (*self._unrouted, *records):
+                kind, start, end, corr, dev_id, stream_id, name = rec
+                ext = self._ext_map.get(corr)
+                target = self.targets.get(ext) if ext is not None else None
+                if target is None:
+                    if ext is None:
+                        keep.append(rec)  # its correlation record may come with the next buffer
+                    continue
+                if target.cupti is None:  # (the id stays mapped: a graph replay's nodes all share one correlation)
+                    target.cupti = []
+                target.cupti.append((kind, start, end, dev_id, stream_id, name))
+            self._unrouted[:] = keep[-self.MAX_UNROUTED :]
+            if len(self._ext_map) > self.MAX_UNROUTED:  # ids of work nobody times any more
+                for corr in list(self._ext_map)[: len(self._ext_map) - self.MAX_UNROUTED]:
+                    del self._ext_map[corr]
 
 
 def _cupti() -> Any:
@@ -74,6 +209,8 @@ def available() -> tuple[bool, str]:
             handle = cupti.subscribe(_noop, None)
         except cupti.cuptiError as exc:
             return False, f"CUPTI cannot subscribe: {exc}"
+        except RuntimeError as exc:  # cupti-python's NotSupportedError: no CUDA driver it can load
+            return False, f"CUPTI cannot start: {exc}"
         cupti.unsubscribe(handle)
     return True, ""
 
@@ -84,7 +221,8 @@ def _completed(activities: Any) -> None:
 
     kinds = cupti.ActivityKind
     kernel, memset, memcpy, ext = kinds.CONCURRENT_KERNEL, kinds.MEMSET, kinds.MEMCPY, kinds.EXTERNAL_CORRELATION
-    out, corr = [], {}
+    out: list[CuptiRecord] = []
+    corr: list[tuple[int, int, int]] = []  # (channel, correlation id, external id)
     for a in activities:
         k = a.kind
         if k in (kernel, memset, memcpy) and not 0 < a.start < a.end:
@@ -96,10 +234,16 @@ def _completed(activities: Any) -> None:
         elif k == memcpy:
             out.append(("memcpy", a.start, a.end, a.correlation_id, a.device_id, a.stream_id, "memcpy"))
         elif k == ext:
-            corr[a.correlation_id] = a.external_id
+            channel = _channel_of.get(int(a.external_kind))
+            if channel is not None:
+                corr.append((channel, a.correlation_id, a.external_id))
     with _lock:
-        _records.extend(out)
-        _external.update(corr)
+        for channel in range(_CHANNELS):
+            if _channel_users[channel]:
+                _inbox[channel].extend(out)
+        for channel, correlation, external in corr:
+            if _channel_users[channel]:
+                _external[channel][correlation] = external
 
 
 _KEEP_APIS = ("Launch", "Memcpy", "Memset")  # the API calls whose records carry an external id asyncgpu reads
@@ -130,14 +274,16 @@ def _noop(*_: Any) -> None:  # the subscriber's callback: asyncgpu subscribes on
     return None
 
 
-def acquire() -> None:
-    """Open (or share) the process's CUPTI session. `SourceError` when CUPTI is missing, held by another tool,
-    or does not match the driver. Any thread; blocks briefly (enabling the activity kinds)."""
-    global _users, _subscriber, _kinds, _why_not
+def acquire(channel: int) -> None:
+    """Open (or share) the process's CUPTI session for a user of ``channel``. `SourceError` when CUPTI is
+    missing, held by another tool, or does not match the driver. Any thread; blocks briefly (enabling the
+    activity kinds)."""
+    global _users, _subscriber, _kinds, _why_not, _ext_kinds, _channel_of, _api
     cupti = _cupti()
     with _lock:
         if _users:
             _users += 1
+            _channel_users[channel] += 1
             return
         try:
             _subscriber = cupti.subscribe(_noop, None)
@@ -151,6 +297,9 @@ def acquire() -> None:
             _why_not = f"CUPTI cannot subscribe ({exc}): is cupti-python's major version your driver's CUDA major?"
             fix = " pip install 'cupti-python==<CUDA major>.*', or use source='events'"
             raise SourceError(_why_not + fix) from None
+        except RuntimeError as exc:  # cupti-python's NotSupportedError: no CUDA driver it can load
+            _why_not = f"CUPTI cannot start ({exc})"
+            raise SourceError(_why_not + ": use source='events' on this machine") from None
         k = cupti.ActivityKind
         kinds = (k.CONCURRENT_KERNEL, k.MEMSET, k.MEMCPY, k.EXTERNAL_CORRELATION, k.DRIVER, k.RUNTIME)
         enabled: list = []
@@ -170,17 +319,26 @@ def acquire() -> None:
                 _why_not + "; install the cupti-python of your driver's CUDA major, or use source='events'"
             ) from None
         _quiet_apis(cupti, 0)
+        ek = cupti.ExternalCorrelationKind
+        _api, _ext_kinds = cupti, (ek.CUSTOM0, ek.CUSTOM1, ek.CUSTOM2)
+        _channel_of = {int(kind): channel for channel, kind in enumerate(_ext_kinds)}
         _kinds = kinds
         _users = 1
+        _channel_users[channel] += 1
 
 
-def release() -> None:
-    """Leave the session; the last user flushes, disables the kinds and unsubscribes. Never raises."""
+def release(channel: int) -> None:
+    """A user of ``channel`` leaves the session (that channel's unflushed records go once it has no user); the
+    last user of all flushes, disables the kinds and unsubscribes. Never raises."""
     global _users, _subscriber
     with _lock:
-        if _users == 0:
+        if _users == 0 or _channel_users[channel] == 0:
             return
         _users -= 1
+        _channel_users[channel] -= 1
+        if not _channel_users[channel]:
+            _inbox[channel].clear()
+            _external[channel].clear()
         if _users:
             return
     from cupti import cupti
@@ -195,21 +353,19 @@ def release() -> None:
                 _quiet_apis(cupti, 1)  # as found: a profiler after us (torch.profiler) sees every API again
                 cupti.unsubscribe(_subscriber)
                 _subscriber = None
-                _records.clear()
-                _external.clear()
+                for channel in range(_CHANNELS):
+                    _inbox[channel].clear()
+                    _external[channel].clear()
 
 
-def push(external_id: int) -> None:
-    """Attribute what this thread launches from now on to ``external_id`` (until `pop`)."""
-    from cupti import cupti
+def push(external_id: int, channel: int) -> None:
+    """Attribute what this thread launches from now on to ``external_id`` of ``channel`` (until `pop`). Only
+    while the caller holds the session (`acquire`); the hot path of CUPTI-timed launches."""
+    _api.activity_push_external_correlation_id(_ext_kinds[channel], external_id)
 
-    cupti.activity_push_external_correlation_id(cupti.ExternalCorrelationKind.CUSTOM0, external_id)
 
-
-def pop() -> None:
-    from cupti import cupti
-
-    cupti.activity_pop_external_correlation_id(cupti.ExternalCorrelationKind.CUSTOM0)
+def pop(channel: int) -> None:
+    _api.activity_pop_external_correlation_id(_ext_kinds[channel])
 
 
 def host_offset_ns(samples: int = 16) -> int:
@@ -230,14 +386,12 @@ def host_offset_ns(samples: int = 16) -> int:
     return offset
 
 
-def flush() -> tuple[list[CuptiRecord], dict[int, int]]:
-    """Every record CUPTI holds for work that has completed, and the correlation -> external id map; both are
-    taken (a later flush returns newer ones only). Blocks the calling thread while CUPTI hands its buffers over."""
-    from cupti import cupti
-
-    cupti.activity_flush_all(1)
+def flush(channel: int) -> tuple[list[CuptiRecord], dict[int, int]]:
+    """Every record CUPTI holds for work that has completed since ``channel``'s last flush, and the channel's
+    correlation -> external id map; both are taken (a later flush returns newer ones only; other channels keep
+    theirs). Blocks the calling thread while CUPTI hands its buffers over."""
+    _api.activity_flush_all(1)
     with _lock:
-        records, ext = list(_records), dict(_external)
-        _records.clear()
-        _external.clear()
+        records, ext = _inbox[channel], _external[channel]
+        _inbox[channel], _external[channel] = [], {}
     return records, ext
