@@ -21,6 +21,10 @@ Every message names the fix. Errors raised by a backend (a CUDA driver error, a 
     ├── BenchmarkError                    the benchmarked function (or its device) failed
     ├── GatherError                       a gather across ranks failed
     └── BackendError (RuntimeError)       the backend failed (a CUDA driver error, sticky or not)
+
+One warning category, outside that tree (a warning is not an error; ``-W error`` turns it into one)::
+
+    BlockingCallWarning (RuntimeWarning)  a call that blocks its thread, made from an event loop's thread
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ __all__ = [
     "AsyncGPUError",
     "BackendError",
     "BenchmarkError",
+    "BlockingCallWarning",
     "GatherError",
     "ClockError",
     "SourceError",
@@ -82,7 +87,8 @@ class ReleasedError(AsyncGPUError):
 
 
 class ClosedError(AsyncGPUError):
-    """A device worker (or another resource) was used after ``close()``."""
+    """A device worker (or another resource) was used after ``close()``, or a worker the parent process opened
+    was used in a child after ``os.fork()`` (its threads do not run there)."""
 
 
 class PoolExhaustedError(AsyncGPUError):
@@ -144,3 +150,13 @@ class GatherError(AsyncGPUError):
     def __init__(self, message: str, missing_ranks: tuple[int, ...] = ()) -> None:
         super().__init__(message)
         self.missing_ranks = tuple(missing_ranks)  #: ranks that never checked in (timeouts), in the group's numbering
+
+
+class BlockingCallWarning(RuntimeWarning):
+    """A call that blocks its thread until a device finishes (``event.wait_sync()``, ``device.synchronize()``,
+    ``benchmark()``, a plain ``with gpu_timer(...)``, ``device.close()`` with work queued…) was made from a
+    thread that runs an event loop: every other task of that loop stalls until it returns. The message names
+    the async form (``await event.wait()``, ``async with gpu_timer(...)``, ``await device.aclose()``…).
+
+    Calls whose wait could deadlock the loop (a channel's ``put_sync``/``get_sync``, ``wait_done_sync``: the
+    other side may be a task of the same loop) raise `RuntimeError` there instead."""

@@ -1,11 +1,13 @@
 """Every exception asyncgpu raises on purpose (the hierarchy is drawn in `asyncgpu._errors`). The common ones are
-also at the top level (``asyncgpu.ScopeError``); catch `AsyncGPUError` for all of them."""
+also at the top level (``asyncgpu.ScopeError``); catch `AsyncGPUError` for all of them. `BlockingCallWarning` is
+the one warning category (a `RuntimeWarning`)."""
 
 from __future__ import annotations
 
 from ._errors import AsyncGPUError as AsyncGPUError
 from ._errors import BackendError as BackendError
 from ._errors import BenchmarkError as BenchmarkError
+from ._errors import BlockingCallWarning as BlockingCallWarning
 from ._errors import ClockError as ClockError
 from ._errors import ClosedError as ClosedError
 from ._errors import DeviceMismatchError as DeviceMismatchError
@@ -27,6 +29,7 @@ __all__ = [
     "AsyncGPUError",
     "BackendError",
     "BenchmarkError",
+    "BlockingCallWarning",
     "ClockError",
     "SourceError",
     "ClosedError",

@@ -82,11 +82,17 @@ def test_moved_names_still_work_with_a_deprecation_warning():
 
 
 def test_one_exception_root():
+    """Every error has one root; the warning categories are RuntimeWarnings (a warning is not an error)."""
+    warning_categories = []
     for mod in (asyncgpu, asyncgpu.errors):
         for name in mod.__all__:
             obj = getattr(mod, name)
-            if isinstance(obj, type) and issubclass(obj, Exception):
+            if isinstance(obj, type) and issubclass(obj, Warning):
+                assert issubclass(obj, RuntimeWarning) and not issubclass(obj, asyncgpu.AsyncGPUError)
+                warning_categories.append(name)
+            elif isinstance(obj, type) and issubclass(obj, Exception):
                 assert issubclass(obj, asyncgpu.AsyncGPUError)
+    assert warning_categories == ["BlockingCallWarning"]
 
 
 def test_cuda_imports_live_in_one_module():
