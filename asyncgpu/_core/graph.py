@@ -196,6 +196,8 @@ class Graph:
         dev = self.device
         if self._state != _READY:
             raise self._unusable()
+        if dev.closed:  # (after os.fork(): the parent's worker, closed, with its graphs still ready)
+            raise dev.closed_error("this graph")
         if stream is None:
             s = self.stream
         elif isinstance(stream, Stream):
