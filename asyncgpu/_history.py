@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, final
 
-from ._core import hooks
+from ._core import hooks, loops
 from ._core.clock import Placement, placement
 from ._errors import AsyncGPUError, NotReadyError
 
@@ -193,8 +193,14 @@ class _KernelHistory:
     def __call__(self, *, wait: bool = True) -> list[LaunchRecord]:
         """The launches recorded since the last call, in issue order, and forget them (cleared on read).
 
-        ``wait=True`` blocks the calling thread (GIL released) until they have run. ``wait=False`` never
-        blocks: launches the devices have not finished stay for the next call."""
+        ``wait=True`` blocks the calling thread (GIL released) until they have run (in an event loop's thread,
+        with records pending, it warns: `BlockingCallWarning`). ``wait=False`` never blocks: launches the devices
+        have not finished stay for the next call."""
+        if wait and _pending:
+            loops.warn_blocking(
+                "kernel_history() (it waits for the launches it reports)",
+                "await an event recorded after the work, then call kernel_history(wait=False)",
+            )
         with _read_lock:
             pending = _take_all(_pending)
             if wait:
@@ -213,8 +219,10 @@ class _KernelHistory:
     @enabled.setter
     def enabled(self, value: bool) -> None:
         global _forced
+        if not isinstance(value, bool):
+            raise TypeError(f"kernel_history.enabled is True or False, not {value!r}")
         with _state_lock:
-            _forced = bool(value)
+            _forced = value
             _update()
 
     @contextmanager

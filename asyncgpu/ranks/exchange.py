@@ -59,6 +59,7 @@ from typing import Any
 import numpy as np
 
 from .. import _timer
+from .._checks import number, whole
 from .._errors import GatherError, ScopeError
 from .._records import Timeline
 from .._timer import Timer
@@ -110,8 +111,11 @@ def gather(
     on the scope label, the number of devices and the device backend. ``clock_samples``: pings per rank for its
     clock offset. Raises `GatherError` (the same on every rank that came) when the ranks disagree, a rank does
     not come in time (``missing_ranks``), or no process group is usable. Blocks; see the module docstring."""
-    if timeout_s <= 0 or clock_samples < 1:
-        raise ValueError(f"timeout_s must be > 0 and clock_samples >= 1 (got {timeout_s}, {clock_samples})")
+    timeout_s = number("timeout_s", timeout_s, unit="seconds (how long each step waits for the other ranks)")
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0 (seconds each step waits for the other ranks), not {timeout_s}")
+    clock_samples = whole("clock_samples", clock_samples, minimum=1, hint="pings per rank")
+    root = whole("root", root)
     tl, marks, backend = _scope(source)
     tr = _transport(group)
     if not 0 <= root < tr.size:
