@@ -196,6 +196,8 @@ class _KernelHistory:
         ``wait=True`` blocks the calling thread (GIL released) until they have run (in an event loop's thread,
         with records pending, it warns: `BlockingCallWarning`). ``wait=False`` never blocks: launches the devices
         have not finished stay for the next call."""
+        if not isinstance(wait, bool):
+            raise TypeError(f"wait is True (block until the launches have run) or False, not {wait!r}")
         if wait and _pending:
             loops.warn_blocking(
                 "kernel_history() (it waits for the launches it reports)",

@@ -336,6 +336,25 @@ def test_other_arguments_name_the_fix():
         asyncgpu.ranks.gather(t, timeout_s=math.nan)
     with pytest.raises(ValueError, match="clock_samples"):
         asyncgpu.ranks.gather(t, clock_samples=0)
+    with pytest.raises(TypeError, match="timer= takes an open gpu_timer scope"):
+        asyncgpu.ranks.mark_collective("allreduce", timer=5)
+    with pytest.raises(TypeError, match="wait is True"):
+        asyncgpu.kernel_history(wait="no")
+    with pytest.raises(TypeError, match=r"devices is a sequence of names \(devices=\['ab'\] for one\)"):
+        asyncgpu.Timeline.from_arrays(devices="ab", device=[0], start_ns=[0], end_ns=[1])
+    words = np.zeros(64, np.uint64)
+    with pytest.raises(ValueError, match="block must be a whole number >= 0"):
+        kernel.HostLane(words, -1, blocks=1)  # (it would have written before its lane)
+    with pytest.raises(ValueError, match="blocks must be a whole number >= 1"):
+        kernel.HostLane(words, 0, blocks=0)
+    a = dev.alloc(4)
+    with dev.stream.capture() as graph:
+        with pytest.raises(TypeError, match="a part's name is a str"):
+            graph.part(5)
+        dev.stream.inc_loop(a, 1)
+    with pytest.raises(TypeError, match="name is the replay's activity name"):
+        graph.launch(name=5)
+    graph.close()
 
 
 # -- a closed worker --------------------------------------------------------------------------------------------------

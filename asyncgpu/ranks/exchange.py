@@ -80,6 +80,8 @@ def mark_collective(name: str, timer: Timer | None = None) -> None:
     one ``name`` across ranks and reports who arrived last and how long the others waited (`RankTimeline.balance`).
     Costs a clock read and a list append; any thread."""
     now = _now_ns()
+    if timer is not None and not isinstance(timer, Timer):
+        raise TypeError(f"timer= takes an open gpu_timer scope (a Timer), not {timer!r}")
     scopes = [timer] if timer is not None else list(_timer.current_scopes())
     scopes = [s for s in scopes if _timer.is_open(s)]
     if not scopes:
