@@ -135,3 +135,19 @@ async def test_a_cancelled_aclose_leaves_the_worker_open_and_nothing_behind(back
     assert dev.pool_stats(False).in_use == 0 and dev.engine.pending == 0
     await dev.aclose()
     assert dev.closed
+
+
+async def test_a_jupyter_kernel_runs_cells_in_its_loop_and_is_not_warned(dev, monkeypatch):
+    """ipykernel runs each cell's plain code inside its event loop: blocking there is how a cell works."""
+    import sys
+    import types
+
+    kernel_shell = types.SimpleNamespace(kernel=object())
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: kernel_shell))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dev.synchronize()
+        _pending(dev).wait_sync()
+    monkeypatch.setattr(kernel_shell, "kernel", None)  # a terminal IPython: no kernel
+    with pytest.warns(BlockingCallWarning):
+        dev.synchronize()

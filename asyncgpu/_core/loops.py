@@ -195,11 +195,17 @@ class Parked:
 def warn_blocking(call: str, instead: str, stacklevel: int = 3) -> None:
     """Warn with `BlockingCallWarning` if the calling thread runs an asyncio (uvloop) loop or a trio task:
     ``call`` is about to block it, ``instead`` says what a task does. ``stacklevel`` as `warnings.warn`'s,
-    counted from the caller of this function (3: the caller's caller, the user's line)."""
-    if current()[0] != THREAD:
+    counted from the caller of this function (3: the caller's caller, the user's line). Not in a Jupyter
+    kernel: it runs each cell's plain code inside its own event loop, and a cell blocks by design."""
+    if current()[0] != THREAD and not _in_jupyter_kernel():
         warnings.warn(
             f"{call} blocks this thread, which runs an event loop: the loop's other tasks wait until it returns. "
             f"In a task, {instead}",
             BlockingCallWarning,
             stacklevel=stacklevel,
         )
+
+
+def _in_jupyter_kernel() -> bool:
+    get_ipython = getattr(sys.modules.get("IPython"), "get_ipython", None)  # (never imports IPython)
+    return get_ipython is not None and getattr(get_ipython(), "kernel", None) is not None
