@@ -63,6 +63,7 @@ from typing import Any, Callable, Iterable, Mapping, final
 import numpy as np
 
 from ._backends import cupti
+from ._core import loops
 from ._core.clock import placement
 from ._core.device import Device
 from ._core.stream import Stream
@@ -507,8 +508,10 @@ def benchmark(
     Returns a `BenchmarkResult`; raises `BenchmarkError` (with the partial result) when ``fn`` or its device
     fails, ``ValueError``/``TypeError`` for bad arguments, `UnknownDeviceError`/`NoDeviceError` for devices
     that do not exist, `SourceError` naming the fix when ``source="cupti"`` cannot be had. Blocks the calling
-    thread; not a checkpoint.
+    thread (called from an event loop's thread it warns, `BlockingCallWarning`: run it with
+    ``anyio.to_thread.run_sync`` there); not a checkpoint.
     """
+    loops.warn_blocking("benchmark()", "`await anyio.to_thread.run_sync(lambda: asyncgpu.benchmark(...))`")
     if max_duration is not None:
         warnings.warn(
             "benchmark(max_duration=) is now max_duration_s= (the old name goes in the next release)",
@@ -517,6 +520,10 @@ def benchmark(
         )
         max_duration_s = max_duration
     args, kwargs = _check(fn, args, kwargs, n_repeat, n_warmup, max_duration_s, max_noise, source)
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"name is the benchmark's name in its report: a str (or None: fn's name), not {name!r}")
+    if progress is not None and not isinstance(progress, bool):
+        raise TypeError(f"progress is True, False or None (a bar on long runs in a terminal), not {progress!r}")
     streams = _targets(devices)
     label = name or getattr(fn, "__name__", None) or type(fn).__name__
     cut_ms = [placement(s.device, subtract_overhead=bool(subtract_overhead)).overhead_ns / 1e6 for s in streams]

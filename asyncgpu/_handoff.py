@@ -33,7 +33,9 @@ back to its pool. ``done(stream=...)`` records where the consumer's use of the p
 
 Cancellation and timeouts: a consumer cancelled (or timed out) while waiting for an item or for the GPU loses
 nothing: the item goes back to the head of the channel. A producer cancelled while waiting for room leaves
-nothing behind (the event it recorded goes back to its pool).
+nothing behind (the event it recorded goes back to its pool). ``await channel.put(...)`` does nothing until it
+is awaited: a put that is never awaited records no event. Timeouts (``timeout_s``, seconds) are None (wait for
+ever) or a number >= 0; a timeout raises `TimeoutError` saying what did not happen in time.
 
 Timing: every handoff is recorded (`Channel.records`): put time, GPU-ready time (the producer's event on the
 host time base), take time, and for GPU-side takes the wait on the consumer's stream. Handoffs made while a
@@ -49,12 +51,14 @@ import threading
 import time
 import warnings
 from collections import deque
-from contextlib import nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Iterator
+from typing import Any, Awaitable, Callable, Iterator
 
 import numpy as np
 
+from ._checks import timeout_s as check_timeout_s
+from ._checks import whole
 from ._core import hooks, loops
 from ._core.clock import placement
 from ._core.engine import KIND_CALLBACK
@@ -62,11 +66,9 @@ from ._core.event import Event
 from ._core.loops import WAITING as _WAITING
 from ._core.loops import WOKEN as _WOKEN
 from ._core.loops import Parked as _Parked
+from ._core.stream import Stream
 from ._errors import AsyncGPUError, ClosedError, DeviceMismatchError, ReleasedError
 from ._trace import HOST_PID, device_pid
-
-if TYPE_CHECKING:
-    from ._core.stream import Stream
 
 __all__ = ["Channel", "Handoff", "HandoffRecord"]
 
@@ -200,6 +202,8 @@ class Handoff:
         ``stream`` so far (an event is recorded there for the producer's `wait_done`). Releases the producer's
         event (once its timing is read). Raises `ReleasedError` if called twice."""
         ch = self.channel
+        if stream is not None and not isinstance(stream, Stream):
+            raise TypeError(f"done(stream=...) takes the asyncgpu Stream that uses the payload, not {stream!r}")
         done_event = stream.record(timing=False) if stream is not None else None
         with ch._lock:
             if self._state == 2:
@@ -246,14 +250,14 @@ class Handoff:
         reusing its buffers. With ``stream``: wait on the host only until the consumer called `done`, then make
         ``stream`` wait on the GPU for the end of the consumer's use (no host wait for the GPU). Without: wait on
         the host until the consumer's use has run. `TimeoutError` after ``timeout_s`` seconds."""
+        timeout_s = check_timeout_s(timeout_s)
+        _check_wait_stream(stream)
         kind, loop = loops.current()
         if kind != _THREAD:
             raise _blocking_in_loop("Handoff.wait_done_sync()", "await handoff.wait_done()")
         deadline = None if timeout_s is None else _now() + int(timeout_s * 1e9)
         if not self._park_until_done(kind, loop, deadline):
-            raise TimeoutError(
-                f"the consumer of handoff #{self.seq} of {self.channel.name!r} was not done after {timeout_s} s"
-            )
+            raise TimeoutError(self._not_done_message(timeout_s))
         self._after_done(stream, deadline, timeout_s)
 
     def wait_done(
@@ -263,6 +267,7 @@ class Handoff:
         cancellation withdraws the wait). Called from a plain thread it still blocks, with a DeprecationWarning
         (use `wait_done_sync` there)."""
         timeout_s = _timeout_s(timeout_s, timeout)
+        _check_wait_stream(stream)
         kind, loop = loops.current()
         if kind == _THREAD:
             _deprecated_blocking("Handoff.wait_done()", "Handoff.wait_done_sync()")
@@ -271,9 +276,7 @@ class Handoff:
         return self._wait_done_async(kind, loop, stream, timeout_s)
 
     async def _wait_done_async(self, kind: int, loop: Any, stream: Stream | None, timeout_s: float | None) -> None:
-        import anyio
-
-        with anyio.fail_after(timeout_s) if timeout_s is not None else nullcontext():
+        with _deadline(timeout_s, lambda: self._not_done_message(timeout_s)):
             ch = self.channel
             with ch._lock:
                 if self._state != 2:
@@ -306,9 +309,12 @@ class Handoff:
         if stream is not None:
             stream.wait(ev)
         elif not ev.block_until(deadline):
-            raise TimeoutError(
-                f"the consumer's use of handoff #{self.seq} of {self.channel.name!r} had not run after {timeout_s} s"
-            )
+            raise TimeoutError(self._not_done_message(timeout_s))
+
+    def _not_done_message(self, timeout_s: float | None) -> str:
+        if self._state != 2:
+            return f"the consumer of handoff #{self.seq} of {self.channel.name!r} was not done after {timeout_s} s"
+        return f"the consumer's use of handoff #{self.seq} of {self.channel.name!r} had not run after {timeout_s} s"
 
     # -- timing -------------------------------------------------------------------------------------------
     def _resolve(self) -> None:
@@ -391,11 +397,13 @@ class Channel:
     def __init__(
         self, maxsize: int = 4, *, name: str = "channel", keep_records: int = 100_000, spin: bool = False
     ) -> None:
-        if not isinstance(maxsize, int) or maxsize < 1:
-            raise ValueError(f"maxsize must be an int >= 1, not {maxsize!r}")
+        maxsize = whole("maxsize", maxsize, minimum=1)
+        keep_records = whole("keep_records", keep_records)
+        if not isinstance(name, str):
+            raise TypeError(f"name is the channel's name in records and traces: a str, not {name!r}")
         self.name = name
         self.maxsize = maxsize
-        self.spin = spin
+        self.spin = bool(spin)
         self._lock = threading.Lock()
         self._items: deque[Handoff] = deque()
         self._getters: deque[_Parked] = deque()
@@ -415,6 +423,7 @@ class Channel:
         calling plain thread (GIL released) while the channel is full. Returns the `Handoff` (for
         `Handoff.wait_done_sync`). Raises `ClosedError` once the channel is closed, `TimeoutError` after
         ``timeout_s`` seconds without room (nothing is left behind)."""
+        timeout_s = check_timeout_s(timeout_s)
         kind, loop = loops.current()
         if kind != _THREAD:
             raise _blocking_in_loop("Channel.put_sync()", "await channel.put()")
@@ -425,7 +434,7 @@ class Channel:
             if p is not None:
                 deadline = None if timeout_s is None else _now() + int(timeout_s * 1e9)
                 if not p.block(self._lock, deadline, _now()):
-                    raise TimeoutError(f"channel {self.name!r} stayed full for {timeout_s} s")
+                    raise TimeoutError(self._full_message(timeout_s))
                 self._after_room(p)
         except BaseException:
             self._abandon(h)
@@ -442,20 +451,23 @@ class Channel:
         timeout: float | None = None,
     ) -> Awaitable[Handoff]:
         """``await channel.put(...)``: `put_sync` for a task (the loop keeps running while the channel is full;
-        a checkpoint; cancellation leaves nothing behind). Called from a plain thread it still blocks, with a
-        DeprecationWarning (use `put_sync` there)."""
+        a checkpoint; cancellation leaves nothing behind). Nothing happens until it is awaited (the arguments are
+        checked at once). Called from a plain thread it still blocks, with a DeprecationWarning (use `put_sync`
+        there)."""
         timeout_s = _timeout_s(timeout_s, timeout)
         kind, loop = loops.current()
         if kind == _THREAD:
             _deprecated_blocking("Channel.put()", "Channel.put_sync()")
             return self.put_sync(payload, stream=stream, event=event, timeout_s=timeout_s)  # type: ignore[return-value]
-        return self._put_async(self._new_item(payload, stream, event), kind, loop, timeout_s)
+        _check_put(stream, event)
+        return self._put_async(payload, stream, event, kind, loop, timeout_s)
 
-    async def _put_async(self, h: Handoff, kind: int, loop: Any, timeout_s: float | None) -> Handoff:
-        import anyio
-
+    async def _put_async(
+        self, payload: Any, stream: Stream | None, event: Event | None, kind: int, loop: Any, timeout_s: float | None
+    ) -> Handoff:
+        h = self._new_item(payload, stream, event)
         try:
-            with anyio.fail_after(timeout_s) if timeout_s is not None else nullcontext():
+            with _deadline(timeout_s, lambda: self._full_message(timeout_s)):
                 with self._lock:
                     p = self._admit_locked(h, kind, loop)
                 if p is None:
@@ -468,18 +480,14 @@ class Channel:
             raise
         return h
 
+    def _full_message(self, timeout_s: float | None) -> str:
+        return f"channel {self.name!r} stayed full for {timeout_s} s"
+
     def _new_item(self, payload: Any, stream: Stream | None, event: Event | None) -> Handoff:
+        _check_put(stream, event)
         if self._closed:
             raise ClosedError(self._closed_message("put"))
-        if (stream is None) == (event is None):
-            raise TypeError(
-                "put() needs stream= (an event is recorded there after the work enqueued so far) or "
-                "event= (an event you recorded), not both"
-            )
         if event is not None:
-            if not isinstance(event, Event):
-                raise TypeError(f"event must be an asyncgpu Event (device.record()), not {type(event).__name__}")
-            event.checked()  # NotRecordedError / ReleasedError name the fix
             dev, recorded_here = event.device, False
         else:
             assert stream is not None  # one of the two, checked above
@@ -542,6 +550,7 @@ class Channel:
         back at the head."""
         if stream is not None:
             self._check_stream(stream)
+        timeout_s = check_timeout_s(timeout_s)
         called_ns = _now()
         kind, loop = loops.current()
         if kind != _THREAD:
@@ -551,7 +560,7 @@ class Channel:
             h, p = self._take_locked(kind, loop)
         if p is not None:
             if not p.block(self._lock, deadline, _now()):
-                raise TimeoutError(f"nothing came through channel {self.name!r} in {timeout_s} s")
+                raise TimeoutError(self._get_timeout_message(None, timeout_s))
             h = self._after_wake(p)
         assert h is not None  # _take_locked returns an item or a parking
         try:
@@ -563,10 +572,7 @@ class Channel:
                 if self.spin and deadline is None:
                     ev.wait_sync()
                 elif not ev.block_until(deadline):
-                    raise TimeoutError(
-                        f"handoff #{h.seq} of {self.name!r}: {ev.device.name} had not finished its "
-                        f"work after {timeout_s} s (the item is back in the channel)"
-                    )
+                    raise TimeoutError(self._get_timeout_message(h, timeout_s))
                 self._taken_on_host(h, called_ns)
         except BaseException:
             self._put_back(h)
@@ -588,12 +594,19 @@ class Channel:
             self._check_stream(stream)
         return self._get_async(kind, loop, stream, timeout_s, _now())
 
+    def _get_timeout_message(self, h: Handoff | None, timeout_s: float | None) -> str:
+        if h is None:
+            return f"nothing came through channel {self.name!r} in {timeout_s} s"
+        return (
+            f"handoff #{h.seq} of {self.name!r}: {h._producer} had not finished its work after {timeout_s} s "
+            "(the item is back in the channel)"
+        )
+
     async def _get_async(
         self, kind: int, loop: Any, stream: Stream | None, timeout_s: float | None, called_ns: int
     ) -> Handoff:
-        import anyio
-
-        with anyio.fail_after(timeout_s) if timeout_s is not None else nullcontext():
+        h: Handoff | None = None
+        with _deadline(timeout_s, lambda: self._get_timeout_message(h, timeout_s)):
             with self._lock:
                 h, p = self._take_locked(kind, loop)
             if p is not None:
@@ -664,8 +677,6 @@ class Channel:
             self._items.appendleft(h)
 
     def _check_stream(self, stream: Any) -> None:
-        from ._core.stream import Stream
-
         if not isinstance(stream, Stream):
             raise TypeError(f"get(stream=...) takes an asyncgpu Stream, not {type(stream).__name__}")
         if self._backend is not None and stream.bd.backend != self._backend:
@@ -802,7 +813,10 @@ class Channel:
         return list(self._log)
 
     def latencies_ns(self, gpu_side: bool | None = None) -> np.ndarray:
-        """GPU ready → consumer running of each finished handoff (ns; NaN where a time is unknown)."""
+        """GPU ready → consumer running of each finished handoff (ns; NaN where a time is unknown); ``gpu_side``
+        True or False keeps only GPU-side or host-side takes."""
+        if gpu_side is not None and not isinstance(gpu_side, bool):
+            raise TypeError(f"gpu_side is True, False or None (all takes), not {gpu_side!r}")
         recs = [r for r in self._log if gpu_side is None or r.gpu_side == gpu_side]
         return np.array([r.latency_ns for r in recs], dtype=np.float64)
 
@@ -820,13 +834,55 @@ class Channel:
 
 
 def _timeout_s(timeout_s: float | None, timeout: float | None) -> float | None:
-    """``timeout`` is the name before 0.2 of ``timeout_s``."""
+    """The checked timeout in seconds; ``timeout`` is the name before 0.2 of ``timeout_s``."""
     if timeout is None:
-        return timeout_s
+        return check_timeout_s(timeout_s)
     warnings.warn(
         "timeout= is now timeout_s= (seconds; the old name goes in the next release)", DeprecationWarning, stacklevel=3
     )
-    return timeout if timeout_s is None else timeout_s
+    return check_timeout_s(timeout, "timeout") if timeout_s is None else check_timeout_s(timeout_s)
+
+
+@contextmanager
+def _deadline(timeout_s: float | None, message: Callable[[], str]) -> Iterator[None]:
+    """Cancel the block after ``timeout_s`` seconds (None: never) and raise `TimeoutError` with ``message()``,
+    read then (anyio's own says nothing)."""
+    if timeout_s is None:
+        yield
+        return
+    import anyio
+
+    try:
+        with anyio.fail_after(timeout_s):
+            yield
+    except TimeoutError:
+        raise TimeoutError(message()) from None
+
+
+def _check_wait_stream(stream: Any) -> None:
+    if stream is not None and not isinstance(stream, Stream):
+        raise TypeError(
+            f"wait_done(stream=...) takes the asyncgpu Stream that will reuse the payload (it waits on the GPU), "
+            f"not {stream!r}"
+        )
+
+
+def _check_put(stream: Any, event: Any) -> None:
+    """What `Channel.put` accepts (checked before anything is recorded)."""
+    if (stream is None) == (event is None):
+        raise TypeError(
+            "put() needs stream= (an event is recorded there after the work enqueued so far) or "
+            "event= (an event you recorded), not both"
+        )
+    if event is not None:
+        if not isinstance(event, Event):
+            raise TypeError(f"event must be an asyncgpu Event (device.record()), not {type(event).__name__}")
+        event.checked()  # NotRecordedError / ReleasedError / ClosedError name the fix
+    elif not isinstance(stream, Stream):
+        raise TypeError(
+            "stream= takes the asyncgpu Stream whose enqueued work makes the payload ready (device.stream, "
+            f"device.streams[i], device.adopt_stream(...)), not {stream!r}"
+        )
 
 
 def _deprecated_blocking(call: str, instead: str) -> None:

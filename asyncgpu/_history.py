@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, final
 
 from ._backends import cupti
-from ._core import hooks
+from ._core import hooks, loops
 from ._core.clock import Placement, placement
 from ._errors import AsyncGPUError, NotReadyError, ScopeError
 
@@ -233,8 +233,16 @@ class _KernelHistory:
     def __call__(self, *, wait: bool = True) -> list[LaunchRecord]:
         """The launches recorded since the last call, in issue order, and forget them (cleared on read).
 
-        ``wait=True`` blocks the calling thread (GIL released) until they have run. ``wait=False`` never
-        blocks: launches the devices have not finished stay for the next call."""
+        ``wait=True`` blocks the calling thread (GIL released) until they have run (in an event loop's thread,
+        with records pending, it warns: `BlockingCallWarning`). ``wait=False`` never blocks: launches the devices
+        have not finished stay for the next call."""
+        if not isinstance(wait, bool):
+            raise TypeError(f"wait is True (block until the launches have run) or False, not {wait!r}")
+        if wait and _pending:
+            loops.warn_blocking(
+                "kernel_history() (it waits for the launches it reports)",
+                "await an event recorded after the work, then call kernel_history(wait=False)",
+            )
         with _read_lock:
             pending = _take_all(_pending)
             if wait:
@@ -255,8 +263,10 @@ class _KernelHistory:
     @enabled.setter
     def enabled(self, value: bool) -> None:
         global _forced
+        if not isinstance(value, bool):
+            raise TypeError(f"kernel_history.enabled is True or False, not {value!r}")
         with _state_lock:
-            _forced = bool(value)
+            _forced = value
             _update()
 
     def recording(self, *, source: str = "events") -> HistoryRecording:

@@ -159,6 +159,9 @@ class Timeline:
     ) -> Timeline:
         """A timeline from plain arrays (synthetic data, traces read back, other tools). ``kind`` may hold kind
         names or codes; missing columns default to name 0, kind ``user``, one stream ``s0`` per device."""
+        for what, seq in (("devices", devices), ("names", names)):
+            if isinstance(seq, (str, bytes)):
+                raise TypeError(f"{what} is a sequence of names ({what}=[{seq!r}] for one), not the string {seq!r}")
         n = len(start_ns)
         dev = np.asarray(device, dtype=np.int16)
         start = np.asarray(start_ns, dtype=np.float64)

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from numbers import Real
 from typing import Any, final
 
 import numpy as np
@@ -96,7 +98,8 @@ class ActivitySummary(Plain):
 
 def activity_summary(tl: Timeline) -> ActivitySummary:
     """Count, total, mean, min and max duration (ms) per activity name and kind, sorted by total, longest first
-    (ties in the order the names first appeared)."""
+    (ties in the order the names first appeared). ``tl``: a `Timeline` (or a finished `Timer`)."""
+    tl = _timeline(tl, "activity_summary")
     done = _finished(tl)
     nk = len(KINDS)
     size = len(tl.names) * nk
@@ -166,7 +169,8 @@ class DeviceSummary(Plain):
 
 def device_summary(tl: Timeline) -> DeviceSummary:
     """Busy time (union of intervals), idle time, largest gap, utilisation, first start and last end per device
-    (ms), over the window described in the module's docstring."""
+    (ms), over the window described in the module's docstring. ``tl``: a `Timeline` (or a finished `Timer`)."""
+    tl = _timeline(tl, "device_summary")
     done = _finished(tl)
     nd = len(tl.devices)
     dev = tl.device[done]
@@ -268,8 +272,8 @@ def balance(source: Timeline | DeviceSummary, work_units: Any = None) -> Balance
     throughput. ``work_units``: per device (a dict keyed by device or device name, or a sequence in the
     timeline's device order) the whole units of work it got (items, batches, rows); default one unit each, and
     the suggestion is then in fractions only. Devices without busy time keep their units. ``source`` may be a
-    `DeviceSummary` already made from the timeline."""
-    ds = source if isinstance(source, DeviceSummary) else device_summary(source)
+    `DeviceSummary` already made from the timeline (or a finished `Timer`)."""
+    ds = source if isinstance(source, DeviceSummary) else device_summary(_timeline(source, "balance"))
     names = [r.device for r in ds.rows]
     units = _work_units(names, work_units)
     busy = np.array([r.busy_ms for r in ds.rows])
@@ -327,6 +331,11 @@ def _work_units(names: list[str], work_units: Any) -> np.ndarray:
                 "(0 for a device that got no work)"
             )
         values = [given[n] for n in names]
+    elif isinstance(work_units, (str, bytes)) or not isinstance(work_units, Iterable):
+        raise TypeError(
+            f"work_units is a dict {{device: units}} or one count per device in the timeline's order "
+            f"({', '.join(names)}), not {work_units!r}"
+        )
     else:
         values = list(work_units)
         if len(values) != len(names):
@@ -334,11 +343,20 @@ def _work_units(names: list[str], work_units: Any) -> np.ndarray:
                 f"work_units has {len(values)} values for {len(names)} devices ({', '.join(names)}): "
                 "give one per device in that order, or a dict {device: units}"
             )
-    units = np.asarray(values, dtype=np.float64)
-    bad = [f"{n}={v!r}" for n, v, u in zip(names, values, units) if not (np.isfinite(u) and u >= 0 and u == int(u))]
+    bad = [f"{n}={v!r}" for n, v in zip(names, values) if not _whole_units(v)]
     if bad:
-        raise ValueError(f"work units must be whole numbers ≥ 0 (items, batches, rows), not {', '.join(bad)}")
-    return units
+        raise ValueError(
+            f"work units must be whole numbers from 0 to 2**53 (items, batches, rows), not {', '.join(bad)}"
+        )
+    return np.asarray(values, dtype=np.float64)
+
+
+def _whole_units(v: Any) -> bool:
+    """A count of work units: a real number (not a string or a bool), whole, 0 .. 2**53 (exact in float64)."""
+    if isinstance(v, bool) or not isinstance(v, Real):
+        return False
+    x = float(v)
+    return math.isfinite(x) and 0 <= x <= 2**53 and x == int(x)
 
 
 def suggest_split(
@@ -401,6 +419,17 @@ def _notes(ds: DeviceSummary, measured: np.ndarray, comparable: bool) -> tuple[s
 
 
 # -- shared -------------------------------------------------------------------------------------------------
+def _timeline(source: Any, what: str) -> Timeline:
+    """``source`` as a `Timeline`: a Timeline, or what has one as ``.timeline`` (a finished `Timer`, whose
+    ``timeline`` raises `ScopeError` naming the fix while it is open)."""
+    if isinstance(source, Timeline):
+        return source
+    tl = getattr(source, "timeline", None) if not isinstance(source, (str, bytes)) else None
+    if isinstance(tl, Timeline):
+        return tl
+    raise TypeError(f"{what}() takes a Timeline (t.timeline) or a finished Timer, not {source!r}")
+
+
 def _finished(tl: Timeline) -> np.ndarray:
     """Rows with a finite start, end and duration."""
     return tl.complete & np.isfinite(tl.end_ns)

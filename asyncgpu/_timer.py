@@ -11,7 +11,11 @@ An activity is recorded once and appears in every open scope of the context that
 Cancellation and errors: when the body raises, the scope still waits for the work already enqueued and keeps
 its records. When the scope is cancelled (or the wait at exit is), it does not wait: records of work the
 device has not finished have ``duration_ms = None``, and their events return to the pool once the device
-passes them.
+passes them. When the exit itself cannot wait (an event pool at its bound, a failed device), the scope keeps
+what finished, gives every event back, and raises that error (unless the body's own error is on its way).
+
+The blocking form (``with gpu_timer(...)``) waits for the devices at its exit: entered from a thread that
+runs an event loop, it warns (`BlockingCallWarning`); use ``async with`` there.
 """
 
 from __future__ import annotations
@@ -19,20 +23,19 @@ from __future__ import annotations
 import threading
 import time
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, Callable, Iterable, final
+from typing import Any, Callable, Iterable, final
 
 import numpy as np
 
 from . import _nvtx
 from ._backends import cupti
+from ._checks import number, whole
 from ._core import hooks, loops
 from ._core.clock import CLOCK_MAX_AGE_S, Placement, placement
-from ._errors import NotReadyError, ScopeError
+from ._core.device import Device
+from ._core.stream import Stream
+from ._errors import AsyncGPUError, NotReadyError, ScopeError
 from ._records import KIND_CODES, KINDS, ActivityRecord, CollectiveMark, HostRange, Timeline
-
-if TYPE_CHECKING:
-    from ._core.device import Device
-    from ._core.stream import Stream
 
 __all__ = ["Timer", "current_scopes", "gpu_timer", "timing_begin", "timing_end", "timing_print"]
 
@@ -92,7 +95,11 @@ def _owners(scopes: tuple, device: Device, kind: str) -> list:
 def _begin(stream: Stream, name: str, kind: str, owners: list, block: bool = False) -> _Activity:
     dev = stream.device
     raw = dev.timing_pool.take()
-    stream.bd.record(raw, stream.raw)
+    try:
+        stream.bd.record(raw, stream.raw)
+    except BaseException:
+        dev.timing_pool.give(raw)  # not recorded: as it was
+        raise
     act = _Activity()
     act.device, act.stream, act.name, act.kind = dev, stream, name, kind
     act.start_raw, act.end_raw, act.refs, act.duration_ms = raw, None, len(owners), None
@@ -124,9 +131,13 @@ def _end(act: _Activity, block: bool = False) -> None:
             stack = getattr(_BLOCKS, "stack", None)
             if stack and act in stack:
                 stack.remove(act)
-    stream = act.stream
-    raw = act.device.timing_pool.take()
-    stream.bd.record(raw, stream.raw)
+    stream, pool = act.stream, act.device.timing_pool
+    raw = pool.take()
+    try:
+        stream.bd.record(raw, stream.raw)
+    except BaseException:
+        pool.give(raw)  # not recorded: the activity stays unfinished
+        raise
     act.end_raw = raw
     if act.nvtx_id is not None:
         _nvtx.end(act.nvtx_id)
@@ -320,6 +331,14 @@ class Timer:
         source: str = "events",
     ) -> None:
         cupti.check_source(source)
+        if not isinstance(label, str):
+            raise TypeError(f"label is the scope's name in reports: a str, not {label!r}")
+        if report_func is not None and not callable(report_func):
+            raise TypeError(
+                "report_func is called as report_func(records, indent) when the scope ends: pass a function "
+                f"(or None), not {report_func!r}"
+            )
+        max_clock_age_s = number("max_clock_age_s", max_clock_age_s, unit="seconds", infinite="never re-measure")
         self._source_req = source
         self.source = "events"  #: where this scope's durations come from (``"cupti"`` or ``"events"``), once entered
         self.source_note = ""  #: why ``source="auto"`` fell back to events, if it did
@@ -386,6 +405,12 @@ class Timer:
         """Time the work enqueued on ``stream`` (default: ``device``'s default stream) inside the block."""
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
+        if not isinstance(name, str):
+            raise TypeError(f"an activity's name is a str, not {name!r}")
+        if stream is not None and not isinstance(stream, Stream):
+            raise TypeError(f"stream= takes an asyncgpu Stream (device.stream, device.streams[i]), not {stream!r}")
+        if device is not None and not isinstance(device, Device):
+            raise TypeError(f"device= takes one of the scope's devices (t.devices), not {device!r}")
         if stream is None:
             if device is None:
                 if len(self.devices) != 1:
@@ -413,8 +438,11 @@ class Timer:
         return self
 
     async def __aexit__(self, et: Any, exc: BaseException | None, tb: Any) -> None:
-        fences = self._stop(exc)
+        self._stop(exc)
+        fences: list = []
+        fence_error = None
         try:
+            fence_error = self._fence(fences, exc)
             if not loops.is_cancellation(exc):
                 for ev in fences:
                     await ev.wait()
@@ -433,29 +461,38 @@ class Timer:
                     await anyio.to_thread.run_sync(self._cupti_collect)
             self._finish(fences)
         self._report()
+        if fence_error is not None:
+            raise fence_error
 
     # -- blocking form (plain threads, scripts) -----------------------------------------------------------
     def __enter__(self) -> Timer:
+        loops.warn_blocking("`with gpu_timer(...)` (its exit waits for the devices)", "`async with gpu_timer(...)`")
         self._claim()
         if self.synchronize:
             for d in self.devices:
-                d.synchronize()
+                d.bd.sync_device()  # (warned above if this thread runs an event loop)
         self._start()
         return self
 
     def __exit__(self, et: Any, exc: BaseException | None, tb: Any) -> None:
-        fences = self._stop(exc)
+        self._stop(exc)
+        fences: list = []
+        fence_error = None
         try:
+            fence_error = self._fence(fences, exc)
             if not isinstance(exc, KeyboardInterrupt):
                 for ev in fences:
-                    ev.wait_sync()
+                    ev.block()  # (`__enter__` warned if this thread runs an event loop)
                 if self.synchronize:
                     for d in self.devices:
-                        d.synchronize()
+                        if not d.closed:
+                            d.bd.sync_device()
         finally:
             self._cupti_collect()
             self._finish(fences)
         self._report()
+        if fence_error is not None:
+            raise fence_error
 
     # -- the steps ----------------------------------------------------------------------------------------
     def _claim(self) -> None:
@@ -488,16 +525,21 @@ class Timer:
             cupti.release(cupti.TIMER)
 
     def _start(self) -> None:
+        marks: dict[Device, Any] = {}
         try:  # here, not in `_claim`: nothing between taking CUPTI and the scope's exit may leave it taken
             self._pick_source()
-            self._start_marks = {d: d.mark_now() for d in self.devices}
+            for d in self.devices:
+                marks[d] = d.mark_now()
         except BaseException:
+            for ev in marks.values():
+                ev.release()
             self._state = _DONE
             if self._cupti_pending:
                 self._cupti_pending = False
                 _count_cupti_user(-1)
                 cupti.release(cupti.TIMER)
             raise
+        self._start_marks = marks
         self._holding = self._held = self.source == "events"
         if self._holding:  # event pairs need held launches; CUPTI times the work itself
             hooks.want_holds(1)
@@ -515,8 +557,8 @@ class Timer:
             self._nvtx_id = _nvtx.start(self.label, "scope")
         self._t0_ns, self._c0_ns = time.perf_counter_ns(), time.process_time_ns()
 
-    def _stop(self, exc: BaseException | None) -> list:
-        """End the scope on the host; returns the events to wait for (one fence per stream used)."""
+    def _stop(self, exc: BaseException | None) -> None:
+        """End the scope on the host (never raises: what the scope took is given back in `_finish`)."""
         self._t1_ns = time.perf_counter_ns()
         self.host_ms = (self._t1_ns - self._t0_ns) / 1e6
         self.cpu_ms = (time.process_time_ns() - self._c0_ns) / 1e6
@@ -542,9 +584,26 @@ class Timer:
         if exc is not None:
             self.error = f"{type(exc).__name__}: {exc}"
             self.cancelled = loops.is_cancellation(exc)
+
+    def _fence(self, fences: list, exc: BaseException | None) -> AsyncGPUError | None:
+        """Record into ``fences`` what the exit waits for: one event (without timing: the timing pool may be the
+        one at its bound) on every stream the scope used. A stream where that fails (an exhausted pool, a failed
+        device) is not waited for; the first such error is returned, to be raised once the scope is finished,
+        unless the body raised (``exc``): its error goes on, and this one is only noted."""
         streams = {id(a.stream): a.stream for a in self._acts}
         streams.update(self._fence_streams)
-        return [s.record(tag="fence") for s in streams.values() if not s.device.closed]
+        error = None
+        for s in streams.values():
+            if s.device.closed:
+                continue
+            try:
+                fences.append(s.record(timing=False, tag="fence"))
+            except AsyncGPUError as err:
+                error = error or err
+        if error is not None and exc is None:
+            self.error = f"{type(error).__name__} at the scope's exit: {error}"
+            return error
+        return None
 
     def _finish(self, fences: list) -> None:
         """Turn events into the timeline (never waits for the devices) and give every event back."""
@@ -727,12 +786,11 @@ class Timer:
 
     @property
     def records(self) -> _Records:
-        """The activities in issue order (empty before the scope ends): call it, ``t.records()``, as
-        `Timeline.records` and `Channel.records`; the list it returns also works uncalled, as before 0.2."""
+        """The activities in issue order, once the scope has ended (before: `ScopeError`, as `timeline`): call
+        it, ``t.records()``, as `Timeline.records` and `Channel.records`; the list it returns also works uncalled,
+        as before 0.2."""
         if self._records is None:
-            if self._timeline is None:
-                return _Records()
-            self._records = _Records(self._timeline.records())
+            self._records = _Records(self.timeline.records())
         return self._records
 
     def totals_by_device(self) -> dict[str, float]:
@@ -744,6 +802,9 @@ class Timer:
     def totals_by(self, field: str = "kind") -> dict[str, tuple[int, float]]:
         """``{value: (count, total_ms)}`` grouped by an `ActivityRecord` field (``kind``, ``name``, ``device``,
         ``stream``)."""
+        fields = ("kind", "name", "device", "stream")
+        if field not in fields:
+            raise ValueError(f"totals_by() groups by one of {', '.join(map(repr, fields))}, not {field!r}")
         out: dict[str, tuple[int, float]] = {}
         for r in self.records:
             key = getattr(r, field)
@@ -775,6 +836,8 @@ class Timer:
         ``t.report()``."""
         from ._report import timeline_report
 
+        if limit is not None:
+            limit = whole("limit", limit, hint="activities shown; None: all")
         return timeline_report(self.timeline, limit=limit, order=order)
 
     def __rich_console__(self, console: Any, options: Any) -> Any:
@@ -865,7 +928,10 @@ def _check_kinds(kinds: Iterable[str] | None) -> frozenset[str]:
         return frozenset(KINDS)
     if isinstance(kinds, str):
         kinds = (kinds,)
-    out = frozenset(kinds)
+    try:
+        out = frozenset(kinds)
+    except TypeError:
+        raise TypeError(f"kinds is a list of activity kinds (some of {', '.join(KINDS)}), not {kinds!r}") from None
     bad = sorted(out - set(KINDS))
     if bad:
         raise ValueError(f"unknown activity kind(s) {', '.join(map(repr, bad))}: use some of {', '.join(KINDS)}")
@@ -908,12 +974,20 @@ def timing_end(timer: Timer | None = None) -> list[ActivityRecord]:
 
 
 def timing_print(records: Iterable[ActivityRecord], indent: str = "") -> None:
-    """Print records as the activity and per-device tables (to the terminal through rich)."""
+    """Print records (what `timing_end` returns, or a `Timer`'s) as the activity and per-device tables (to the
+    terminal through rich)."""
     from rich.console import Console
 
     from ._report import records_report
 
-    Console().print(records_report(list(records), indent))
+    if isinstance(records, Timer):
+        records = records.records
+    rows = list(records) if isinstance(records, Iterable) and not isinstance(records, str) else None
+    if rows is None or not all(isinstance(r, ActivityRecord) for r in rows):
+        raise TypeError(
+            f"timing_print() prints ActivityRecords (what timing_end() returns, or t.records), not {records!r}"
+        )
+    Console().print(records_report(rows, indent))
 
 
 def _append_rows(extra: list, dev_codes: dict, streams: dict, names: dict, *cols: np.ndarray) -> tuple:

@@ -1,4 +1,9 @@
-"""Shared fixtures: event loops (asyncio, uvloop, trio) and devices (host everywhere, CUDA when present)."""
+"""Shared fixtures: event loops (asyncio, uvloop, trio) and devices (host everywhere, CUDA when present).
+
+Markers: ``gpu`` / ``multigpu`` skip without enough CUDA GPUs; ``nvrtc`` (a test that compiles CUDA sources) skips
+when NVRTC is missing (asyncgpu installed without its ``cu13`` / ``cu12`` extra), saying so. Every ``gpu`` test
+needs NVRTC too: the built-in kernels it launches are compiled at run time.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +13,13 @@ import threading
 import pytest
 
 import asyncgpu
+from asyncgpu._backends import cuda as _cuda
 from asyncgpu._backends import load_backend
 from asyncgpu._core import select as _select
 
 CUDA_OK, CUDA_WHY = load_backend("cuda").available()
 CUDA_COUNT = load_backend("cuda").device_count() if CUDA_OK else 0
+NVRTC_OK, NVRTC_WHY = _cuda.nvrtc_available()
 
 LOOPS = [pytest.param(("asyncio", {}), id="asyncio"), pytest.param(("trio", {}), id="trio")]
 if importlib.util.find_spec("uvloop") is not None:
@@ -27,9 +34,12 @@ def anyio_backend(request):
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason=f"needs a CUDA GPU: {CUDA_WHY}")
     skip_multi = pytest.mark.skip(reason=f"needs two CUDA GPUs (this machine has {CUDA_COUNT})")
+    skip_nvrtc = pytest.mark.skip(reason=f"needs NVRTC: {NVRTC_WHY}")
     for item in items:
         if "gpu" in item.keywords and not CUDA_OK:
             item.add_marker(skip_gpu)
+        elif ("nvrtc" in item.keywords or "gpu" in item.keywords) and not NVRTC_OK:
+            item.add_marker(skip_nvrtc)
         if "multigpu" in item.keywords and CUDA_COUNT < 2:
             item.add_marker(skip_multi)
 

@@ -87,7 +87,7 @@ async def test_wait_is_cancellable_on_gpu():
         await ev.wait()
     assert not ev.query() and dev.engine.pending == 0
     ev.release()
-    dev.synchronize()
+    await anyio.to_thread.run_sync(dev.synchronize)
 
 
 def test_sticky_error_reaches_every_waiter():

@@ -12,7 +12,7 @@ import pytest
 import asyncgpu
 from asyncgpu import BackendError, ClosedError, DeviceMismatchError, ReleasedError, TimingDisabledError
 from asyncgpu._core import engine as engine_mod
-from asyncgpu.errors import NotReadyError, NotRecordedError, PoolExhaustedError
+from asyncgpu.errors import BlockingCallWarning, NotReadyError, NotRecordedError, PoolExhaustedError
 
 pytestmark = pytest.mark.anyio
 
@@ -70,7 +70,7 @@ async def test_cancelled_wait_returns_promptly_and_leaks_nothing(dev):
     assert not ev.query()
     ev.release()  # deferred: the device has not passed it yet
     assert dev.pool_stats().in_use == 1
-    dev.synchronize()
+    await anyio.to_thread.run_sync(dev.synchronize)
     with dev.record() as probe:  # the engine hands the released event back once the device passed it
         await probe.wait()
     for _ in range(200):
@@ -263,7 +263,8 @@ async def test_closing_the_worker_fails_waiters_and_refuses_work(backend):
     async with anyio.create_task_group() as tg:
         tg.start_soon(waiter)
         await anyio.sleep(0.02)
-        dev.close()
+        with pytest.warns(BlockingCallWarning, match=r"close\(\) with work queued.*await device.aclose\(\)"):
+            dev.close()  # (on purpose: a close that does not wait for the work first)
     assert len(errors) == 1 and "closed" in str(errors[0])
     with pytest.raises(ClosedError, match="asyncgpu.device"):
         dev.record()

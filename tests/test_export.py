@@ -153,7 +153,7 @@ async def test_trace_of_host_scopes(two_devs, tmp_path):
         async with anyio.create_task_group() as tg:
             for i, d in enumerate(two_devs * 2):  # concurrent blocks on one thread: host ranges overlap
                 tg.start_soon(task, t, d, i)
-    with gpu_timer(two_devs[0], label="second") as t2:
+    async with gpu_timer(two_devs[0], label="second") as t2:
         two_devs[0].streams[1].spin_us(100)
     path = tmp_path / "t.json"
     write_trace(t, path)

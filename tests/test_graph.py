@@ -34,7 +34,7 @@ def _capture_three_parts(dev, a):
 async def test_every_replay_times_the_graph_and_each_part(dev):
     a = dev.alloc(4096)
     dev.stream.memset(a, 0)
-    dev.synchronize()
+    await anyio.to_thread.run_sync(dev.synchronize)
     graph = _capture_three_parts(dev, a)
     assert graph.parts == (("spin", "kernel"), ("stage 2", "user"), ("inc_loop", "kernel"), ("spin", "kernel"))
     before = dev.pool_stats().in_use
@@ -102,7 +102,7 @@ async def test_launch_outside_a_scope_records_nothing(dev):
     async with gpu_timer(dev) as t:
         pass
     assert t.records == []
-    dev.synchronize()
+    await anyio.to_thread.run_sync(dev.synchronize)
     assert np.all(a.to_numpy() == 30.0)
     assert dev.pool_stats().in_use == before
 
@@ -118,7 +118,7 @@ async def test_untimed_replay_right_behind_a_timed_one(dev):
         thread.join()
     assert [(r.name, r.kind) for r in t.records] == [("graph", "graph"), *graph.parts]
     assert 1.99 < t.records[1].duration_ms < 2.0 + (0.1 if dev.backend == "cuda" else 8.0)
-    dev.synchronize()
+    await anyio.to_thread.run_sync(dev.synchronize)
     assert np.all(a.to_numpy() == 20.0)
 
 
@@ -132,7 +132,7 @@ async def test_cancelled_scope_gives_part_events_back_later(dev):
             await anyio.sleep(10)
     assert cancel.cancelled_caught
     assert [r.complete for r in t.records] == [False, False]
-    dev.synchronize()
+    await anyio.to_thread.run_sync(dev.synchronize)
     for _ in range(400):  # deferred releases land once the device passes the events
         if dev.pool_stats().in_use == before:
             break
@@ -156,7 +156,7 @@ async def test_scope_kinds_pick_the_records(dev):
 async def test_launch_on_another_stream_of_the_device(dev):
     a = dev.alloc(256)
     dev.stream.memset(a, 0)
-    dev.synchronize()  # the graph runs on another stream
+    await anyio.to_thread.run_sync(dev.synchronize)  # the graph runs on another stream
     with dev.stream.capture() as graph:
         dev.stream.inc_loop(a, 2)
     other = dev.streams[1]
@@ -204,7 +204,7 @@ async def test_other_threads_still_launch_during_a_capture(dev):
     a, b = dev.alloc(16), dev.alloc(16)
     s.memset(a, 0)
     other.memset(b, 0)
-    dev.synchronize()
+    await anyio.to_thread.run_sync(dev.synchronize)
     errors = []
 
     def elsewhere():
@@ -219,10 +219,10 @@ async def test_other_threads_still_launch_during_a_capture(dev):
         thread.start()
         thread.join()
     assert errors == []
-    dev.synchronize()
+    await anyio.to_thread.run_sync(dev.synchronize)
     assert np.all(b.to_numpy() == 1.0) and np.all(a.to_numpy() == 0.0)
     graph.launch()
-    dev.synchronize()
+    await anyio.to_thread.run_sync(dev.synchronize)
     assert np.all(a.to_numpy() == 1.0)
 
 
@@ -244,7 +244,7 @@ async def test_exception_in_the_capture_discards_it(dev):
     with s.capture() as again:
         s.inc_loop(a, 1)
     again.launch()
-    dev.synchronize()
+    await anyio.to_thread.run_sync(dev.synchronize)
     assert np.all(a.to_numpy() == 3.0)
     assert dev.pool_stats().in_use == before
 

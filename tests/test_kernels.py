@@ -7,6 +7,7 @@ import pytest
 from asyncgpu._backends import cuda as _cuda
 
 
+@pytest.mark.nvrtc
 @pytest.mark.parametrize("arch", ["80", "90"])
 def test_workloads_compile_with_nvrtc(arch):
     source = (_cuda.kernels_dir() / "workloads.cu").read_text()
@@ -15,6 +16,7 @@ def test_workloads_compile_with_nvrtc(arch):
     assert len(code.code) > 1000
 
 
+@pytest.mark.nvrtc
 def test_compile_errors_carry_the_log():
     with pytest.raises(Exception, match="undefined_name"):
         _cuda.compile_source('extern "C" __global__ void k() { undefined_name(); }', "90")

@@ -145,6 +145,7 @@ def _agreement_source(values: dict[str, int]) -> str:
     return "\n".join(lines)
 
 
+@pytest.mark.nvrtc
 def test_header_and_decoder_agree_checked_by_nvrtc():
     code = _cuda.compile_source(_agreement_source(F.values), "90")
     assert code.code_type == "cubin"
@@ -153,6 +154,7 @@ def test_header_and_decoder_agree_checked_by_nvrtc():
         _cuda.compile_source(_agreement_source(wrong), "90")
 
 
+@pytest.mark.nvrtc
 @pytest.mark.parametrize("arch", ["80", "90"])
 @pytest.mark.parametrize("source", ["profiled.cu", "profiled_off.cu"])
 def test_profiled_kernels_compile_with_nvrtc(arch, source):
@@ -187,6 +189,7 @@ def _user_kernel(switch: str, calls: bool) -> bytes:
     return _cuda.compile_source(USER_KERNEL.format(switch=switch, **parts), "90").code
 
 
+@pytest.mark.nvrtc
 def test_switch_off_compiles_to_the_uninstrumented_kernel():
     plain = _user_kernel("", calls=False)
     off = _user_kernel("#define ASYNCGPU_PROFILE 0", calls=True)

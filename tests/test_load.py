@@ -33,7 +33,7 @@ def _hold(dev, s):
 async def test_a_thousand_waits_in_flight_each_resume_after_its_event(backend):
     dev = asyncgpu.device(f"{backend}:0", streams=8)
     dev.stream.spin_us(0)  # load the kernel first: loading a module waits for the held streams (a deadlock)
-    dev.synchronize()
+    await anyio.to_thread.run_sync(dev.synchronize)
     release = [_hold(dev, s) for s in dev.streams]
     events = []
     for i in range(1000):
@@ -78,7 +78,7 @@ async def test_cancelled_waits_leave_nothing_behind():
     for r in release:
         r()
     for ev in events:
-        ev.wait_sync(timeout_s=5)  # still recorded, still the caller's
+        await ev.wait()  # still recorded, still the caller's
         ev.release()
     assert dev.pool_stats().in_use == 0
 
@@ -129,7 +129,7 @@ async def test_launches_wait_for_room_and_the_loop_keeps_ticking(backend):
     dev = asyncgpu.device(f"{backend}:0", streams=8)
     for s in dev.streams:
         s.spin_us(0)  # load the kernel before the ticker starts
-    dev.synchronize()
+    await anyio.to_thread.run_sync(dev.synchronize)
     release = [_hold(dev, s) for s in dev.streams]
     late_ns: list[int] = []
     most_queued = [0]
@@ -179,7 +179,7 @@ async def test_launching_past_the_bound_from_a_loop_warns_and_names_room():
                 s.spin_us(0)
     finally:
         release()
-    dev.synchronize()
+    await anyio.to_thread.run_sync(dev.synchronize)
     assert s.queued() == 0
 
 

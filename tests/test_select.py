@@ -72,8 +72,8 @@ def test_options_apply_when_opening():
 
 def test_host_devices_count():
     assert len(asyncgpu.devices("host", count=5)) == 5
-    with pytest.raises(UnknownDeviceError):
-        asyncgpu.devices("host", count=0)
+    with pytest.raises(UnknownDeviceError, match="has 64"):
+        asyncgpu.devices("host", count=65)
 
 
 def test_objects_of_two_devices_do_not_mix(two_devs):
@@ -95,7 +95,7 @@ def test_workload_argument_errors(dev):
     arr = dev.alloc(8, np.int32)
     with pytest.raises(TypeError, match="float32"):
         dev.stream.inc_loop(arr, 1)
-    with pytest.raises(ValueError, match="0..255"):
+    with pytest.raises(ValueError, match=r"0 \.\. 255"):
         dev.stream.memset(arr, 256)
     with pytest.raises(ValueError, match="alloc_pinned"):
         dev.stream.copy_to_host(arr, np.empty(2, np.int32))

@@ -122,7 +122,7 @@ async def test_cancelled_scope_returns_promptly_without_leaks(dev):
             await anyio.sleep(10)
     assert scope.cancelled_caught
     assert len(t.records) == 1 and not t.records[0].complete
-    dev.synchronize()
+    await anyio.to_thread.run_sync(dev.synchronize)
     for _ in range(400):  # deferred releases land once the device passes the events
         if dev.pool_stats().in_use == 0:
             break

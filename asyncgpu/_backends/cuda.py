@@ -8,7 +8,9 @@ GIL per query convoys the waiter thread behind a busy event loop (measured: 10,0
 ~250 ms late). ``cuEventRecord`` may block on a full push buffer, so it releases the GIL.
 ``ASYNCGPU_HOTPATH=bindings`` uses cuda.bindings for both instead.
 
-Without a driver, `CudaBackend.available` probes ``cuInit`` once and nothing else is ever called.
+Without a driver, `CudaBackend.available` probes ``cuInit`` once and nothing else is ever called. In a child
+process forked after the parent initialized CUDA, the backend says it is unusable (naming the 'spawn' start
+method) and never calls the driver.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import ctypes
 import os
 import threading
 import time
+import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -25,7 +28,7 @@ from .._errors import BackendError, ClockError, DeviceMismatchError, NoDeviceErr
 from .contract import Backend, BackendDevice
 from .kernels import kernels_dir
 
-__all__ = ["CudaBackend", "CudaDevice", "backend_class"]
+__all__ = ["CudaBackend", "CudaDevice", "backend_class", "nvrtc_available"]
 
 _KERNEL_SOURCES = {
     "asyncgpu_spin": "workloads.cu",
@@ -55,11 +58,36 @@ def compile_source(source: str, arch: str, include_path: list[str] | None = None
         program = Program(source, "c++", options)
     except RuntimeError as exc:
         if "nvrtc" in str(exc).lower():
-            raise BackendError(
-                f"NVRTC is missing ({exc}): install asyncgpu[cu13] (CUDA 13 driver) or asyncgpu[cu12] (CUDA 12 driver)"
-            ) from exc
+            raise BackendError(_nvrtc_missing(exc)) from exc
         raise
     return program.compile("cubin")
+
+
+_nvrtc_probe: tuple[bool, str] | None = None
+
+
+def nvrtc_available() -> tuple[bool, str]:
+    """Whether NVRTC (which compiles the CUDA sources at run time) loads here, and why not: it comes with the
+    ``cu13`` / ``cu12`` extra. Loads the library only (no driver, no GPU needed); probed once. Any thread."""
+    global _nvrtc_probe
+    if _nvrtc_probe is None:
+        try:
+            from cuda.bindings import nvrtc
+
+            _, major, minor = nvrtc.nvrtcVersion()
+        except Exception as exc:  # noqa: BLE001 - cuda.pathfinder's DynamicLibNotFoundError and friends
+            _nvrtc_probe = (False, _nvrtc_missing(exc))
+        else:
+            _nvrtc_probe = (True, f"NVRTC {major}.{minor}")
+    return _nvrtc_probe
+
+
+def _nvrtc_missing(exc: BaseException) -> str:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return (
+        f"NVRTC is missing ({first}): install asyncgpu[cu13] (CUDA 13 driver) or asyncgpu[cu12] (CUDA 12 driver), "
+        "which bring it"
+    )
 
 
 class _Driver:
@@ -837,6 +865,21 @@ class CudaBackend(Backend):
         self._drv: _Driver | None = None
         self._count = 0
         self._lock = threading.Lock()
+        _BACKENDS.add(self)
+
+    def forked(self, parent_pid: int) -> None:
+        """In a child process right after ``os.fork()``: a driver the parent initialized cannot be used here, so
+        from now on the backend says so (naming the fix) and never calls it. A parent that never initialized
+        CUDA leaves the child free to."""
+        self._lock = threading.Lock()  # (a parent thread may have held it at the fork)
+        if self._drv is not None:
+            self._drv, self._count = None, 0
+            self._probe = (
+                False,
+                f"CUDA was initialized in the parent process (pid {parent_pid}) before os.fork(), and a forked "
+                "child cannot use it: start worker processes with the 'spawn' method "
+                "(multiprocessing.get_context('spawn'), torch.multiprocessing.spawn)",
+            )
 
     def available(self) -> tuple[bool, str]:
         with self._lock:
@@ -876,3 +919,14 @@ class CudaBackend(Backend):
 
 
 backend_class = CudaBackend
+_BACKENDS: weakref.WeakSet[CudaBackend] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    parent = os.getppid()
+    for backend in list(_BACKENDS):
+        backend.forked(parent)
+
+
+if hasattr(os, "register_at_fork"):  # (not on Windows, which has no fork)
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -30,13 +30,20 @@ _EVENT_NODE = object()  # marks an event-record node in a captured host graph
 
 
 class _HostEvent:
-    __slots__ = ("done", "t_ns", "timing")
+    """``records`` counts the records made of the event: as on CUDA, only the latest one completes it (an
+    earlier record still queued on a stream passes by without a trace)."""
+
+    __slots__ = ("done", "t_ns", "timing", "records")
 
     def __init__(self, timing: bool) -> None:
         self.done = threading.Event()
         self.done.set()  # a fresh event counts as complete, as cudaEventQuery says of an unrecorded event
         self.t_ns = 0
         self.timing = timing
+        self.records = 0
+
+
+_RECORDS = threading.Lock()  # a record against the completion of an earlier record of the same event
 
 
 class _HostStream:
@@ -81,9 +88,13 @@ class _HostStream:
                 hook()
 
 
-def _complete(ev: _HostEvent) -> None:
-    ev.t_ns = time.perf_counter_ns()
-    ev.done.set()
+def _complete(ev: _HostEvent, record: int) -> None:
+    """A stream reached record number ``record`` of ``ev``: it completes the event if no later record was made."""
+    t_ns = time.perf_counter_ns()
+    with _RECORDS:
+        if ev.records == record:
+            ev.t_ns = t_ns
+            ev.done.set()
 
 
 def _sleep_until(deadline_ns: int) -> None:
@@ -130,7 +141,10 @@ class HostDevice(BackendDevice):
     def adopt_stream(self, obj: Any) -> _HostStream:
         if isinstance(obj, _HostStream) and obj.device is self:
             return obj
-        raise TypeError(f"{self.name} can only adopt its own host streams, not {type(obj).__name__}")
+        raise TypeError(
+            f"{self.name} takes one of its own streams (device.stream, device.streams[i], "
+            f"device.create_stream()), not {obj!r}"
+        )
 
     def stream_handle(self, raw_stream: _HostStream) -> int:
         return id(raw_stream)
@@ -150,12 +164,21 @@ class HostDevice(BackendDevice):
 
     def record(self, raw_event: _HostEvent, raw_stream: _HostStream) -> None:
         self._check()
-        raw_event.done.clear()
-        raw_stream.submit(_complete, raw_event)
+        if raw_stream.capture is not None:  # recorded on every replay, as an event-record node
+            raw_stream.capture.append((_EVENT_NODE, raw_event))
+            return
+        with _RECORDS:  # the latest record counts: the completions of earlier ones are void from now on
+            record = raw_event.records + 1
+            raw_stream.submit(_complete, raw_event, record)  # (raises, changing nothing, on a closed stream)
+            raw_event.records = record
+            raw_event.done.clear()
 
     def mark(self, raw_event: _HostEvent) -> int:
         self._check()
-        _complete(raw_event)
+        with _RECORDS:
+            raw_event.records += 1
+            record = raw_event.records
+        _complete(raw_event, record)
         return 0
 
     def query(self, raw_event: _HostEvent) -> bool:

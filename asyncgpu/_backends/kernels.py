@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
+from .._checks import whole
+
 __all__ = ["FORMAT", "HostLane", "format_path", "kernels_dir", "parse_format", "words_of"]
 
 _KERNEL_SOURCE = "workloads.cu"  # a file every kernels directory has
@@ -147,6 +149,8 @@ class HostLane:
 
     def __init__(self, buffer: Any, block: int, group: int = 0, *, blocks: int) -> None:
         f = FORMAT
+        block, group = whole("block", block), whole("group", group)
+        blocks = whole("blocks", blocks, minimum=1, hint="the launch's block count")
         self._words = words = words_of(buffer)
         self._base, self._n, self._cap, self._previous = -1, 0, 0, 0
         if words.size < f.HEADER_WORDS:

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any, Iterable, cast, final
 
 import numpy as np
 
-from .._errors import AsyncGPUError, ClockError
+from .._checks import whole
+from .._errors import AsyncGPUError, ClockError, NoDeviceError
 from .._records import KIND_CODES, DeviceClock
 
 if TYPE_CHECKING:
@@ -294,9 +295,16 @@ def check_alignment(devices: Iterable[Device], trials: int = 30, samples: int = 
     stamps as read), ``aligned`` (after each device's calibration), ``naive`` (after a single-sample
     calibration), and ``events_aligned`` (the events placed with the device's anchor), plus a summary
     (median and max absolute values). Needs CUDA devices; blocks (GIL released only in driver calls)."""
+    trials = whole("trials", trials, minimum=1)
+    samples = whole("samples", samples, minimum=1, hint="pings per calibration")
     devs = list(devices)
+    if not all(isinstance(getattr(d, "backend", None), str) for d in devs):  # (Devices: the core's cycle stays lazy)
+        raise TypeError(f"check_alignment() takes a list of Devices (asyncgpu.devices('cuda')), not {devs!r}")
     if len(devs) < 2 or any(d.backend != "cuda" for d in devs):
-        raise AsyncGPUError("check_alignment needs two or more CUDA devices (the host backend has one clock)")
+        raise NoDeviceError(
+            "check_alignment compares the clocks of two or more CUDA GPUs: pass asyncgpu.devices('cuda') on a "
+            f"machine with two (given: {', '.join(d.name for d in devs) or 'none'}; the host backend has one clock)"
+        )
     bds = [cast("CudaDevice", d.bd) for d in devs]
     page = bds[0].alloc_mapped(4096)
     words = page.words

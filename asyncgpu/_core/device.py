@@ -4,12 +4,18 @@ Get one with `asyncgpu.device` / `asyncgpu.devices`; there is one open worker pe
 
 Threads: every method may be called from any thread. The worker owns one waiter thread (started on the first
 wait) and, on the host backend, one thread per stream. `close` stops them; pending waits then fail with
-`ClosedError`, events in use are destroyed as they come back, and nothing is leaked.
+`ClosedError`, events in use are destroyed as they come back, and nothing is leaked. Its events, streams and
+arrays then raise `ClosedError` naming the fix, as does a worker the parent process opened, used in a child
+after ``os.fork()`` (`mark_forked`: its threads do not run there).
+
+Blocking calls (`synchronize`, `close` with work queued) warn with `BlockingCallWarning` in a thread that runs
+an event loop; `aclose` is the async form of `close`.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
 import weakref
@@ -19,7 +25,9 @@ from typing import TYPE_CHECKING, Any, Callable, final
 import numpy as np
 
 from .._backends.contract import BackendDevice
-from .._errors import BackendError, ClosedError, DeviceMismatchError
+from .._checks import number, whole
+from .._errors import AsyncGPUError, BackendError, ClosedError, DeviceMismatchError
+from . import loops
 from .clock import CLOCK_MAX_AGE_S, DEFAULT_SAMPLES, ClockCalibration, calibrate
 from .engine import Engine
 from .event import Event
@@ -45,6 +53,7 @@ class Device:
     options: dict[str, int]
     _on_close: Callable[[Device], None] | None
     _closed: bool
+    _forked_from: int | None
     _lock: threading.Lock
     engine: Engine
     timing_pool: EventPool
@@ -84,6 +93,7 @@ class Device:
         self.options = {"streams": streams, "max_events": max_events}
         self._on_close = on_close
         self._closed = False
+        self._forked_from = None  # the parent's pid, in a child process after os.fork() (`mark_forked`)
         self._lock = threading.Lock()
         self.engine = Engine(bd)
         self.timing_pool = EventPool(bd, timing=True, max_events=max_events, reclaim=self._reclaim)
@@ -113,6 +123,8 @@ class Device:
         Re-measured when older than ``max_age_s`` (or when ``refresh``): that blocks the calling thread about
         0.1 ms. Raises `ClockError` when the device does not answer (see `asyncgpu._clock`)."""
         self.check_open()
+        max_age_s = number("max_age_s", max_age_s, unit="seconds", infinite="never re-measure")
+        samples = whole("samples", samples, minimum=1, hint="pings; the best is kept")
         with self._clock_lock:
             cal = self._clock
             if cal is None or refresh or time.perf_counter_ns() - cal.taken_ns > max_age_s * 1e9:
@@ -275,17 +287,33 @@ class Device:
 
     # -- memory -------------------------------------------------------------------------------------------
     def alloc(self, n: int, dtype: Any = np.float32, *, stream: Stream | None = None) -> DeviceArray:
-        """``n`` elements of device memory, allocated in order on ``stream`` (contents undefined)."""
+        """``n`` elements (a whole number >= 0) of ``dtype`` (a numpy dtype of plain numbers, not ``object``)
+        of device memory, allocated in order on ``stream`` (contents undefined)."""
         self.check_open()
-        if n < 0:
-            raise ValueError(f"cannot allocate {n} elements")
-        dt = np.dtype(dtype)
+        n, dt = whole("n", n), _plain_dtype(dtype)
+        self._check_fits(n, dt, pinned=False)
         return DeviceArray._create(self, self.bd.alloc(n, dt, self.stream_of(stream).raw), n, dt)
 
     def alloc_pinned(self, n: int, dtype: Any = np.float32) -> np.ndarray:
-        """A numpy array of ``n`` elements in page-locked host memory (plain memory on the host backend)."""
+        """A numpy array of ``n`` elements in page-locked host memory (plain memory on the host backend);
+        ``n`` and ``dtype`` as in `alloc`."""
         self.check_open()
-        return self.bd.alloc_pinned(n, np.dtype(dtype))
+        n, dt = whole("n", n), _plain_dtype(dtype)
+        self._check_fits(n, dt, pinned=True)
+        return self.bd.alloc_pinned(n, dt)
+
+    def _check_fits(self, n: int, dt: np.dtype, *, pinned: bool) -> None:
+        """`ValueError` for an allocation larger than all of the memory it would come from (the device's, or the
+        host's RAM for ``pinned`` memory). Asks only for 1 GiB or more."""
+        nbytes = n * dt.itemsize
+        if nbytes < 1 << 30:
+            return
+        total = _host_ram() if pinned else (self.bd.memory_info() or (0, None))[1]
+        if total is not None and nbytes > total:
+            where = "host RAM" if pinned else f"memory {self.name} allocates from"
+            raise ValueError(
+                f"{n:,} elements of {dt} are {nbytes:,} bytes, more than the {total:,} bytes of {where}: allocate less"
+            )
 
     def memory_info(self) -> tuple[int, int] | None:
         """``(free, total)`` bytes of the memory this device allocates from (the GPU's; the host RAM on the host
@@ -296,21 +324,85 @@ class Device:
     # -- lifetime -----------------------------------------------------------------------------------------
     def synchronize(self) -> None:
         """Block the calling thread (GIL released) until all work on this device is done. For async code,
-        ``await device.record().wait()`` per stream, or a ``gpu_timer(..., synchronize=True)``."""
+        ``await device.record(stream).wait()`` per stream, or a ``gpu_timer(..., synchronize=True)``; called
+        from an event loop's thread it warns (`BlockingCallWarning`)."""
         self.check_open()
+        loops.warn_blocking(
+            f"{self.name}.synchronize()",
+            "`await anyio.to_thread.run_sync(device.synchronize)`, or `await device.record(stream).wait()` per stream",
+        )
         self.bd.sync_device()
 
     @property
     def closed(self) -> bool:
         return self._closed
 
-    def check_open(self) -> None:
+    async def aclose(self) -> None:
+        """`close` for a task: waits for the work queued on the worker's streams without blocking the loop
+        (asyncio, uvloop or trio), then closes. A checkpoint. Cancelled while it waits, the worker stays open
+        and nothing is left behind (close it again). Idempotent."""
+        kind, loop = loops.current()
         if self._closed:
-            raise ClosedError(f"{self.name}'s worker is closed: open it again with asyncgpu.device({self.name!r})")
+            await loops.checkpoint(kind, loop)
+            return
+        fences: list[Event] = []
+        try:
+            for s in self.owned_streams:
+                fences.append(s.record(timing=False, tag="close"))
+            for ev in fences:
+                await ev.wait()
+        except AsyncGPUError:  # a failed device, or closed meanwhile by another task: close it all the same
+            pass
+        finally:
+            for ev in fences:
+                ev.release()
+        self.close()
+
+    def _work_queued(self) -> bool:
+        """Whether a stream of the worker has work left to run (a snapshot; False when the device cannot say)."""
+        try:
+            return not all(self.bd.stream_idle(s.raw) for s in self.owned_streams)
+        except AsyncGPUError:
+            return False
+
+    def check_open(self) -> None:
+        """Raise `ClosedError` (naming the fix) if the worker is closed."""
+        if self._closed:
+            raise self.closed_error()
+
+    def closed_error(self, what: str | None = None) -> ClosedError:
+        """The `ClosedError` naming the fix, for this closed worker or for ``what`` of it (``"this event"``)."""
+        head = f"{self.name}'s worker" if what is None else f"{what} belongs to {self.name}'s worker, which"
+        again = f"open the device again with asyncgpu.device({self.name!r}) and use its new streams and events"
+        if self._forked_from is None:
+            return ClosedError(f"{head} is closed (device.close() was called): {again}")
+        why = (
+            f"{head} was opened by the parent process (pid {self._forked_from}) before os.fork(); its threads do "
+            f"not run in this process (pid {os.getpid()})"
+        )
+        if self.backend == "cuda":
+            return ClosedError(
+                f"{why}, and CUDA cannot be used in a process forked after CUDA was initialized: start worker "
+                "processes with the 'spawn' method (multiprocessing.get_context('spawn'), "
+                "torch.multiprocessing.spawn) and open devices in them"
+            )
+        return ClosedError(f"{why}: {again} in this process")
+
+    def mark_forked(self, parent_pid: int) -> None:
+        """In a child process right after ``os.fork()`` (`asyncgpu._core.select` calls it): this worker's threads
+        and backend state belong to the parent. Mark it closed, so that every use raises `ClosedError` naming
+        the fix instead of waiting for ever; touch nothing else (a parent thread may have held its locks)."""
+        self._forked_from = parent_pid
+        self._closed = True
 
     def close(self) -> None:
         """Stop the worker: pending waits fail with `ClosedError`; streams, events and the waiter thread are
-        released. Work already enqueued still runs. Idempotent."""
+        released. Work already enqueued still runs: on the host backend this waits for it (and warns,
+        `BlockingCallWarning`, in an event loop's thread: ``await device.aclose()`` there). Idempotent."""
+        if self._closed:
+            return
+        if self._work_queued():
+            loops.warn_blocking(f"{self.name}.close() with work queued", "`await device.aclose()`")
         with self._lock:
             if self._closed:
                 return
@@ -337,3 +429,19 @@ class Device:
 
     def __repr__(self) -> str:
         return f"<asyncgpu.Device {self.name} {self.description}{' closed' if self._closed else ''}>"
+
+
+def _host_ram() -> int | None:
+    """Bytes of physical memory of this machine (None where the platform cannot tell)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _plain_dtype(dtype: Any) -> np.dtype:
+    """``dtype`` as a numpy dtype that device memory can hold: plain numbers (no Python objects, not empty)."""
+    dt = np.dtype(dtype)
+    if dt.hasobject or dt.itemsize == 0:
+        raise TypeError(f"device memory holds plain numbers, not {dt}: use a numeric dtype such as np.float32")
+    return dt

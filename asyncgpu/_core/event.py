@@ -5,6 +5,7 @@ Events come from `Device.record` (recorded at once) or `Device.create_event` (re
 block or the garbage collector ends them), and only once the device can no longer touch them.
 
 Threads: every method may be called from any thread; ``await wait()`` from any asyncio (uvloop) or trio loop.
+An event of a closed worker (`Device.close`, or one the parent opened before ``os.fork()``) raises `ClosedError`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import time
 import warnings
 from typing import TYPE_CHECKING, Any, final
 
+from .._checks import timeout_s as check_timeout_s
 from .._errors import DeviceMismatchError, NotRecordedError, ReleasedError, TimingDisabledError
+from . import loops
 from .waiting import await_completion, block_until_complete
 
 if TYPE_CHECKING:
@@ -87,12 +90,24 @@ class Event:
 
         Without ``timeout_s`` this is the driver's own wait (``cuEventSynchronize``: it spins a core, lowest
         latency). With ``timeout_s`` (seconds) the device's waiter thread wakes this thread (little CPU) and
-        `TimeoutError` is raised if the device has not passed the event by then; the event is untouched. Do not
-        call it from an event loop's thread: ``await event.wait()`` there.
+        `TimeoutError` is raised if the device has not passed the event by then; the event is untouched. Called
+        from an event loop's thread on an event the device has not passed, it warns (`BlockingCallWarning`):
+        ``await event.wait()`` there.
         """
+        raw = self.checked()
+        if timeout_s is not None:
+            timeout_s = check_timeout_s(timeout_s)
+        if self.device.bd.query(raw):
+            return
+        loops.warn_blocking("event.wait_sync()", "`await event.wait()`")
+        self.block(timeout_s)
+
+    def block(self, timeout_s: float | None = None) -> None:
+        """`wait_sync` without its event-loop check, for asyncgpu's own blocking forms (which warned already,
+        or run in a plain thread). ``timeout_s``: checked by the caller."""
         if timeout_s is None:
             self.device.bd.sync_event(self.checked())
-        elif not self.block_until(_now() + max(int(timeout_s * 1e9), 0)):
+        elif not self.block_until(_now() + int(timeout_s * 1e9)):
             raise TimeoutError(f"{self.device.name} had not passed the event after {timeout_s} s")
 
     def sync(self, timeout: float | None = None) -> None:
@@ -180,11 +195,14 @@ class Event:
             self.device.recycle(raw, self.timing, self.key)
 
     def live(self) -> Any:
+        """The backend event; `ReleasedError` once released, `ClosedError` once its worker is closed."""
         raw = self.raw
         if raw is None:
             raise ReleasedError(
                 "this event went back to its pool (released, or its scope closed): take a new one with device.record()"
             )
+        if self.device.closed:
+            raise self.device.closed_error("this event")
         return raw
 
     def checked(self) -> Any:

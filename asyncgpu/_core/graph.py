@@ -164,6 +164,8 @@ class Graph:
     def part(self, name: str) -> _PartBlock:
         """``with graph.part(name):`` inside the capture: the launches in the block form one part (kind
         ``user``), timed on every replay besides each launch of its own. Parts may nest."""
+        if not isinstance(name, str):
+            raise TypeError(f"a part's name is a str, not {name!r}")
         if self._state != _CAPTURING:
             raise ScopeError(
                 f"graph.part({name!r}) is outside the capture: use it inside the "
@@ -194,8 +196,12 @@ class Graph:
         replay is recorded as a ``graph`` activity called ``name``, and each captured part as an activity of
         its own name and kind (as far as each scope's ``kinds`` allow). Never blocks; any thread."""
         dev = self.device
+        if not isinstance(name, str):
+            raise TypeError(f"name is the replay's activity name: a str, not {name!r}")
         if self._state != _READY:
             raise self._unusable()
+        if dev.closed:  # (after os.fork(): the parent's worker, closed, with its graphs still ready)
+            raise dev.closed_error("this graph")
         if stream is None:
             s = self.stream
         elif isinstance(stream, Stream):

@@ -11,6 +11,7 @@ asyncgpu serves plain threads, asyncio (uvloop included) and trio. Everything th
   loop's own thread (the completion engine's pollers).
 * `Parked` — one thread or task parked until another thread wakes it (a channel's getters and putters).
 * `checkpoint`, `is_cancellation`, `fresh_error`.
+* `warn_blocking` — a blocking call made from a loop's thread says so (`BlockingCallWarning`).
 
 trio is never imported here: a caller runs in trio only if trio is already imported.
 """
@@ -20,7 +21,10 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
+import warnings
 from typing import Any, Callable, Iterable
+
+from .._errors import BlockingCallWarning
 
 __all__ = [
     "ASYNCIO",
@@ -35,6 +39,7 @@ __all__ = [
     "resolve_here",
     "scheduler",
     "trio_module",
+    "warn_blocking",
 ]
 
 ASYNCIO, TRIO, THREAD = 0, 1, 2  #: where a caller runs (the completion engine's waiter kinds use the same codes)
@@ -219,3 +224,22 @@ class Parked:
             return lowlevel.Abort.FAILED  # the wake-up is under way; the next checkpoint raises
 
         await lowlevel.wait_task_rescheduled(abort)
+
+
+def warn_blocking(call: str, instead: str, stacklevel: int = 3) -> None:
+    """Warn with `BlockingCallWarning` if the calling thread runs an asyncio (uvloop) loop or a trio task:
+    ``call`` is about to block it, ``instead`` says what a task does. ``stacklevel`` as `warnings.warn`'s,
+    counted from the caller of this function (3: the caller's caller, the user's line). Not in a Jupyter
+    kernel: it runs each cell's plain code inside its own event loop, and a cell blocks by design."""
+    if current()[0] != THREAD and not _in_jupyter_kernel():
+        warnings.warn(
+            f"{call} blocks this thread, which runs an event loop: the loop's other tasks wait until it returns. "
+            f"In a task, {instead}",
+            BlockingCallWarning,
+            stacklevel=stacklevel,
+        )
+
+
+def _in_jupyter_kernel() -> bool:
+    get_ipython = getattr(sys.modules.get("IPython"), "get_ipython", None)  # (never imports IPython)
+    return get_ipython is not None and getattr(get_ipython(), "kernel", None) is not None

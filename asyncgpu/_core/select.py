@@ -3,6 +3,9 @@
 The default backend is CUDA. The host backend is used only when asked for: ``backend="host"``, a ``"host:N"``
 name, or ``ASYNCGPU_BACKEND=host`` in the environment. Without a usable GPU, asking for CUDA raises
 `NoDeviceError` with the reason and the fix; asyncgpu never falls back on its own.
+
+After ``os.fork()`` the child forgets the parent's workers (their threads do not run there): `device` opens
+fresh ones, and a worker object the parent opened raises `ClosedError` naming the fix (see `Device.mark_forked`).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import threading
 from typing import Any, Iterable
 
 from .._backends import BACKEND_NAMES, load_backend
+from .._checks import whole
 from .._errors import NoDeviceError, UnknownDeviceError
 from .device import Device
 
@@ -67,9 +71,13 @@ def device(
 ) -> Device:
     """The worker of one device, opened on first use: ``device(0)``, ``device("cuda:1")``, ``device("host:0")``.
 
-    ``streams`` (default 2) and ``max_events`` (per event pool) apply when the worker is opened; asking an
-    open worker for other values raises `ValueError` (close it first).
+    ``streams`` (default 2) and ``max_events`` (per event pool), whole numbers >= 1, apply when the worker is
+    opened; asking an open worker for other values raises `ValueError` (close it first).
     """
+    if streams is not None:
+        streams = whole("streams", streams, minimum=1, hint="a device needs at least one stream")
+    if max_events is not None:
+        max_events = whole("max_events", max_events, minimum=1, hint="the bound of each event pool")
     if isinstance(spec, Device):
         spec.check_open()
         return spec
@@ -101,8 +109,10 @@ def devices(
     """Every device of ``backend`` (default: `default_backend`), or the first ``count``.
 
     CUDA without a usable GPU raises `NoDeviceError` naming the fix. The host backend has as many devices as
-    asked for (default 2, at most 64).
+    asked for (default 2, at most 64). ``count`` is a whole number >= 1 (more than exist: `UnknownDeviceError`).
     """
+    if count is not None:
+        count = whole("count", count, minimum=1)
     name = backend or default_backend()
     be = load_backend(name)
     if name == "cuda":
@@ -148,3 +158,18 @@ def close_all() -> None:
         devs = list(_open.values())
     for d in devs:
         d.close()
+
+
+def _after_fork_in_child() -> None:
+    """``os.fork()``, in the child: the parent's workers have no thread here. Forget them and mark them closed
+    (`Device.mark_forked`), without taking their locks or the registry's (a parent thread may have held them)."""
+    global _lock
+    _lock = threading.RLock()
+    parent = os.getppid()
+    for dev in _open.values():
+        dev.mark_forked(parent)
+    _open.clear()
+
+
+if hasattr(os, "register_at_fork"):  # (not on Windows, which has no fork)
+    os.register_at_fork(after_in_child=_after_fork_in_child)

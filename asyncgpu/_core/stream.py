@@ -8,7 +8,8 @@ CUDA streams speak ``__cuda_stream__`` both ways: hand one to PyTorch (``torch.c
 (``cupy.cuda.ExternalStream``) or cuda.core, or adopt theirs with `Device.adopt_stream`.
 
 Threads: a stream may be used from any thread; launches from several threads onto one stream are ordered as
-they reach the backend.
+they reach the backend. A stream of a closed worker raises `ClosedError`; `sync` warns
+(`BlockingCallWarning`) in an event loop's thread.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any, final
 
 import numpy as np
 
+from .._checks import number, whole
 from .._errors import BlockingCallWarning, DeviceMismatchError
 from . import loops
 from .event import Event
@@ -33,7 +35,10 @@ if TYPE_CHECKING:
     from .graph import GraphCapture
     from .hooks import CaptureHook
 
-__all__ = ["QUEUE_BOUND", "Stream"]
+__all__ = ["MAX_ITERATIONS", "QUEUE_BOUND", "Stream"]
+
+_MAX_SPIN_US = 9.2e15  # the spin's duration in ns is a 64-bit integer on the device
+MAX_ITERATIONS = (1 << 31) - 1  #: the most iterations of the built-in inc_loop (an int32 in the CUDA kernel)
 
 #: Launches (kernels, memsets, copies, holds, timing event records, graph replays, waits) asyncgpu lets queue on
 #: one stream before an async caller waits for room (`Stream.room`). The driver queues 1,022 of them per stream
@@ -190,6 +195,7 @@ class Stream:
         """The CUDA stream protocol: ``(0, cudaStream_t address)``. Host streams are not CUDA streams."""
         if self.bd.backend != "cuda":
             raise TypeError(f"{self.device.name}'s streams are host threads, not CUDA streams")
+        self._check_open()
         return (0, self.handle)
 
     # -- ordering -----------------------------------------------------------------------------------------
@@ -197,6 +203,8 @@ class Stream:
         """Record ``event`` here (or a new pooled one) and return it. See `Device.record`."""
         if event is None:
             return self.device.record(self, timing=timing, tag=tag)
+        if not isinstance(event, Event):
+            raise TypeError(f"stream.record() records an asyncgpu Event (device.create_event()), not {event!r}")
         if event.device is not self.device:
             raise DeviceMismatchError(f"that event belongs to {event.device.name}, this stream to {self.device.name}")
         return event.record(self, tag=tag)
@@ -205,6 +213,7 @@ class Stream:
         """Make this stream wait, on the device, for ``event`` (also an event of another GPU). No host wait."""
         if not isinstance(event, Event):
             raise TypeError(f"stream.wait() takes an asyncgpu Event, not {type(event).__name__}")
+        self._check_open()
         if event.device.bd.backend != self.bd.backend:
             raise DeviceMismatchError(
                 f"a {self.bd.backend} stream cannot wait on a {event.device.bd.backend} event: wait on the host "
@@ -214,7 +223,10 @@ class Stream:
         self.counted()
 
     def sync(self) -> None:
-        """Block the calling thread (GIL released) until everything enqueued here has run."""
+        """Block the calling thread (GIL released) until everything enqueued here has run. In a task:
+        ``await stream.record().wait()`` (called from an event loop's thread, this warns: `BlockingCallWarning`)."""
+        self._check_open()
+        loops.warn_blocking("stream.sync()", "`with stream.record() as ev: await ev.wait()`")
         self.bd.sync_stream(self.raw)
 
     # -- graphs -------------------------------------------------------------------------------------------
@@ -225,6 +237,7 @@ class Stream:
         Enter and exit the block in one thread, without ``await`` inside (see `asyncgpu._graph`)."""
         from .graph import GraphCapture
 
+        self._check_open()
         return GraphCapture(self)
 
     # -- work ---------------------------------------------------------------------------------------------
@@ -232,31 +245,37 @@ class Stream:
         """Enqueue a kernel: a cuda.core ``Kernel`` with a ``LaunchConfig`` on CUDA; a callable with
         ``config=None`` on the host backend. Recorded as a ``kernel`` activity called ``name``. A kernel's module
         is loaded before its first launch is bracketed (CUDA loads lazily: the load is host time, not device time)."""
+        if self.device.closed:
+            self._check_open()
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"name is the kernel activity's name: a str, not {name!r}")
         label = name or getattr(kernel, "__name__", None) or "kernel"
         if self.capture_hook is None:  # (a capture times its parts at replay, when the module is loaded)
             self.bd.prepare_kernel(kernel)
         run_timed(self, label, "kernel", self.bd.launch, self.raw, kernel, config, args)
 
     def spin_us(self, duration_us: float) -> None:
-        """Busy-wait ``duration_us`` microseconds on the device (one thread on CUDA, on ``%globaltimer``)."""
-        if duration_us < 0:
-            raise ValueError(f"duration_us must be >= 0, got {duration_us}")
+        """Busy-wait ``duration_us`` microseconds (a finite number >= 0) on the device (one thread on CUDA, on
+        ``%globaltimer``)."""
+        duration_ns = int(number("duration_us", duration_us, unit="microseconds", maximum=_MAX_SPIN_US) * 1000)
+        self._check_open()
         self.bd.prepare("spin")
-        run_timed(self, "spin", "kernel", self.bd.spin, self.raw, int(duration_us * 1000))
+        run_timed(self, "spin", "kernel", self.bd.spin, self.raw, duration_ns)
 
     def inc_loop(self, array: DeviceArray, iterations: int) -> None:
-        """Warp's ``inc_loop``: add 1.0 to every element of a float32 ``array``, ``iterations`` times."""
+        """Warp's ``inc_loop``: add 1.0 to every element of a float32 ``array``, ``iterations`` (a whole number
+        >= 0) times."""
         self._check_array(array)
+        iterations = whole("iterations", iterations, maximum=MAX_ITERATIONS)
         if array.dtype != np.float32:
             raise TypeError(f"inc_loop works on float32 arrays, not {array.dtype}")
         self.bd.prepare("inc_loop")
-        run_timed(self, "inc_loop", "kernel", self.bd.inc_loop, self.raw, array.live(), array.size, int(iterations))
+        run_timed(self, "inc_loop", "kernel", self.bd.inc_loop, self.raw, array.live(), array.size, iterations)
 
     def memset(self, array: DeviceArray, byte: int = 0) -> None:
         """Set every byte of ``array`` to ``byte`` (0..255)."""
         self._check_array(array)
-        if not 0 <= byte <= 255:
-            raise ValueError(f"byte must be in 0..255, got {byte}")
+        byte = whole("byte", byte, maximum=255)
         run_timed(self, "memset", "memset", self.bd.memset, self.raw, array.live(), array.nbytes, byte)
 
     def copy_to_host(self, array: DeviceArray, out: np.ndarray) -> None:
@@ -285,7 +304,12 @@ class Stream:
             raise ValueError(f"dst holds {dst.nbytes} bytes, src {src.nbytes}: allocate a large enough dst")
         run_timed(self, "copy", "memcpy", self.bd.copy, self.raw, dst.live(), src.live(), src.nbytes)
 
+    def _check_open(self) -> None:
+        if self.device.closed:
+            raise self.device.closed_error("this stream")
+
     def _check_array(self, array: DeviceArray) -> None:
+        self._check_open()
         if not isinstance(array, DeviceArray):
             raise TypeError(f"expected an asyncgpu DeviceArray (device.alloc), not {type(array).__name__}")
         if array.device is not self.device:

@@ -27,13 +27,15 @@ from typing import TYPE_CHECKING, Any, Sequence, final
 import numpy as np
 
 from .._backends.kernels import FORMAT, kernels_dir
-from .._core import hooks
+from .._checks import whole
+from .._core import hooks, loops
 from .._core.clock import placement
 from .._core.memory import DeviceArray
+from .._core.stream import MAX_ITERATIONS
 from .._errors import ClockError, DeviceMismatchError, KernelRecordsError
 from .._trace import device_pid
 from .._trace import lanes as nesting_lanes
-from .records import KernelRecords, decode
+from .records import KernelRecords, check_stages, decode
 
 if TYPE_CHECKING:
     from .._core.device import Device
@@ -48,36 +50,43 @@ _HOST_FIELDS = 1 + max(FORMAT.HDR_MAGIC, FORMAT.HDR_GROUPS, FORMAT.HDR_LANES, FO
 
 @final
 class KernelProfiler:
-    """In-kernel records of ``device``: a record buffer for ``groups`` leaders per block, ``capacity`` records
-    per (block, group); ``stages`` names the stage ids (0, 1, …) the kernel uses. ``max_tracks``: how many
-    (block, group) lanes the trace draws (the first ones). See the module docstring."""
+    """In-kernel records of ``device`` (a `Device`, or a spec such as ``"cuda:0"``): a record buffer for ``groups``
+    leaders per block, ``capacity`` records per (block, group); ``stages`` names the stage ids (0, 1, …) the kernel
+    uses, each once (None: ``stage0``, ``stage1``…; the built-in `inc_loop`: ``load``, ``add``, ``store``).
+    ``max_tracks``: how many (block, group) lanes the trace draws (the first ones). See the module docstring."""
 
     def __init__(
         self,
-        device: Device,
+        device: Device | Any,
         *,
-        stages: Sequence[str] = (),
+        stages: Sequence[str] | None = None,
         groups: int = 1,
         capacity: int = 256,
         name: str = "kernel",
         max_tracks: int = 16,
     ) -> None:
-        if not 1 <= capacity <= _MAX_U32:
+        from .._core.select import device as open_device
+
+        capacity = whole(
+            "capacity",
+            capacity,
+            minimum=1,
+            maximum=_MAX_U32,
+            hint="records per (block, group); a zero-length lane holds none",
+        )
+        groups = whole("groups", groups, minimum=1, maximum=_MAX_U32, hint="leaders per block")
+        max_tracks = whole("max_tracks", max_tracks)
+        if stages is not None and len(stages) == 0:
             raise ValueError(
-                f"capacity must be 1 .. {_MAX_U32} records per (block, group), not {capacity} (a "
-                "zero-length buffer holds no record)"
+                "stages=() names no stage: leave it out (stages are then stage0, stage1…) or name each stage id "
+                "the kernel uses, in order"
             )
-        if not 1 <= groups <= _MAX_U32:
-            raise ValueError(f"groups must be >= 1 (leaders per block), not {groups}")
-        if len(stages) > FORMAT.MAX_STAGES:
-            raise ValueError(
-                f"at most {FORMAT.MAX_STAGES} stages (ids 0 .. {FORMAT.MAX_STAGES - 1}), not {len(stages)}"
-            )
-        if max_tracks < 0:
-            raise ValueError(f"max_tracks must be >= 0, not {max_tracks}")
-        device.check_open()
+        stages = check_stages(stages or ())
+        if not isinstance(name, str):
+            raise TypeError(f"name is the kernel's name in records and traces: a str, not {name!r}")
+        device = open_device(device)  # (an open Device is returned as it is)
         self.device = device
-        self.stages, self.groups, self.capacity = tuple(stages), groups, capacity
+        self.stages, self.groups, self.capacity = stages, groups, capacity
         self.name, self.max_tracks = name, max_tracks
         self._buf: DeviceArray | None = None
         self._host: np.ndarray | None = None  # pinned copy target, reused
@@ -141,6 +150,7 @@ class KernelProfiler:
         profiler names its own). Timed as a kernel activity ``inc_loop`` in open scopes. `collect` afterwards."""
         if self.groups != 1:
             raise ValueError("the built-in inc_loop has one leader per block: use KernelProfiler(..., groups=1)")
+        iterations = whole("iterations", iterations, maximum=MAX_ITERATIONS)
         if not isinstance(array, DeviceArray):
             raise TypeError(f"expected an asyncgpu DeviceArray (device.alloc), not {type(array).__name__}")
         if array.device is not self.device:
@@ -164,7 +174,7 @@ class KernelProfiler:
             s.raw,
             array.live(),
             array.size,
-            int(iterations),
+            iterations,
             self._buf.live(),
         )
 
@@ -185,10 +195,12 @@ class KernelProfiler:
         return self._finish(strict)
 
     def collect_sync(self, *, strict: bool = True) -> KernelRecords:
-        """`collect`, blocking the calling thread (GIL released while it waits)."""
+        """`collect`, blocking the calling thread (GIL released while it waits); called from an event loop's
+        thread it warns (`BlockingCallWarning`): ``await prof.collect()`` there."""
+        loops.warn_blocking("KernelProfiler.collect_sync()", "`await prof.collect()`")
         ev = self._start_gather()
         try:
-            ev.wait_sync()
+            ev.block()  # (warned above if this thread runs an event loop)
         except BaseException:
             self._state = "armed"
             raise
@@ -308,10 +320,15 @@ def _deprecated(old: str, new: str) -> None:
 
 
 def _blocks(grid: int | Sequence[int]) -> int:
-    dims = (grid,) if isinstance(grid, (int, np.integer)) else tuple(grid)
-    if not 1 <= len(dims) <= 3 or any(int(d) < 1 for d in dims):
-        raise ValueError(f"grid must be a block count or up to three dimensions, each >= 1, not {grid!r}")
-    return math.prod(int(d) for d in dims)
+    what = f"grid must be a block count or up to three dimensions, each a whole number >= 1, not {grid!r}"
+    try:
+        dims = (grid,) if isinstance(grid, (int, np.integer)) else tuple(grid)
+        counts = [whole("grid", d, minimum=1) for d in dims]
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(what) from None
+    if not 1 <= len(counts) <= 3:
+        raise ValueError(what)
+    return math.prod(counts)
 
 
 class KernelLayer:

@@ -26,7 +26,7 @@ import numpy as np
 from .._backends.kernels import FORMAT
 from .._errors import KernelRecordsError, KernelRecordsOverflowError
 
-__all__ = ["KernelRecords", "StageSummary", "decode", "decode_tirx"]
+__all__ = ["KernelRecords", "StageSummary", "check_stages", "decode", "decode_tirx"]
 
 _M32 = np.uint64(0xFFFFFFFF)
 _U32 = np.uint64(32)
@@ -229,12 +229,42 @@ class _Findings:
         return tuple(self.items)
 
 
+def check_stages(stages: Any, limit: int | None = None) -> tuple[str, ...]:
+    """``stages`` as a tuple of names: a sequence (not one string) of distinct strings, one per stage id, at most
+    ``limit`` (default: asyncgpu's format, `FORMAT.MAX_STAGES`)."""
+    limit = FORMAT.MAX_STAGES if limit is None else limit
+    try:
+        if isinstance(stages, (str, bytes)):
+            raise TypeError
+        names = tuple(stages)
+    except TypeError:
+        raise TypeError(
+            f"stages is a sequence of names, one per stage id (stages=('load', 'compute')), not {stages!r}"
+        ) from None
+    for i, n in enumerate(names):
+        if not isinstance(n, str):
+            raise TypeError(f"stage names are strings: stage {i} is {n!r}")
+        if n in names[:i]:
+            raise ValueError(
+                f"stage names must differ (records are summed per name): {n!r} is stage {names.index(n)} and stage {i}"
+            )
+    if len(names) > limit:
+        raise ValueError(f"at most {limit} stages (ids 0 .. {limit - 1}), not {len(names)}")
+    return names
+
+
 def _words(words: Any) -> np.ndarray:
     a = np.asarray(words)
     if a.size == 0:
         raise KernelRecordsError(
             "the record buffer is empty (0 words): pass the whole buffer the profiler armed "
             "(KernelProfiler.nbytes bytes), and arm it with capacity >= 1"
+        )
+    if a.dtype.kind not in "iu":
+        of = f" of {a.dtype}" if a.dtype.kind != "O" else ""
+        raise TypeError(
+            "a record buffer is an array of integer words (uint64, as copied from the device: "
+            f"DeviceArray.to_numpy, or the pinned copy KernelProfiler.collect decodes), not {type(words).__name__}{of}"
         )
     if not a.flags.c_contiguous or a.nbytes % 8:
         raise KernelRecordsError(
@@ -414,6 +444,7 @@ def decode(
     zeroing, corrupt lanes, unmatched begin/end; with ``strict=False`` the sound records are kept and those
     findings are listed in ``problems`` (corrupt lanes are left out, never guessed at)."""
     f = FORMAT
+    stages = check_stages(stages)
     w = _words(words)
     if w.size < f.HEADER_WORDS:
         raise KernelRecordsError(
@@ -764,6 +795,7 @@ def decode_tirx(
     kernel (within 4.29 s of its records), resolves them to device time (then ``to_host`` can place them);
     without it times are relative. The format counts nothing: a lane that filled every slot may have dropped
     records (reported as a problem), and a record that is all zero cannot be told from an empty slot."""
+    stages = check_stages(stages, 1 << TIRX_EVENT_BITS)
     w = _words(words)
     findings = _Findings()
     n_blocks, n_groups = int(w[0]) & 0xFFFFFFFF, int(w[0]) >> 32

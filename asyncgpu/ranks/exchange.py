@@ -59,6 +59,7 @@ from typing import Any
 import numpy as np
 
 from .. import _timer
+from .._checks import number, whole
 from .._errors import GatherError, ScopeError
 from .._records import Timeline
 from .._timer import Timer
@@ -79,6 +80,8 @@ def mark_collective(name: str, timer: Timer | None = None) -> None:
     one ``name`` across ranks and reports who arrived last and how long the others waited (`RankTimeline.balance`).
     Costs a clock read and a list append; any thread."""
     now = _now_ns()
+    if timer is not None and not isinstance(timer, Timer):
+        raise TypeError(f"timer= takes an open gpu_timer scope (a Timer), not {timer!r}")
     scopes = [timer] if timer is not None else list(_timer.current_scopes())
     scopes = [s for s in scopes if _timer.is_open(s)]
     if not scopes:
@@ -110,8 +113,11 @@ def gather(
     on the scope label, the number of devices and the device backend. ``clock_samples``: pings per rank for its
     clock offset. Raises `GatherError` (the same on every rank that came) when the ranks disagree, a rank does
     not come in time (``missing_ranks``), or no process group is usable. Blocks; see the module docstring."""
-    if timeout_s <= 0 or clock_samples < 1:
-        raise ValueError(f"timeout_s must be > 0 and clock_samples >= 1 (got {timeout_s}, {clock_samples})")
+    timeout_s = number("timeout_s", timeout_s, unit="seconds (how long each step waits for the other ranks)")
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0 (seconds each step waits for the other ranks), not {timeout_s}")
+    clock_samples = whole("clock_samples", clock_samples, minimum=1, hint="pings per rank")
+    root = whole("root", root)
     tl, marks, backend = _scope(source)
     tr = _transport(group)
     if not 0 <= root < tr.size:

@@ -1,0 +1,56 @@
+"""Argument checks every layer shares, so that one kind of mistake gets one wording wherever it is made.
+
+Each check returns the value in its plain Python type, or raises `TypeError` for a value of the wrong type (a
+string, a bool, None where a number is needed) and `ValueError` for one out of range (negative, NaN, infinite),
+naming the argument, its unit, what it accepts, and the value given. Checks run at the top of public calls,
+before anything is enqueued, allocated or recorded.
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Integral, Real
+from typing import Any
+
+__all__ = ["number", "timeout_s", "whole"]
+
+
+def _got(value: Any) -> str:
+    typed = isinstance(value, (str, bytes, bool)) or value is None  # (a repr that reads like a number)
+    return f"{value!r} ({type(value).__name__})" if typed else repr(value)
+
+
+def whole(name: str, value: Any, *, minimum: int = 0, maximum: int | None = None, hint: str = "") -> int:
+    """``value`` as an int: a whole number (``int``, a numpy integer; not a bool) in ``minimum .. maximum``.
+    ``hint`` (what the number is, why the bound) goes into the message."""
+    what = f"{name} must be a whole number " + (f">= {minimum}" if maximum is None else f"in {minimum} .. {maximum}")
+    what += f" ({hint})" if hint else ""
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise TypeError(f"{what}, not {_got(value)}")
+    n = int(value)
+    if n < minimum or (maximum is not None and n > maximum):
+        raise ValueError(f"{what}, not {n}")
+    return n
+
+
+def number(
+    name: str, value: Any, *, unit: str, minimum: float = 0.0, maximum: float | None = None, infinite: str | None = None
+) -> float:
+    """``value`` as a float: a real number (``int``, ``float``, numpy; not a bool) in ``unit``, ``>= minimum`` (and
+    ``<= maximum``). NaN is refused; infinity only when ``infinite`` says what it means (``"no limit"``)."""
+    what = f"{name} is in {unit}: a number >= {minimum:g}" + ("" if maximum is None else f" and <= {maximum:g}")
+    what += f" (math.inf: {infinite})" if infinite else ""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{what}, not {_got(value)}")
+    x = float(value)
+    if math.isnan(x) or x < minimum or (math.isinf(x) and infinite is None) or (maximum is not None and x > maximum):
+        raise ValueError(f"{what}, not {value!r}")
+    return x
+
+
+def timeout_s(value: Any, name: str = "timeout_s") -> float | None:
+    """A timeout in seconds: None (or math.inf) waits for ever, 0 only looks, a number > 0 waits that long."""
+    if value is None:
+        return None
+    x = number(name, value, unit="seconds", infinite="wait for ever, as None")
+    return None if math.isinf(x) else x
