@@ -472,3 +472,21 @@ def test_demo_with_a_wrong_result_exits_1_and_says_where_on_stderr(capsys, monke
     captured = capsys.readouterr()
     assert _one_line(captured.err) == "asyncgpu demo: wrong result on host:1: expected every element = 3000"
     assert "checked:" not in captured.out and "totals per device" in captured.out  # the report still shows
+
+
+def test_report_of_a_trace_with_in_kernel_records(capsys, tmp_path):
+    import numpy as np
+
+    from asyncgpu.kernel import KernelProfiler
+
+    trace = tmp_path / "k.trace.json"
+    dev = asyncgpu.device("host:0")
+    a = dev.alloc(1 << 16, np.float32)
+    with asyncgpu.gpu_timer(dev, label="kernels") as t:
+        dev.stream.memset(a, 0)
+        with KernelProfiler(dev) as prof:
+            prof.inc_loop(a, 3)
+            assert len(prof.collect_sync()) > 0
+    asyncgpu.write_trace(t, trace)  # the records are a layer of the trace: events without an activity row
+    assert main(["report", str(trace)]) == 0
+    assert "scope 'kernels', 2 activities on host:0" in " ".join(capsys.readouterr().out.split())
