@@ -36,6 +36,7 @@ __all__ = [
     "PLAIN_ROWS",
     "Column",
     "FitTable",
+    "Report",
     "activity_table",
     "balance_renderable",
     "bar",
@@ -413,7 +414,15 @@ def balance_renderable(source: Timeline | DeviceSummary | BalanceReport, bar_wid
     return Group(table, Text("\n".join(lines)))
 
 
-def timeline_report(tl: Timeline, limit: int | None = 50, order: str = "issue") -> Group:
+class Report(Group):
+    """A report, as one rich renderable (``rich.print`` it); ``str()`` is its plain text, 100 columns wide (no
+    cropping pass: a million-row report in about a second, where ``rich.print`` crops each line itself)."""
+
+    def __str__(self) -> str:
+        return render(self)
+
+
+def timeline_report(tl: Timeline, limit: int | None = 50, order: str = "issue") -> Report:
     """The report of a finished scope's timeline, as one renderable: its activities in ``order`` (``issue`` or
     ``time``; the first ``limit``, 50 by default, and a line saying how many more; None: all of them), totals per
     activity, totals per device, the balance, and a footer (host time in the scope's body and waiting at its
@@ -427,7 +436,7 @@ def timeline_report(tl: Timeline, limit: int | None = 50, order: str = "issue") 
         balance_renderable(balance(ds)),
         _footer(tl),
     ]
-    return Group(*[r for part in parts[:-1] for r in (part, Text(""))], parts[-1])
+    return Report(*[r for part in parts[:-1] for r in (part, Text(""))], parts[-1])
 
 
 def _footer(tl: Timeline) -> Text:

@@ -392,3 +392,8 @@ def test_a_plain_row_wider_than_the_console_goes_on_the_next_line():
     assert max(len(line) for line in lines) <= 60 and len(lines) == 3 + 2 * n + 1  # title, head, rule, caption
     assert lines[3].startswith("      0.000 │         0.500 │ cuda:0 │ a very long") and lines[4].endswith(" fit")
     assert lines[-1] == "left out at this width (60 columns): stream, kind"
+
+
+def test_str_of_a_report_is_its_plain_text():
+    report = timeline_report(step_timer())
+    assert str(report) == render(report) and plain(str(report)) == STEP_REPORT.rstrip("\n")
