@@ -720,7 +720,9 @@ def _outcome(exc: BaseException) -> tuple[int, str] | None:
     if any(isinstance(e, KeyboardInterrupt) for e in leaves):
         return EXIT_INTERRUPTED, "interrupted"
     first = leaves[0]
-    if isinstance(first, (_Usage, NoDeviceError, UnknownDeviceError, SourceError)):
+    if isinstance(first, NoDeviceError):  # the library's advice is for Python code: give the option instead
+        return 2, str(_no_gpu(select.backend_available("cuda")[1]))
+    if isinstance(first, (_Usage, UnknownDeviceError, SourceError)):
         return 2, str(first)
     if isinstance(first, _Failed):
         return 1, str(first)

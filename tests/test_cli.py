@@ -326,9 +326,11 @@ def test_bench_module_raising_on_import_exits_1(capsys, tmp_path):
 
 
 @pytest.mark.skipif(CUDA_OK, reason="checks the machine without a GPU")
-def test_bench_without_gpu_is_a_usage_error(capsys, bench_file):
-    assert main(["bench", f"{bench_file}:step"]) == 2
-    assert "add --backend host" in _one_line(capsys.readouterr().err)
+@pytest.mark.parametrize("devices", [[], ["--devices", "cuda:0"], ["--devices", "0,1"]])
+def test_bench_without_gpu_is_a_usage_error(capsys, bench_file, devices):
+    assert main(["bench", f"{bench_file}:step", *devices]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "no usable CUDA GPU" in line and "add --backend host" in line and "asyncgpu.devices(" not in line
 
 
 def test_bench_json(capsys, bench_file):
