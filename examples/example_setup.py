@@ -15,6 +15,7 @@ import tempfile
 from typing import NoReturn
 
 import asyncgpu
+import asyncgpu.errors
 
 __all__ = ["devices", "missing_modules", "need", "need_modules", "script", "trace_path"]
 
@@ -64,6 +65,8 @@ def devices(
             else f"a CUDA GPU, or host devices: ASYNCGPU_BACKEND=host python {script()} ({why})"
         )
         need(" and ".join([gpu, *needs]))
+    except asyncgpu.errors.UnknownDeviceError as exc:  # fewer devices than ``count``
+        need(" and ".join([f"{count} devices ({exc})", *needs]))
     if needs:
         need(" and ".join(needs))
     return devs
