@@ -242,7 +242,7 @@ def _from_trace(events: list, meta: dict) -> Timeline:
     stream_code = {(device_pid(d), label): i for i, (d, label) in enumerate(streams)}
     names = tuple(meta["names"])
     name_code = {nm: i for i, nm in enumerate(names)}
-    xs = [e for e in events if e["ph"] == "X"]
+    xs = [e for e in events if e["ph"] == "X" and "row" in e.get("args", ())]  # layers' events have no row
     host = sorted((e for e in xs if e["pid"] == HOST_PID), key=lambda e: e["args"]["row"])
     dev = [e for e in xs if e["pid"] != HOST_PID]
     n = int(meta["rows"])

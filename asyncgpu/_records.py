@@ -120,7 +120,7 @@ class Timeline:
     descriptions: tuple[str, ...] = ()  #: per device, e.g. ``"NVIDIA H200 (sm_90)"``
     error: str | None = None  #: what the scope's body raised, if anything
     cancelled: bool = False
-    host_ms: float | None = None  #: host wall time of the scope's body (issuing the work), ms
+    host_ms: float | None = None  #: host wall time in the scope's body (enqueueing, and any awaits there), ms
     wait_ms: float | None = None  #: host wall time the scope's exit then waited for the devices, ms
     cpu_ms: float | None = None  #: CPU time of the process during the scope (all threads), ms
     marks: tuple[CollectiveMark, ...] = ()  #: collective points, in marking order

@@ -5,17 +5,27 @@ renderable into plain text (no colour), which ``str(timer)``, logs and tests use
 `Timeline` or its summaries), never a live scope. Times are in ms with three decimals, relative to the scope's start;
 ``—`` stands for a missing value (an unfinished activity, a device
 with no activity). A device whose clock is not aligned to the host is marked ``*`` and explained.
+
+Tables (`FitTable`) fit the console they are printed on: numbers are never wrapped or cut, text wraps at spaces,
+and when even that is too wide the least needed columns are left out (the caption says which). A table of more
+than `PLAIN_ROWS` rows is drawn as plain lines, formatted column by column: a timeline of a million activities
+renders in about a second (rich's own table layout takes about 0.5 ms a row).
 """
 
 from __future__ import annotations
 
 import io
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
-from rich.console import Console, Group, RenderableType
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, Group, JustifyMethod, RenderableType
+from rich.constrain import Constrain
+from rich.measure import Measurement
 from rich.padding import Padding
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
@@ -23,11 +33,16 @@ from ._records import KINDS, ActivityRecord, Timeline
 from ._summary import ActivitySummary, BalanceReport, DeviceSummary, activity_summary, balance, device_summary
 
 __all__ = [
+    "PLAIN_ROWS",
+    "Column",
+    "FitTable",
+    "Report",
     "activity_table",
     "balance_renderable",
     "bar",
     "device_table",
     "ms",
+    "ms_strings",
     "new_table",
     "records_report",
     "render",
@@ -36,18 +51,21 @@ __all__ = [
 ]
 
 _EIGHTHS = " ▏▎▍▌▋▊▉"
-_ACTIVITY_COLUMNS = (
-    ("start (ms)", "right"),
-    ("duration (ms)", "right"),
-    ("device", "left"),
-    ("stream", "left"),
-    ("kind", "left"),
-    ("activity", "left"),
-)
+PLAIN_ROWS = 500  #: a `FitTable` of more rows than this is drawn as plain lines (its text does not wrap)
+_CHUNK_ROWS = 4096  # rows per %-format call of the plain lines
+_SEGMENT_LINES = 8  # plain lines per segment: fewer segments to pass on, short strings for rich to split
 
 
 def ms(value: float | None) -> str:
     return "—" if value is None or math.isnan(value) else f"{value:,.3f}"
+
+
+def ms_strings(values: np.ndarray) -> list[str]:
+    """`ms` of every value (ms with three decimals and thousands separators, ``—`` for NaN): 0.3 s a million."""
+    out = list(map("{:,.3f}".format, values.tolist()))
+    for i in np.flatnonzero(np.isnan(values)).tolist():
+        out[i] = "—"
+    return out
 
 
 def new_table(title: str, columns: Iterable[tuple[str, str]], caption: str | None = None) -> Table:
@@ -57,15 +75,194 @@ def new_table(title: str, columns: Iterable[tuple[str, str]], caption: str | Non
     return table
 
 
+@dataclass(frozen=True)
+class Column:
+    """A column of a `FitTable`. ``wrap``: False for numbers (and bars), which are never wrapped or cut; text
+    wraps at spaces. ``drop``: 0 for a column that always shows; 1, 2, …: left out, the highest first, when the
+    console is too narrow for the table even with its text wrapped. ``min_width``: in cells."""
+
+    header: str
+    justify: JustifyMethod = "left"
+    wrap: bool = True
+    drop: int = 0
+    min_width: int = 0
+
+
+def number(header: str, drop: int = 0) -> Column:
+    """A right-aligned column of numbers (never wrapped or cut)."""
+    return Column(header, "right", wrap=False, drop=drop)
+
+
+class FitTable:
+    """A table that fits the console it is printed on, in rich's look (a heavy head, no outer edge).
+
+    At the console's width: every column at its natural width if that fits; else text columns wrap at spaces and
+    headers of number columns wrap (numbers never); else columns are left out, the highest `Column.drop` first, and
+    the caption names them. More than `PLAIN_ROWS` rows are drawn as plain lines formatted column by column (no
+    wrapping, widths counted in characters; a row wider than the console continues on the next line): about 1 µs a
+    row, where rich's table layout takes about 500. Cells are plain text (no markup)."""
+
+    def __init__(
+        self,
+        title: str,
+        columns: Sequence[Column],
+        caption: str | None = None,
+        cells: Sequence[list[str]] | None = None,
+    ) -> None:
+        self.title, self.columns, self.caption = title, tuple(columns), caption
+        self.cells: list[list[str]] = [list(c) for c in cells] if cells is not None else [[] for _ in self.columns]
+        if len(self.cells) != len(self.columns) or len({len(c) for c in self.cells}) > 1:
+            raise ValueError(f"cells must be {len(self.columns)} lists of one length, one per column")
+        self.sections: list[int] = []  #: a line goes before each of these rows
+
+    def __len__(self) -> int:
+        return len(self.cells[0]) if self.cells else 0
+
+    @property
+    def plain(self) -> bool:
+        """Whether this table is drawn as plain lines (more than `PLAIN_ROWS` rows)."""
+        return len(self) > PLAIN_ROWS
+
+    def add_row(self, *cells: str) -> None:
+        if len(cells) != len(self.columns):
+            raise ValueError(f"a row of this table has {len(self.columns)} cells, not {len(cells)}")
+        for column, cell in zip(self.cells, cells):
+            column.append(cell)
+
+    def add_section(self) -> None:
+        """A line between the rows added so far and the next."""
+        self.sections.append(len(self))
+
+    def layout(self, max_width: int) -> tuple[list[int], list[int]]:
+        """The columns shown (indices) and their widths in cells, for a console ``max_width`` cells wide."""
+        width_of = len if self.plain else cell_len
+        natural = [
+            max(c.min_width, width_of(c.header), max(map(width_of, cells), default=0))
+            for c, cells in zip(self.columns, self.cells)
+        ]
+        floor = natural if self.plain else [self._floor(c, cells) for c, cells in zip(self.columns, self.cells)]
+        shown = list(range(len(self.columns)))
+        while True:
+            widths = [natural[i] for i in shown]
+            excess = sum(widths) + 3 * len(shown) - 1 - max_width  # 1 cell of padding each side, 1 between
+            if excess <= 0:
+                return shown, widths
+            if sum(widths) - sum(floor[i] for i in shown) >= excess:
+                for _ in range(excess):  # narrow the widest column that can still give a cell
+                    k = max((k for k, i in enumerate(shown) if widths[k] > floor[i]), key=widths.__getitem__)
+                    widths[k] -= 1
+                return shown, widths
+            droppable = [i for i in shown if self.columns[i].drop]
+            if not droppable:
+                return shown, [floor[i] for i in shown]
+            shown.remove(max(droppable, key=lambda i: self.columns[i].drop))
+
+    @staticmethod
+    def _floor(c: Column, cells: list[str]) -> int:
+        """The narrowest a column gets: its longest word (header included), or its widest cell if it never wraps."""
+        words = [cell_len(w) for w in c.header.split()]
+        if c.wrap:
+            words += [cell_len(w) for cell in cells for w in cell.split()]
+        else:
+            words += [cell_len(cell) for cell in cells]
+        return max(c.min_width, max(words, default=1))
+
+    def _caption(self, shown: list[int], max_width: int) -> str | None:
+        left_out = [self.columns[i].header or "bars" for i in range(len(self.columns)) if i not in shown]
+        note = f"left out at this width ({max_width} columns): {', '.join(left_out)}"
+        return "\n".join(x for x in (self.caption, note if left_out else None) if x) or None
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        shown, widths = self.layout(options.max_width)
+        return Measurement(sum(widths) + 3 * len(shown) - 1, sum(widths) + 3 * len(shown) - 1)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[RenderableType | Segment]:
+        shown, widths = self.layout(options.max_width)
+        caption = self._caption(shown, options.max_width)
+        if self.plain:
+            yield from self._lines(shown, widths, caption, options.max_width)
+            return
+        table = Table(
+            title=Text(self.title, style="table.title"),
+            title_justify="left",
+            caption=Text(caption, style="table.caption") if caption else None,
+            caption_justify="left",
+            show_edge=False,
+        )
+        for i, w in zip(shown, widths):
+            c = self.columns[i]
+            table.add_column(Text(c.header, overflow="fold"), justify=c.justify, width=w, overflow="fold")
+        for r in range(len(self)):
+            if r in self.sections:
+                table.add_section()
+            table.add_row(*(Text(self.cells[i][r], overflow="fold") for i in shown))
+        yield table
+
+    def _lines(
+        self, shown: list[int], widths: list[int], caption: str | None, max_width: int
+    ) -> Iterator[RenderableType | Segment]:
+        """The plain drawing: title, head, rows (formatted by chunks of rows), caption."""
+        table_width = sum(widths) + 3 * len(widths) - 1
+        yield Constrain(Text(self.title, style="table.title"), table_width)
+        head = [self.columns[i].header for i in shown]
+        right = [self.columns[i].justify == "right" for i in shown]
+        fields = [f"%{'' if r else '-'}{w}s" for r, w in zip(right, widths)]
+        if not right[-1]:
+            fields[-1] = "%s"  # no padding at the end of a line
+        template = " " + " │ ".join(fields) + "\n"
+        rule = "╇".join("━" * (w + 2) for w in widths)
+        section = "┼".join("─" * (w + 2) for w in widths)
+        indent = sum(w + 3 for w in widths[:-1]) + 1  # where the last column starts
+        indent = indent if indent <= max_width // 2 else 0
+        head_line = _fold((" " + " ┃ ".join(fields)) % tuple(head), max_width, indent)
+        yield Segment(f"{head_line}\n{rule[:max_width]}\n")
+        columns = [self.cells[i] for i in shown]
+        bounds = sorted({0, len(self), *self.sections, *range(0, len(self), _CHUNK_ROWS)})
+        for lo, hi in zip(bounds, bounds[1:]):
+            if lo in self.sections and lo:
+                yield Segment(section[:max_width] + "\n")
+            flat: list[str] = [""] * ((hi - lo) * len(columns))
+            for j, col in enumerate(columns):
+                flat[j :: len(columns)] = col[lo:hi]
+            lines = ((template * (hi - lo)) % tuple(flat)).split("\n")[:-1]
+            if table_width > max_width:  # rows may be too long: the rest of each goes on the next line
+                lines = [_fold(line, max_width, indent) for line in lines]
+            for k in range(0, len(lines), _SEGMENT_LINES):
+                yield Segment("\n".join(lines[k : k + _SEGMENT_LINES]) + "\n")
+        if caption:
+            yield Constrain(Text(caption, style="table.caption"), table_width)
+
+
+def _fold(line: str, width: int, indent: int) -> str:
+    """``line`` in pieces of at most ``width`` characters, the pieces after the first indented by ``indent``."""
+    if len(line) <= width:
+        return line
+    pieces, line = [line[:width]], line[width:]
+    while line:
+        pieces.append(" " * indent + line[: width - indent])
+        line = line[width - indent :]
+    return "\n".join(pieces)
+
+
+_ACTIVITY_COLUMNS = (
+    Column("start (ms)", "right", wrap=False),
+    Column("duration (ms)", "right", wrap=False),
+    Column("device"),
+    Column("stream", drop=2),
+    Column("kind", drop=1),
+    Column("activity"),
+)
+
+
 def _unaligned(tl: Timeline) -> dict[int, str]:
     """Device code -> why its clock is not aligned."""
     return {i: c.reason or "clock not aligned" for i, c in enumerate(tl.clocks) if not c.aligned}
 
 
-def timeline_table(tl: Timeline, order: str = "issue", limit: int | None = None) -> Table:
+def timeline_table(tl: Timeline, order: str = "issue", limit: int | None = None) -> FitTable:
     """The activities, one per row, in issue order (as the host enqueued them) or time order (by start,
-    unfinished ones last). With ``limit``, the first ``limit`` rows and a line saying how many more there are:
-    only the rows shown are formatted, so this is cheap on a timeline of millions of rows."""
+    unfinished ones last). With ``limit``, the first ``limit`` rows and a line saying how many more there are;
+    None: every row. Only the rows shown are formatted, column by column: a million rows take about a second."""
     if order not in ("issue", "time"):
         raise ValueError(f"order must be 'issue' or 'time', not {order!r}")
     rows = tl.time_order() if order == "time" else np.arange(len(tl))
@@ -76,40 +273,43 @@ def timeline_table(tl: Timeline, order: str = "issue", limit: int | None = None)
         notes.append("no activities")
     if unaligned:
         notes.append("* clock not aligned: times from the device's own start mark")
-    table = new_table(
-        f"gpu_timer {tl.label!r}: activities in {order} order", _ACTIVITY_COLUMNS, "\n".join(notes) or None
-    )
     start = (tl.start_ns[shown] - tl.scope_start_ns) / 1e6
     duration = tl.duration_ns[shown] / 1e6
-    done = np.isfinite(start) & np.isfinite(duration)
-    for j, i in enumerate(shown.tolist()):
-        code = int(tl.device[i])
-        table.add_row(
-            ms(start[j]) if done[j] else "—",
-            ms(duration[j]) if done[j] else "—",
-            tl.devices[code] + (" *" if code in unaligned else ""),
-            tl.streams[tl.stream[i]][1],
-            KINDS[tl.kind[i]],
-            tl.names[tl.name[i]],
-        )
-    return table
+    unfinished = ~(np.isfinite(start) & np.isfinite(duration))
+    start[unfinished] = duration[unfinished] = np.nan
+    devices = [name + (" *" if code in unaligned else "") for code, name in enumerate(tl.devices)]
+    cells = [
+        ms_strings(start),
+        ms_strings(duration),
+        _labels(devices, tl.device[shown]),
+        _labels([label for _, label in tl.streams], tl.stream[shown]),
+        _labels(KINDS, tl.kind[shown]),
+        _labels(tl.names, tl.name[shown]),
+    ]
+    title = f"gpu_timer {tl.label!r}: activities in {order} order"
+    return FitTable(title, _ACTIVITY_COLUMNS, "\n".join(notes) or None, cells)
 
 
-def activity_table(source: Timeline | ActivitySummary) -> Table:
+def _labels(table: Sequence[str], codes: np.ndarray) -> list[str]:
+    """``table[code]`` for every code."""
+    return np.array(list(table) or [""], dtype=object)[codes].tolist()
+
+
+def activity_table(source: Timeline | ActivitySummary) -> FitTable:
     """Count and duration statistics (ms) per activity name and kind, longest total first; a last row for all."""
     s = source if isinstance(source, ActivitySummary) else activity_summary(source)
     columns = [
-        ("activity", "left"),
-        ("kind", "left"),
-        ("count", "right"),
-        ("total (ms)", "right"),
-        ("mean (ms)", "right"),
-        ("min (ms)", "right"),
-        ("max (ms)", "right"),
+        Column("activity"),
+        Column("kind", drop=2),
+        number("count", drop=1),
+        number("total (ms)"),
+        number("mean (ms)", drop=3),
+        number("min (ms)", drop=5),
+        number("max (ms)", drop=4),
     ]
     if s.unfinished:
-        columns.append(("unfinished", "right"))
-    table = new_table("totals per kind and activity", columns)
+        columns.append(number("unfinished"))
+    table = FitTable("totals per kind and activity", columns)
     for r in s.rows:
         table.add_row(
             r.name,
@@ -128,7 +328,7 @@ def activity_table(source: Timeline | ActivitySummary) -> Table:
     return table
 
 
-def device_table(source: Timeline | DeviceSummary) -> Table:
+def device_table(source: Timeline | DeviceSummary) -> FitTable:
     """Per device: activities, busy time (union of the intervals), sum of durations, idle time, largest gap,
     utilisation, first start and last end (ms)."""
     s = source if isinstance(source, DeviceSummary) else device_summary(source)
@@ -142,18 +342,18 @@ def device_table(source: Timeline | DeviceSummary) -> Table:
         ]
         + [f"* {name}: clock not aligned ({why}): times from its own start mark" for name, why in unaligned.items()]
     )
-    table = new_table(
+    table = FitTable(
         f"totals per device, in ms, over a window of {ms(s.window_ms)} ms from the scope's start",
         [
-            ("device", "left"),
-            ("count", "right"),
-            ("busy", "right"),
-            ("sum", "right"),
-            ("idle", "right"),
-            ("max gap", "right"),
-            ("util.", "right"),
-            ("first start", "right"),
-            ("last end", "right"),
+            Column("device"),
+            number("count", drop=3),
+            number("busy"),
+            number("sum", drop=5),
+            number("idle", drop=4),
+            number("max gap", drop=6),
+            number("util."),
+            number("first start", drop=8),
+            number("last end", drop=7),
         ],
         caption,
     )
@@ -185,15 +385,19 @@ def balance_renderable(source: Timeline | DeviceSummary | BalanceReport, bar_wid
     for the straggler, the suggested split of the work and its predicted makespan, and the report's notes."""
     b = source if isinstance(source, BalanceReport) else balance(source)
     top = max((r.busy_ms for r in b.rows), default=0.0)
-    table = new_table("balance: busy time per device", [("device", "left"), ("busy (ms)", "right")])
-    table.add_column("", no_wrap=True, min_width=bar_width, overflow="crop")
-    table.add_column("wait (ms)", justify="right")
-    for header in ("units", "suggested") if b.units_given else ("share",):
-        table.add_column(header, justify="right")
-    table.add_column("")
+    split = [number("units"), number("suggested")] if b.units_given else [number("share")]
+    columns = [
+        Column("device"),
+        number("busy (ms)"),
+        Column("", wrap=False, drop=2, min_width=bar_width),
+        number("wait (ms)", drop=1),
+        *split,
+        Column(""),
+    ]
+    table = FitTable("balance: busy time per device", columns)
     for r in b.rows:
-        split = [f"{r.units:,}", f"{r.suggested_units:,}"] if b.units_given else [f"{r.share:.1%}"]
-        table.add_row(r.device, ms(r.busy_ms), bar(r.busy_ms, top, bar_width), ms(r.wait_ms), *split, r.note)
+        cells = [f"{r.units:,}", f"{r.suggested_units:,}"] if b.units_given else [f"{r.share:.1%}"]
+        table.add_row(r.device, ms(r.busy_ms), bar(r.busy_ms, top, bar_width), ms(r.wait_ms), *cells, r.note)
     lines = [
         f"imbalance {b.imbalance:.3f} = max busy {ms(b.makespan_ms)} ms / mean busy {ms(b.mean_busy_ms)} ms; "
         f"straggler {b.straggler}"
@@ -210,10 +414,20 @@ def balance_renderable(source: Timeline | DeviceSummary | BalanceReport, bar_wid
     return Group(table, Text("\n".join(lines)))
 
 
-def timeline_report(tl: Timeline, limit: int | None = 50, order: str = "issue") -> Group:
+class Report(Group):
+    """A report, as one rich renderable (``rich.print`` it); ``str()`` is its plain text, 100 columns wide (no
+    cropping pass: a million-row report in about a second, where ``rich.print`` crops each line itself)."""
+
+    def __str__(self) -> str:
+        return render(self)
+
+
+def timeline_report(tl: Timeline, limit: int | None = 50, order: str = "issue") -> Report:
     """The report of a finished scope's timeline, as one renderable: its activities in ``order`` (``issue`` or
-    ``time``; the first ``limit``), totals per activity, totals per device, the balance, and a footer (host time
-    issuing and waiting, CPU time, unfinished activities, the error, unaligned clocks)."""
+    ``time``; the first ``limit``, 50 by default, and a line saying how many more; None: all of them), totals per
+    activity, totals per device, the balance, and a footer (host time in the scope's body and waiting at its
+    exit, CPU time, unfinished activities, the error, unaligned clocks). More than `PLAIN_ROWS` activities are
+    listed as plain lines: a million in about a second."""
     ds = device_summary(tl)
     parts: list[RenderableType] = [
         timeline_table(tl, order=order, limit=limit),
@@ -222,13 +436,13 @@ def timeline_report(tl: Timeline, limit: int | None = 50, order: str = "issue") 
         balance_renderable(balance(ds)),
         _footer(tl),
     ]
-    return Group(*[r for part in parts[:-1] for r in (part, Text(""))], parts[-1])
+    return Report(*[r for part in parts[:-1] for r in (part, Text(""))], parts[-1])
 
 
 def _footer(tl: Timeline) -> Text:
     text = Text(
-        f"scope {tl.label!r}: host {ms(tl.host_ms)} ms issuing + {ms(tl.wait_ms)} ms waiting "
-        f"for the devices, CPU {ms(tl.cpu_ms)} ms"
+        f"scope {tl.label!r}: host {ms(tl.host_ms)} ms in the scope's body + {ms(tl.wait_ms)} ms waiting "
+        f"for the devices at its exit, CPU {ms(tl.cpu_ms)} ms"
     )
     unfinished = int(len(tl) - tl.complete.sum())
     if unfinished:
@@ -261,14 +475,15 @@ def records_report(records: list[ActivityRecord], indent: str = "") -> Padding:
     caption = f"{len(records):,} activities, {ms(sum(done))} ms in all"
     if len(done) < len(records):
         caption += f", {len(records) - len(done):,} unfinished"
-    table = new_table("activities", _ACTIVITY_COLUMNS, caption)
+    table = FitTable("activities", _ACTIVITY_COLUMNS, caption)
     for r in records:
         table.add_row(ms(r.start_ms), ms(r.duration_ms), r.device, r.stream, r.kind, r.name)
     return Padding(table, (0, 0, 0, len(indent)), expand=False)
 
 
 def render(renderable: RenderableType, width: int = 100) -> str:
-    """Any renderable as plain text, ``width`` columns wide, without colour."""
+    """Any renderable as plain text, ``width`` columns wide, without colour. Lines are not cropped afterwards
+    (every renderable here fits ``width`` already), which keeps a million-row table to about a second."""
     buf = io.StringIO()
-    Console(file=buf, width=width, color_system=None, force_terminal=False).print(renderable)
+    Console(file=buf, width=width, color_system=None, force_terminal=False).print(renderable, crop=False)
     return buf.getvalue()

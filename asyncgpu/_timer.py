@@ -370,7 +370,7 @@ class Timer:
         self._t0_ns = self._t1_ns = self._c0_ns = 0
         self._timeline: Timeline | None = None
         self._records: _Records | None = None
-        self.host_ms: float | None = None  #: host wall time of the body (issuing the work), ms
+        self.host_ms: float | None = None  #: host wall time in the body (enqueueing, and any awaits there), ms
         self.wait_ms: float | None = None  #: host wall time the exit then waited for the devices, ms
         self.cpu_ms: float | None = None  #: CPU time of this process during the scope (all threads), ms
         self.device_span_ms: dict[str, float] = {}  #: per device: scope start to the end of its last activity
@@ -831,9 +831,9 @@ class Timer:
         return balance(self.timeline, work_units)
 
     def report(self, *, order: str = "issue", limit: int | None = 50) -> Any:
-        """The report as a rich renderable: the timeline in ``order`` (``"issue"`` or ``"time"``, the first
-        ``limit`` activities; None for all), the summaries, the balance and a footer. ``rich.print(t)`` prints
-        ``t.report()``."""
+        """The report as a rich renderable: the timeline in ``order`` (``"issue"`` or ``"time"``; the first
+        ``limit`` activities, 50 by default, then a line saying how many more; None for all, drawn as plain lines
+        beyond 500), the summaries, the balance and a footer. ``rich.print(t)`` prints ``t.report()``."""
         from ._report import timeline_report
 
         if limit is not None:

@@ -1,19 +1,23 @@
 """Run PyTorch and CuPy work on asyncgpu's streams, adopt theirs, and await completion from asyncio.
 
-python examples/framework_streams.py   (needs a CUDA GPU, torch and cupy)
+python examples/framework_streams.py   (needs a CUDA GPU, torch and cupy: pip install torch cupy-cuda12x)
 """
 
+import argparse
 import asyncio
 
-import cupy
 import rich
-import torch
+from example_setup import devices
 
 import asyncgpu
 
+NEEDS = "torch and CuPy work on CUDA streams"
 
-async def main():
-    dev = asyncgpu.device(0)
+
+async def main(dev):
+    import cupy
+    import torch
+
     ours = dev.streams[1]
     theirs = dev.adopt_stream(cupy.cuda.Stream(non_blocking=True))
     async with asyncgpu.gpu_timer(dev, label="frameworks") as t:
@@ -29,4 +33,6 @@ async def main():
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    install = "pip install torch cupy-cuda12x, or cupy-cuda13x for CUDA 13"
+    asyncio.run(main(devices(1, cuda_only=NEEDS, modules=("torch", "cupy"), install=install)[0]))

@@ -1,14 +1,16 @@
 """Time a few training steps on every rank, gather the scopes onto rank 0, print the cross-rank report.
 
-    torchrun --nproc-per-node 2 examples/gather_ranks.py [--steps 5] [--trace ranks.trace.json]
+    torchrun --nproc-per-node 2 examples/gather_ranks.py [--steps 5] [--trace PATH]
     mpirun -n 2 python examples/gather_ranks.py           # with mpi4py (pip install 'asyncgpu[mpi]')
 
-Under torchrun with CUDA: NCCL, one GPU per process (``LOCAL_RANK``); without CUDA: gloo and the host backend
-(CPU worker threads), and it says so. Under mpirun: the MPI communicator, a GPU per rank when there are GPUs.
+It runs under a launcher only (plain ``python`` says so in one line). Under torchrun with CUDA: NCCL, one GPU per
+process (``LOCAL_RANK``); without CUDA, or with ``ASYNCGPU_BACKEND=host``: gloo and the host backend (CPU worker
+threads), and it says so. Under mpirun: the MPI communicator, a GPU per rank when there are GPUs.
 Each step spins on the rank's device(s), rank r a little longer than rank r-1 (on purpose: rank 1 is the
 straggler), marks the all-reduce with `asyncgpu.ranks.mark_collective`, waits for its device and all-reduces.
 `asyncgpu.ranks.gather` then brings every rank's scope to rank 0 (clock offsets measured by ping-pong), which prints
-the report and writes one Perfetto trace: a process per (rank, device), host tracks per rank.
+the report and writes one Perfetto trace (in the temp folder unless ``--trace`` says where): a process per
+(rank, device), host tracks per rank.
 """
 
 from __future__ import annotations
@@ -17,11 +19,17 @@ import argparse
 import os
 import sys
 
+from example_setup import need, need_modules, trace_path
+
 import asyncgpu
 
 
+def _under_torchrun() -> bool:
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
 def _under_mpi() -> bool:
-    return "RANK" not in os.environ and any(
+    return not _under_torchrun() and any(
         k in os.environ for k in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
     )
 
@@ -33,7 +41,7 @@ def setup_torch():
     import torch.distributed as dist
 
     local = int(os.environ.get("LOCAL_RANK", 0))
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and asyncgpu.default_backend() == "cuda":
         torch.cuda.set_device(local)
         try:
             dist.init_process_group("nccl", device_id=torch.device("cuda", local))
@@ -65,6 +73,8 @@ def setup_mpi():
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     try:
+        if asyncgpu.default_backend() != "cuda":
+            raise asyncgpu.NoDeviceError("the host backend, as ASYNCGPU_BACKEND asks")
         devices = [asyncgpu.device(rank % len(asyncgpu.devices("cuda")), backend="cuda")]
         how = f"MPI ({MPI.Get_library_version().splitlines()[0].strip()}), CUDA device {devices[0].name}"
     except asyncgpu.NoDeviceError:
@@ -75,11 +85,19 @@ def setup_mpi():
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=5, help="training steps to time")
     ap.add_argument("--spin-us", type=float, default=2000.0, help="work per step on rank 0 (µs)")
-    ap.add_argument("--trace", default="ranks.trace.json", help="where rank 0 writes the merged trace")
+    ap.add_argument("--trace", metavar="PATH", help="where rank 0 writes the merged trace (default: temp folder)")
     a = ap.parse_args(argv)
-    rank, world, devices, collective, how, group, close = setup_mpi() if _under_mpi() else setup_torch()
+    trace = trace_path(a.trace, "ranks.trace.json")
+    if _under_mpi():
+        need_modules("mpi4py", install="pip install 'asyncgpu[mpi]'")
+        rank, world, devices, collective, how, group, close = setup_mpi()
+    elif _under_torchrun():
+        need_modules("torch", install="pip install 'asyncgpu[torch]'")
+        rank, world, devices, collective, how, group, close = setup_torch()
+    else:
+        need(f"a launcher that starts the ranks: torchrun --nproc-per-node 2 {sys.argv[0]} (or mpirun -n 2 python ...)")
     if rank == 0:
         print(f"{world} ranks: {how}", flush=True)
     collective()  # start together, as after the previous step
@@ -94,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     result = asyncgpu.ranks.gather(t, group, timeout_s=60)  # every rank calls it; rank 0 gets the result
     if rank == 0:
         print(result)
-        result.write_trace(a.trace)
-        print(f"trace: {a.trace} (open it at https://ui.perfetto.dev)")
+        result.write_trace(trace)
+        print(f"trace: {trace} (open it at https://ui.perfetto.dev)")
     close()
     return 0
 

@@ -1,6 +1,6 @@
 """Hand GPU work from one thread to another across two GPUs, and a three-stage pipeline (threads, then trio).
 
-    python examples/handoff_two_gpus.py [--trace handoff.trace.json]
+    python examples/handoff_two_gpus.py [--trace PATH]          # two GPUs (needs trio)
     ASYNCGPU_BACKEND=host python examples/handoff_two_gpus.py      # two host devices instead of GPUs
 
 1. A producer thread on GPU 0 makes batches (in a ring of 3 reused buffers); a consumer thread on GPU 1 takes
@@ -10,18 +10,19 @@
    the result once the GPU has finished it).
 3. The same pipeline with the last stage as a trio task.
 
-Every result is checked; the handoffs (with flow arrows) go to a Perfetto trace.
+Every result is checked; the handoffs (with flow arrows) go to a Perfetto trace (in the temp folder unless
+``--trace`` says where).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import sys
 import threading
 
 import numpy as np
 import rich
-import trio
+from example_setup import devices, need, need_modules, trace_path
 
 import asyncgpu
 
@@ -30,12 +31,9 @@ BATCHES = 12
 
 
 def pick_devices():
-    backend = os.environ.get("ASYNCGPU_BACKEND") or asyncgpu.default_backend()
-    devs = asyncgpu.devices(backend)
+    devs = devices()
     if len(devs) < 2:
-        if backend == "cuda":
-            raise SystemExit(f"this example needs two GPUs (found {len(devs)}); try ASYNCGPU_BACKEND=host")
-        devs = asyncgpu.devices(backend, count=2)
+        need(f"two GPUs (this machine has {len(devs)}), or host devices: ASYNCGPU_BACKEND=host python {sys.argv[0]}")
     return devs[0], devs[1]
 
 
@@ -139,6 +137,8 @@ def pipeline_threads(d0, d1, n_items: int = 8) -> None:
 
 
 def pipeline_trio(d0, d1, n_items: int = 8) -> None:
+    import trio
+
     a, b = asyncgpu.Channel(2, name="made (trio)"), asyncgpu.Channel(2, name="transformed (trio)")
     threads = [
         threading.Thread(target=make, args=(d0, a, n_items)),
@@ -167,17 +167,19 @@ def pipeline_trio(d0, d1, n_items: int = 8) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trace", default="handoff.trace.json", help="where to write the Perfetto trace")
+    parser.add_argument("--trace", metavar="PATH", help="where to write the Perfetto trace (default: temp folder)")
     args = parser.parse_args()
+    need_modules("trio", install="pip install trio")
+    trace = trace_path(args.trace, "handoff.trace.json")
     d0, d1 = pick_devices()
     rich.print(f"devices: {d0.name} ({d0.description}), {d1.name} ({d1.description})")
     with asyncgpu.gpu_timer([d0, d1], label="handoff example", all_threads=True) as t:
         producer_consumer(d0, d1)
         pipeline_threads(d0, d1)
         pipeline_trio(d0, d1)
-    asyncgpu.write_trace(t, args.trace)
+    asyncgpu.write_trace(t, trace)
     n = sum(len(layer.records()) for layer in t.timeline.layers if hasattr(layer, "records"))
-    rich.print(f"{n} handoffs drawn with flow arrows in {args.trace} (open it at https://ui.perfetto.dev)")
+    rich.print(f"{n} handoffs drawn with flow arrows in {trace} (open it at https://ui.perfetto.dev)")
 
 
 if __name__ == "__main__":

@@ -7,20 +7,23 @@ Two kernels per device, each device in its own task, inside one gpu_timer scope:
   compute and epilogue (consumer). The overlap of loads and compute is printed per device.
 - the built-in inc_loop with records (stages load, add, store per block).
 
-    python examples/kernel_stages.py [--trace kstages.trace.json]
-    python examples/kernel_stages.py --backend host      # host devices; threads play the warp groups
+    python examples/kernel_stages.py [--trace PATH]              # every CUDA GPU (the trace: temp folder)
+    ASYNCGPU_BACKEND=host python examples/kernel_stages.py       # host devices; threads play the warp groups
+    python examples/kernel_stages.py --backend host              # the same
 
-Without a GPU it says so and exits 0: the host backend runs only when asked for.
+Without a GPU (and without the host backend asked for) it says so in one line and exits with 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 
 import anyio
 import numpy as np
+from example_setup import devices, trace_path
 
 import asyncgpu
 from asyncgpu.kernel import HostLane, KernelProfiler
@@ -182,17 +185,16 @@ async def run_device(d, ws_kernel, blocks: int, tiles: int, work: int, inc_n: in
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--backend", choices=("cuda", "host"), default="cuda")
-    parser.add_argument("--trace", default="kstages.trace.json")
-    parser.add_argument("--tiles", type=int, default=16)
-    parser.add_argument("--work", type=int, default=4)
+    parser.add_argument("--backend", choices=("cuda", "host"), help="default: $ASYNCGPU_BACKEND, else cuda")
+    parser.add_argument("--trace", metavar="PATH", help="where to write the Perfetto trace (default: temp folder)")
+    parser.add_argument("--tiles", type=int, default=16, help="tiles per block of the warp-specialised kernel")
+    parser.add_argument("--work", type=int, default=4, help="multiply-adds per element and tile")
     args = parser.parse_args()
-    if args.backend == "cuda":
-        try:
-            devs = asyncgpu.devices("cuda")
-        except asyncgpu.NoDeviceError as exc:
-            print(f"no CUDA GPU here: nothing to profile ({exc}). Run with --backend host for host devices.")
-            return
+    if args.backend is not None:
+        os.environ["ASYNCGPU_BACKEND"] = args.backend
+    trace = trace_path(args.trace, "kstages.trace.json")
+    devs = devices()
+    if devs[0].backend == "cuda":
         from cuda.core import Device as CudaCoreDevice
         from cuda.core import Program, ProgramOptions
 
@@ -204,7 +206,6 @@ def main() -> None:
             kernels[d.name] = Program(WS_KERNEL, "c++", opts).compile("cubin").get_kernel("ws_sumsq")
         blocks, inc_n = 2 * CudaCoreDevice(devs[0].index).properties.multiprocessor_count, 1 << 22
     else:
-        devs = asyncgpu.devices("host", count=2)
         kernels = {d.name: None for d in devs}
         blocks, inc_n, args.tiles, args.work = 4, 1 << 18, min(args.tiles, 8), min(args.work, 2)
     results: dict = {}
@@ -228,9 +229,9 @@ def main() -> None:
         print(f"consumer compute time overlapped by producer loads: {100 * overlap(ws, 1, 3):.1f} %")
         print(f"== {d.name}: inc_loop")
         print(inc)
-    asyncgpu.write_trace(t, args.trace)
+    asyncgpu.write_trace(t, trace)
     print(
-        f"trace: {args.trace} (open it in https://ui.perfetto.dev: each device's process holds a track per "
+        f"trace: {trace} (open it in https://ui.perfetto.dev: each device's process holds a track per "
         "(block, group) for the first 8 of each kernel)"
     )
     asyncgpu.close_all()

@@ -1,6 +1,6 @@
 """PyTorch and CuPy work on asyncgpu's streams on two GPUs: timed, adopted, benchmarked, and in the kernel history.
 
-    python examples/torch_cupy_two_gpus.py            (a CUDA GPU, torch and cupy; with one GPU it runs on it alone)
+    python examples/torch_cupy_two_gpus.py     (a CUDA GPU, torch and cupy; with one GPU it runs on it alone)
     asyncgpu bench examples/torch_cupy_two_gpus.py:matmul --devices 0,1 -n 200
 
 1. One task per GPU inside one `gpu_timer` scope: a torch matmul on asyncgpu's stream s0 (handed to torch as an
@@ -14,11 +14,13 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import anyio
 import numpy as np
 import rich
+from example_setup import devices
 
 import asyncgpu
 
@@ -95,13 +97,11 @@ async def timeline(devs):
 
 
 def main() -> int:
-    try:
-        import cupy  # noqa: F401
-        import torch
-    except ImportError as exc:
-        print(f"this example needs torch and cupy ({exc}): pip install torch cupy-cuda12x (or cupy-cuda13x)")
-        return 1
-    devs = asyncgpu.devices()  # every CUDA GPU; NoDeviceError (with the fix) without one
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    install = "pip install torch cupy-cuda12x, or cupy-cuda13x for CUDA 13"
+    devs = devices(cuda_only="torch and CuPy work on CUDA streams", modules=("torch", "cupy"), install=install)
+    import torch
+
     names = ", ".join(f"{d.name} {d.description}" for d in devs)
     if len(devs) < 2:
         print(f"only one GPU ({names}): every part runs on it alone; the two-GPU overlap is not shown")

@@ -27,6 +27,8 @@ step "pytest, every GPU" 240 6 python3 -m pytest -q -p no:cacheprovider tests "$
 grep -E "^(FAILED|ERROR)" "$ALL" | head -20
 step "pytest -m gpu, one GPU" 150 2 env CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -p no:cacheprovider -m gpu tests "$@"
 step "demo" 60 3 python3 -m asyncgpu demo --trace /tmp/demo.trace.json
+step "demo at 80 columns, piped (progress on stderr)" 60 40 env COLUMNS=80 python3 -m asyncgpu demo --no-trace
+step "demo, Ctrl-C after 3 s (expect: one line, exit 130)" 30 3 bash -c 'timeout --preserve-status -s INT 3 python3 -m asyncgpu demo --elements 500000000 --no-trace -q; echo "exit $?"'
 step "devices" 30 6 python3 -m asyncgpu devices
 step "examples/two_gpus.py + framework_streams.py" 90 2 bash -c "python3 examples/two_gpus.py && python3 examples/framework_streams.py"
 step "examples/kernel_stages.py (issue 5)" 90 4 python3 examples/kernel_stages.py --trace /tmp/kstages.trace.json

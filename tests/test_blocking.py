@@ -53,7 +53,7 @@ async def test_collect_sync_and_kernel_history_warn_in_a_task():
         assert len(prof.collect_sync()) == 3
     prof.close()
     with asyncgpu.kernel_history.recording():
-        dev.stream.spin_us(1_000)
+        dev.stream.spin_us(50_000)  # still running when kernel_history() is called: it would block
     with pytest.warns(BlockingCallWarning, match=r"kernel_history\(wait=False\)"):
         assert len(asyncgpu.kernel_history()) == 1
 

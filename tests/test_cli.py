@@ -1,10 +1,15 @@
-"""The command line: the demo on the host backend, device listing, exit codes."""
+"""The command line: the demo on the host backend, device listing, exit codes, stdout and stderr, JSON, Ctrl-C."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -17,8 +22,15 @@ from .conftest import CUDA_OK
 def test_demo_on_host_says_so_checks_results_writes_a_trace_and_ends_with_the_balance(capsys, tmp_path):
     trace = tmp_path / "demo.json"
     assert main(["demo", "--backend", "host", "--elements", "20000", "--trace", str(trace)]) == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert out.splitlines()[0].startswith("asyncgpu demo on the host backend")
+    assert "…" not in out  # at 80 columns (not a terminal) no number, header or name is cut
+    assert "in the scope's body" in out and "issuing" not in out
+    progress = captured.err.splitlines()  # progress on stderr, a line per step and device, then the trace
+    assert progress[0] == "asyncgpu demo: running on host:0, host:1"
+    assert sum("inc_loop x1500 done at" in line for line in progress) == 2
+    assert progress[-1] == f"asyncgpu demo: writing the trace to {trace}"
     for needle in (
         "inc_loop",
         "copy_to_host",
@@ -37,16 +49,100 @@ def test_demo_on_host_says_so_checks_results_writes_a_trace_and_ends_with_the_ba
 
 
 def test_demo_trace_options(capsys, tmp_path):
-    assert main(["demo", "--backend", "host", "--elements", "1000", "--no-trace"]) == 0
-    assert "trace written" not in capsys.readouterr().out
-    assert main(["demo", "--backend", "host", "--elements", "1000", "--trace", str(tmp_path / "no" / "t.json")]) == 1
-    assert "could not write the trace" in capsys.readouterr().out
+    assert main(["demo", "--backend", "host", "--elements", "1000", "--no-trace", "-q"]) == 0
+    captured = capsys.readouterr()
+    assert "trace written" not in captured.out and captured.err == ""  # -q: no progress
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", "--backend", "host", "--trace", str(tmp_path / "t.json"), "--no-trace"])
+    assert exc.value.code == 2
+    assert "not allowed with argument --trace" in _one_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("{tmp}/no/t.json", "the directory {tmp}/no does not exist: create it first"),
+        ("{tmp}", "that is a directory: give a file name"),
+        ("{tmp}/file.txt/t.json", "the directory {tmp}/file.txt is not a directory"),
+        pytest.param(
+            "/proc/x.json",
+            "cannot write a file in /proc",
+            marks=pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc"),
+        ),
+    ],
+)
+def test_demo_checks_the_trace_path_before_the_run(capsys, tmp_path, path, message):
+    (tmp_path / "file.txt").write_text("")
+    t0 = time.perf_counter()
+    argv = ["demo", "--backend", "host", "--trace", path.format(tmp=tmp_path)]  # 10 M elements: seconds if run
+    assert main(argv) == 2
+    assert time.perf_counter() - t0 < 1.0
+    captured = capsys.readouterr()
+    assert captured.out == ""  # nothing ran
+    line = _one_line(captured.err)
+    assert (
+        line.startswith(f"asyncgpu demo: --trace {path.format(tmp=tmp_path)}: ")
+        and message.format(tmp=tmp_path) in line
+    )
+
+
+def test_demo_with_more_elements_than_memory_says_so_in_one_line(capsys):
+    assert main(["demo", "--backend", "host", "--elements", "100000000000"]) == 1
+    captured = capsys.readouterr()
+    line = _one_line(captured.err)
+    assert "--elements 100,000,000,000 needs 1,490.1 GiB of the host RAM of 2 host devices" in line
+    assert "use --elements" in line and captured.out == ""
+
+
+def test_demo_json_for_scripts(capsys, tmp_path):
+    trace = tmp_path / "d.json"
+    assert (
+        main(["demo", "--backend", "host", "--elements", "1000", "--trace", str(trace), "--format", "json", "-q"]) == 0
+    )
+    data = json.loads(capsys.readouterr().out)  # stdout is one JSON document, nothing else
+    assert data["checked"] and data["backend"] == "host" and data["trace"] == str(trace) and trace.exists()
+    assert [d["name"] for d in data["devices"]] == ["host:0", "host:1"] and data["activities"] == 10
+    assert {r["name"] for r in data["activity_summary"]["rows"]} == {"memset", "inc_loop", "copy_to_host"}
+    assert data["balance"]["straggler"] in ("host:0", "host:1") and data["host_ms"] > 0
+
+
+def test_demo_at_a_narrow_width_leaves_columns_out_and_never_cuts_numbers(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "50")
+    assert main(["demo", "--backend", "host", "--elements", "1000", "--no-trace", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "…" not in out and max(len(line.rstrip()) for line in out.splitlines()) <= 50
+    words = " ".join(out.split())
+    assert "left out at this width (50 columns): stream, kind" in words
+    assert "left out at this width (50 columns): min (ms), max (ms)" in words
 
 
 def test_devices_lists_clocks(capsys):
     assert main(["devices", "--backend", "host"]) == 0
     out = capsys.readouterr().out
-    assert "host:0" in out and "host:1" in out and "event anchor" in out
+    assert "host:0" in out and "host:1" in out and "event" in out and "anchor" in out and "…" not in out
+
+
+def test_devices_json(capsys):
+    assert main(["devices", "--backend", "host", "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["backend"] == "host" and [d["name"] for d in data["devices"]] == ["host:0", "host:1"]
+    assert data["devices"][0]["memory_total_bytes"] > 0 and data["devices"][0]["anchor_bound_ns"] == 0.0
+
+
+@pytest.mark.skipif(CUDA_OK, reason="checks the machine without a GPU")
+def test_devices_without_gpu_names_the_option_that_works(capsys):
+    assert main(["devices"]) == 0  # no GPU is an answer, not a failure
+    captured = capsys.readouterr()
+    line = _one_line(captured.err)
+    assert captured.out == "" and "no usable CUDA GPU" in line and "asyncgpu devices --backend host" in line
+    assert main(["devices", "--backend", "cuda"]) == 2  # asked for by name: a usage mistake, as in demo and bench
+    assert "add --backend host" in _one_line(capsys.readouterr().err)
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out == f"asyncgpu {asyncgpu.__version__}\n"
 
 
 @pytest.mark.parametrize("loop", ["trio", "uvloop"])
@@ -65,14 +161,16 @@ def test_demo_without_gpu_falls_to_host_and_says_why(capsys):
 @pytest.mark.skipif(CUDA_OK, reason="checks the machine without a GPU")
 def test_asking_for_cuda_without_gpu_is_a_usage_error(capsys):
     assert main(["demo", "--backend", "cuda"]) == 2
-    out = capsys.readouterr().out
-    assert "Traceback" not in out and "ASYNCGPU_BACKEND=host" in out
+    captured = capsys.readouterr()
+    line = _one_line(captured.err)  # the command line's own option, not Python syntax
+    assert "add --backend host" in line and "backend='host'" not in line and captured.out == ""
 
 
-def test_bad_options_exit_2():
+def test_bad_options_exit_2(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["demo", "--elements", "0"])
     assert exc.value.code == 2
+    assert "argument --elements: must be >= 1, got 0" in _one_line(capsys.readouterr().err)
     with pytest.raises(SystemExit) as exc:
         main(["nonsense"])
     assert exc.value.code == 2
@@ -131,8 +229,9 @@ def test_help_everywhere(capsys, argv):
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: asyncgpu")
+    assert "Exit codes: 0 success; 1 the work failed" in out and "130 interrupted (Ctrl-C)" in " ".join(out.split())
     if argv[0] == "--help":
-        assert all(cmd in out for cmd in ("demo", "devices", "bench", "report")) and "Exit codes" in out
+        assert all(cmd in out for cmd in ("demo", "devices", "bench", "report", "--version"))
 
 
 def test_devices_shows_memory(capsys):
@@ -145,9 +244,11 @@ def test_bench_a_file_on_host_devices(capsys, bench_file, tmp_path):
     out_json = tmp_path / "r.json"
     argv = ["bench", f"{bench_file}:step", "--backend", "host", "-n", "5", "-w", "1", "--json", str(out_json)]
     assert main(argv) == 0
-    out = " ".join(capsys.readouterr().out.split())
-    for needle in ("benchmark 'step': 5 repeats after 1 warm-up", "host:0", "host:1", "median", "results written"):
+    captured = capsys.readouterr()
+    out = " ".join(captured.out.split())
+    for needle in ("benchmark 'step': 5 repeats after 1 warm-up", "host:0", "host:1", "median"):
         assert needle in out
+    assert _one_line(captured.err) == f"asyncgpu bench: results written to {out_json}"
     data = json.loads(out_json.read_text())
     assert data["n_repeat"] == 5 and data["devices"] == ["host:0", "host:1"]
     assert data["rows"]["host:0"]["median_ms"] > 0.29 and len(data["times_ms"]) == 3
@@ -166,11 +267,11 @@ def test_bench_a_module_by_name_with_options(capsys, bench_file, monkeypatch):
 
 def test_bench_function_raising_exits_1_with_where_and_partial_results(capsys, bench_file):
     assert main(["bench", f"{bench_file}:flaky", "--devices", "host:0", "-n", "50", "-w", "1"]) == 1
-    out = capsys.readouterr().out
-    last = out.strip().splitlines()[-1]
-    assert last.startswith("asyncgpu bench: flaky raised ValueError: flaky on purpose (on host:0, in repeat 3)")
-    assert f"(at {bench_file}:" in last and "Traceback" not in out
-    assert "2 repeats after 1 warm-up" in " ".join(out.split())  # the complete repeats are shown
+    captured = capsys.readouterr()
+    line = _one_line(captured.err)
+    assert line.startswith("asyncgpu bench: flaky raised ValueError: flaky on purpose (on host:0, in repeat 3)")
+    assert f"(at {bench_file}:" in line
+    assert "2 repeats after 1 warm-up" in " ".join(captured.out.split())  # the complete repeats are shown
 
 
 @pytest.mark.parametrize(
@@ -190,7 +291,9 @@ def test_bench_function_raising_exits_1_with_where_and_partial_results(capsys, b
 def test_bench_usage_mistakes_exit_2_in_one_line(capsys, bench_file, target, extra, message):
     argv = ["bench", target.format(file=bench_file), "--backend", "host", "-n", "1", *extra]
     assert main(argv) == 2
-    line = _one_line(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    line = _one_line(captured.err)
+    assert captured.out == ""
     assert line.startswith("asyncgpu bench: ") and message in line
 
 
@@ -218,14 +321,22 @@ def test_bench_module_raising_on_import_exits_1(capsys, tmp_path):
     bad = tmp_path / "broken_mod.py"
     bad.write_text("x = 1\nraise RuntimeError('import-time failure')\n")
     assert main(["bench", f"{bad}:f", "--backend", "host"]) == 1
-    line = _one_line(capsys.readouterr().out)
+    line = _one_line(capsys.readouterr().err)
     assert "importing" in line and "RuntimeError: import-time failure" in line and f"(at {bad}:2)" in line
 
 
 @pytest.mark.skipif(CUDA_OK, reason="checks the machine without a GPU")
-def test_bench_without_gpu_is_a_usage_error(capsys, bench_file):
-    assert main(["bench", f"{bench_file}:step"]) == 2
-    assert "ASYNCGPU_BACKEND=host" in _one_line(capsys.readouterr().out)
+@pytest.mark.parametrize("devices", [[], ["--devices", "cuda:0"], ["--devices", "0,1"]])
+def test_bench_without_gpu_is_a_usage_error(capsys, bench_file, devices):
+    assert main(["bench", f"{bench_file}:step", *devices]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "no usable CUDA GPU" in line and "add --backend host" in line and "asyncgpu.devices(" not in line
+
+
+def test_bench_json(capsys, bench_file):
+    assert main(["bench", f"{bench_file}:step", "--backend", "host", "-n", "3", "-w", "0", "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["n_repeat"] == 3 and data["devices"] == ["host:0", "host:1"] and "times_ms" not in data
 
 
 def test_report_of_a_saved_trace(capsys, tmp_path):
@@ -237,7 +348,7 @@ def test_report_of_a_saved_trace(capsys, tmp_path):
     asyncgpu.write_trace(t, trace)
     assert main(["report", str(trace)]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"trace {trace}: scope 'saved', 2 activities on host:0")
+    assert " ".join(out.split()).startswith(f"trace {trace}: scope 'saved', 2 activities on host:0")
     for needle in (
         "totals per kind and activity",
         "totals per device",
@@ -250,6 +361,10 @@ def test_report_of_a_saved_trace(capsys, tmp_path):
     assert main(["report", str(trace), "--timeline", "1", "--order", "time"]) == 0
     out = capsys.readouterr().out
     assert "activities in time order" in out and "1 more activities" in out
+    assert main(["report", str(trace), "--timeline", "5", "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["label"] == "saved" and [r["device"] for r in data["timeline"]] == ["host:0", "host:1"]
+    assert data["device_summary"]["rows"][1]["busy_ms"] >= 1.9
 
 
 @pytest.mark.parametrize(
@@ -265,7 +380,7 @@ def test_report_of_a_file_that_is_not_ours_exits_2_in_one_line(capsys, tmp_path,
     if content is not None:
         path.write_text(content)
     assert main(["report", str(path)]) == 2
-    line = _one_line(capsys.readouterr().out)
+    line = _one_line(capsys.readouterr().err)
     assert line.startswith("asyncgpu report: ") and message in line
 
 
@@ -280,6 +395,100 @@ def test_demo_source_option_says_where_durations_come_from(capsys):
     assert main(["demo", "--backend", "host", "--elements", "1000", "--no-trace", "--source", "auto"]) == 0
     out = capsys.readouterr().out
     assert "durations: host events (CUPTI times CUDA devices only" in out
-    assert main(["demo", "--backend", "host", "--elements", "1000", "--no-trace", "--source", "cupti"]) == 2
-    out = capsys.readouterr().out
-    assert "source='cupti'" in out and "use source='events'" in out and "Traceback" not in out
+    assert main(["demo", "--backend", "host", "--elements", "1000", "--no-trace", "--source", "cupti", "-q"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "source='cupti'" in line and "use source='events'" in line
+
+
+# -- Ctrl-C: one line, exit 130, at once, on every loop ----------------------------------------------------------
+def _interrupt(argv: list[str], started: Callable[[subprocess.Popen], None]) -> tuple[int, float, str]:
+    """Run ``python -m asyncgpu argv``, wait for ``started``, send SIGINT: (exit code, seconds to exit, stderr)."""
+    env = dict(os.environ, ASYNCGPU_BACKEND="host")
+    p = subprocess.Popen(
+        [sys.executable, "-m", "asyncgpu", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        started(p)
+        t0 = time.perf_counter()
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=30)
+        return p.returncode, time.perf_counter() - t0, err
+    finally:
+        p.kill()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process is POSIX")
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop", "trio"])
+def test_ctrl_c_during_the_demo_prints_one_line_and_exits_130_at_once(loop):
+    pytest.importorskip(loop)
+
+    def started(p: subprocess.Popen) -> None:
+        assert p.stdout is not None
+        p.stdout.readline()  # the header: the devices are open and the work is being enqueued
+        time.sleep(0.3)
+
+    code, seconds, err = _interrupt(
+        ["demo", "--backend", "host", "--loop", loop, "--no-trace", "-q"], started
+    )  # 10 M elements: seconds
+    assert (code, err) == (130, "asyncgpu demo: interrupted\n")
+    assert seconds < 1.5
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process is POSIX")
+def test_ctrl_c_during_bench_prints_one_line_and_exits_130(tmp_path):
+    marker = tmp_path / "running"
+    module = tmp_path / "slow_bench.py"
+    module.write_text(f"def step(stream):\n    open({str(marker)!r}, 'w').close()\n    stream.spin_us(2000)\n")
+
+    def started(p: subprocess.Popen) -> None:
+        deadline = time.perf_counter() + 20
+        while not marker.exists() and time.perf_counter() < deadline:
+            time.sleep(0.02)
+
+    code, seconds, err = _interrupt(
+        ["bench", f"{module}:step", "--backend", "host", "-n", "1000000", "--max-duration", "60"], started
+    )
+    assert (code, err) == (130, "asyncgpu bench: interrupted\n")
+    assert seconds < 1.5
+
+
+def test_demo_follows_asyncgpu_backend(capsys, monkeypatch):
+    monkeypatch.setenv("ASYNCGPU_BACKEND", "host")
+    assert main(["demo", "--elements", "1000", "--no-trace", "-q"]) == 0
+    assert capsys.readouterr().out.startswith("asyncgpu demo on the host backend, as ASYNCGPU_BACKEND asks")
+
+
+def test_demo_with_a_wrong_result_exits_1_and_says_where_on_stderr(capsys, monkeypatch):
+    from asyncgpu import _cli
+
+    real = _cli._demo_device
+
+    async def corrupted(dev, *args):
+        out = await real(dev, *args)
+        if dev.name == "host:1":
+            out[7] = -1.0
+        return out
+
+    monkeypatch.setattr(_cli, "_demo_device", corrupted)
+    assert main(["demo", "--backend", "host", "--elements", "1000", "--no-trace", "-q"]) == 1
+    captured = capsys.readouterr()
+    assert _one_line(captured.err) == "asyncgpu demo: wrong result on host:1: expected every element = 3000"
+    assert "checked:" not in captured.out and "totals per device" in captured.out  # the report still shows
+
+
+def test_report_of_a_trace_with_in_kernel_records(capsys, tmp_path):
+    import numpy as np
+
+    from asyncgpu.kernel import KernelProfiler
+
+    trace = tmp_path / "k.trace.json"
+    dev = asyncgpu.device("host:0")
+    a = dev.alloc(1 << 16, np.float32)
+    with asyncgpu.gpu_timer(dev, label="kernels") as t:
+        dev.stream.memset(a, 0)
+        with KernelProfiler(dev) as prof:
+            prof.inc_loop(a, 3)
+            assert len(prof.collect_sync()) > 0
+    asyncgpu.write_trace(t, trace)  # the records are a layer of the trace: events without an activity row
+    assert main(["report", str(trace)]) == 0
+    assert "scope 'kernels', 2 activities on host:0" in " ".join(capsys.readouterr().out.split())

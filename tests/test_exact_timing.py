@@ -512,8 +512,8 @@ def test_bench_command_takes_a_source(capsys, tmp_path):
     path.write_text("def step(stream):\n    stream.spin_us(20)\n")
     argv = ["bench", f"{path}:step", "--backend", "host", "-n", "3", "-w", "0"]
     assert main([*argv, "--source", "cupti"]) == 2  # a usage mistake, in one line
-    out = capsys.readouterr().out
-    assert out.startswith("asyncgpu bench: source='cupti': CUPTI times CUDA devices only") and "Traceback" not in out
+    err = capsys.readouterr().err  # (diagnostics go to stderr)
+    assert err.startswith("asyncgpu bench: source='cupti': CUPTI times CUDA devices only") and "Traceback" not in err
     assert main([*argv, "--source", "auto", "--json", str(tmp_path / "r.json")]) == 0
     assert "GPU times from events" in capsys.readouterr().out
     assert json.loads((tmp_path / "r.json").read_text())["source"] == "events"

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from asyncgpu import gpu_timer
+from asyncgpu import _report, gpu_timer
 from asyncgpu._records import DeviceClock, Timeline
 from asyncgpu._report import balance_renderable, records_report, render, timeline_report, timeline_table
 from asyncgpu._summary import balance
@@ -140,8 +140,8 @@ imbalance 1.071 = max busy 7.500 ms / mean busy 7.000 ms; straggler cuda:1
 makespan (busy): 7.500 ms now, 6.964 ms predicted with the suggested shares (one unit of work per
 device assumed)
 
-scope 'step': host 1.250 ms issuing + 7.750 ms waiting for the devices, CPU 3.500 ms; durations from
-held CUDA event pairs
+scope 'step': host 1.250 ms in the scope's body + 7.750 ms waiting for the devices at its exit, CPU
+3.500 ms; durations from held CUDA event pairs
 """
 
 STEP_BALANCE_WITH_UNITS = """\
@@ -198,9 +198,9 @@ note: no finished activity on host:2: throughput unknown, the split leaves their
 note: 1 unfinished activity is not counted
 note: the scope raised RuntimeError: boom (the figures cover the work enqueued before it)
 
-scope 'bad': host 1.250 ms issuing + 7.750 ms waiting for the devices, CPU 3.500 ms; 1 activity
-unfinished when the scope ended; the scope raised RuntimeError: boom; durations from host events;
-not aligned to the host clock: host:1 (no calibration)
+scope 'bad': host 1.250 ms in the scope's body + 7.750 ms waiting for the devices at its exit, CPU
+3.500 ms; 1 activity unfinished when the scope ended; the scope raised RuntimeError: boom; durations
+from host events; not aligned to the host clock: host:1 (no calibration)
 """
 
 TIME_ORDER_LIMITED = """\
@@ -248,8 +248,8 @@ balance: busy time per device
 imbalance —: no device has busy time
 note: no device has both busy time and work units: no split to suggest
 
-scope 'idle': host 0.500 ms issuing + 0.000 ms waiting for the devices, CPU 0.250 ms; durations from
-held CUDA event pairs
+scope 'idle': host 0.500 ms in the scope's body + 0.000 ms waiting for the devices at its exit, CPU
+0.250 ms; durations from held CUDA event pairs
 """
 
 
@@ -331,3 +331,69 @@ async def test_host_scope_renders_every_section(two_devs):
     assert rep.rows[0].suggested_units > rep.rows[1].suggested_units
     assert t.device_summary().rows[1].busy_ms >= 4.9
     assert [r.name for r in t.activity_summary().rows][:1] == ["spin"]
+
+
+# -- tables that fit the console; plain lines for long tables ----------------------------------------------------
+def _no_rich_table(*args, **kwargs):
+    raise AssertionError("a long table must not be laid out by rich.table.Table")
+
+
+@pytest.mark.parametrize("make", [step_timer, hard_timer, empty_timer], ids=["step", "hard", "empty"])
+def test_long_tables_are_plain_lines_identical_to_the_rich_table(monkeypatch, make):
+    expected = plain(render_text_of(make()))
+    monkeypatch.setattr(_report, "PLAIN_ROWS", -1)  # every table counts as long
+    monkeypatch.setattr(_report, "Table", _no_rich_table)
+    assert timeline_table(make()).plain
+    assert plain(render_text_of(make())) == expected
+
+
+def test_plain_lines_show_every_row_of_a_full_report_in_time_order():
+    n = 2 * _report.PLAIN_ROWS
+    tl = Timeline.from_arrays(
+        devices=["a", "b"],
+        device=np.arange(n) % 2,
+        start_ns=T0 + (n - np.arange(n)) * 1e6,  # issued in reverse time order
+        end_ns=T0 + (n - np.arange(n)) * 1e6 + 5e5,
+        scope_start_ns=T0,
+        scope_end_ns=T0 + (n + 1) * 1e6,
+    )
+    table = timeline_table(tl, order="time", limit=None)
+    assert table.plain
+    rows = [line for line in render(table).splitlines() if " │ " in line]
+    assert len(rows) == n
+    assert [float(r.split("│")[0].replace(",", "")) for r in rows] == [float(k) for k in range(1, n + 1)]
+    assert rows[-1].split("│")[0].strip() == f"{n:,}.000"
+
+
+@pytest.mark.parametrize("width", [80, 60, 50, 44])
+def test_tables_fit_narrow_consoles_without_cutting_a_number(width):
+    text = render(timeline_report(hard_timer()), width=width)
+    assert "…" not in text and max(len(line.rstrip()) for line in text.splitlines()) <= width
+    words = " ".join(text.split())
+    for number in ("3.000", "57.1%", "28.6%", "7.000", "4.000"):  # durations, utilisation, window, busy
+        assert number in words
+    if width < 80:
+        assert "left out at this width" in words
+
+
+def test_a_plain_row_wider_than_the_console_goes_on_the_next_line():
+    n = _report.PLAIN_ROWS + 1
+    tl = Timeline.from_arrays(
+        devices=["cuda:0"],
+        device=np.zeros(n, dtype=int),
+        names=["a very long activity name that cannot fit"],
+        name=np.zeros(n, dtype=int),
+        start_ns=T0 + np.arange(n) * 1e6,
+        end_ns=T0 + np.arange(n) * 1e6 + 5e5,
+        scope_start_ns=T0,
+        scope_end_ns=T0 + (n + 1) * 1e6,
+    )
+    lines = render(timeline_table(tl, limit=None), width=60).splitlines()
+    assert max(len(line) for line in lines) <= 60 and len(lines) == 3 + 2 * n + 1  # title, head, rule, caption
+    assert lines[3].startswith("      0.000 │         0.500 │ cuda:0 │ a very long") and lines[4].endswith(" fit")
+    assert lines[-1] == "left out at this width (60 columns): stream, kind"
+
+
+def test_str_of_a_report_is_its_plain_text():
+    report = timeline_report(step_timer())
+    assert str(report) == render(report) and plain(str(report)) == STEP_REPORT.rstrip("\n")

@@ -1,0 +1,109 @@
+"""Rendering a full report at scale: ``t.report(order="time", limit=None)`` of 1 M activities (no GPU needed).
+
+    PYTHONPATH=$PWD python benchmarks/bench_report.py [--activities 1000000] [--devices 1] [--repeat 3]
+                                                       [--out benchmarks/results/report.txt]
+
+The timeline is `bench_scale.py`'s synthetic one (a training step's mix of kernels, copies and memsets on 2-4
+streams per device). Reported, median of ``--repeat`` runs, seconds for:
+
+- ``build``: `timeline_report(tl, order="time", limit=None)` (the summaries, the time order, the cells);
+- ``str()``: that report as plain text, 100 columns (``print(t.report(...))``, ``str(timer)``, logs: rendered
+  without rich's cropping pass, every line fitting already);
+- ``rich.print``: the same through a rich `Console` writing to /dev/null (what ``rich.print(t.report(...))``
+  does: rich crops every line to the console's width itself, about 2 µs a line that no renderable can avoid).
+
+Each timing includes the build. Target (issue 14): a full report of 1 M activities in <= 2 s. Before this change
+the activities went through rich's table layout: about 0.5 ms a row (47 s for 100,000 on a 2-CPU machine); the
+``--rich-table N`` option times that for the first N rows, for comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+from rich.console import Console
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_scale import make_timeline
+
+from asyncgpu import _report
+from asyncgpu._report import render, timeline_report
+
+
+def timed(fn: Callable[[], Any], repeat: int) -> float:
+    """Median seconds of ``repeat`` calls."""
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def rich_print(renderable: Any) -> None:
+    with open(os.devnull, "w", encoding="utf-8") as f:
+        Console(file=f, width=100, color_system=None).print(renderable)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--activities", type=int, default=1_000_000)
+    ap.add_argument("--devices", type=int, default=1)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--rich-table", type=int, default=2000, metavar="N", help="time rich's table layout on N rows")
+    ap.add_argument("--out", help="also write the output to this file")
+    args = ap.parse_args(argv)
+    from importlib.metadata import version
+
+    lines = [
+        "$ PYTHONPATH=$PWD python benchmarks/bench_report.py " + shlex.join(sys.argv[1:] if argv is None else argv),
+        (
+            f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python "
+            f"{platform.python_version()}, rich {version('rich')}, median of {args.repeat} runs"
+        ),
+    ]
+    tl = make_timeline(args.devices, args.activities // args.devices)
+    tl = dataclasses.replace(tl, host_ms=1.0, wait_ms=1.0, cpu_ms=1.0)  # a finished scope's figures
+    build = timed(lambda: timeline_report(tl, order="time", limit=None), args.repeat)
+    text = str(timeline_report(tl, order="time", limit=None))
+    shown = sum(" │ " in line for line in text.splitlines())
+    as_text = timed(lambda: str(timeline_report(tl, order="time", limit=None)), args.repeat)
+    printed = timed(lambda: rich_print(timeline_report(tl, order="time", limit=None)), args.repeat)
+    lines.append(f"# {len(tl):,} activities on {len(tl.devices)} device(s); the text has {shown:,} table rows")
+    lines.append(f"build           {build:8.3f} s")
+    lines.append(f"str()           {as_text:8.3f} s   ({as_text / len(tl) * 1e6:.2f} µs per activity)")
+    lines.append(f"rich.print      {printed:8.3f} s   ({printed / len(tl) * 1e6:.2f} µs per activity)")
+    if args.rich_table:
+        n = min(args.rich_table, len(tl))
+        saved = _report.PLAIN_ROWS
+        _report.PLAIN_ROWS = n  # rich's own table layout for n rows, as every table was drawn before
+        try:
+            small = tl.select(tl.time_order()[:n])
+            laid_out = timed(lambda: render(_report.timeline_table(small, limit=None)), 1)
+        finally:
+            _report.PLAIN_ROWS = saved
+        lines.append(
+            f"rich Table, {n:,} rows: {laid_out:.3f} s ({laid_out / n * 1e3:.3f} ms per row; "
+            f"{laid_out / n * len(tl):,.0f} s for all {len(tl):,} by extrapolation)"
+        )
+    verdict = (
+        "met" if max(as_text, printed) <= 2 else ("met by str(), MISSED by rich.print" if as_text <= 2 else "MISSED")
+    )
+    lines.append(f"target: a full report of {len(tl):,} activities in <= 2 s: {verdict}")
+    out = "\n".join(lines) + "\n"
+    print(out, end="")
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(out)
+
+
+if __name__ == "__main__":
+    main()

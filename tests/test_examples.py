@@ -1,0 +1,112 @@
+"""The examples: ``--help`` everywhere (running nothing), a real run on the host backend where the host backend can
+do it, one line and exit code 2 when something they need is missing, and no trace left in the current folder."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import CUDA_OK
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+ALL = sorted(p.name for p in EXAMPLES.glob("*.py") if p.name != "example_setup.py")
+ON_HOST = ["handoff_two_gpus.py", "kernel_stages.py", "two_gpus.py"]  # what the host backend can run
+CUDA_ONLY = ["framework_streams.py", "torch_cupy_two_gpus.py"]  # torch and CuPy work on CUDA streams
+
+
+def run(
+    name: str, *args: str, cwd: Path, backend: str | None = "host", timeout_s: float = 60
+) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("ASYNCGPU_BACKEND", "RANK", "WORLD_SIZE")}
+    if backend is not None:
+        env["ASYNCGPU_BACKEND"] = backend
+    return subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+
+
+def test_every_example_is_covered():
+    assert set(ALL) == {*ON_HOST, *CUDA_ONLY, "gather_ranks.py"}
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_help_runs_nothing(tmp_path, name):
+    out = run(name, "--help", cwd=tmp_path, backend=None)  # no backend chosen: --help must not look for one
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"usage: {name}") and out.stderr == ""
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ON_HOST)
+def test_runs_on_the_host_backend_and_writes_no_trace_in_the_current_folder(tmp_path, name):
+    out = run(name, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr and "host:1" in out.stdout
+    assert list(tmp_path.iterdir()) == []  # traces go to the temp folder by default
+
+
+@pytest.mark.parametrize("name", ["handoff_two_gpus.py", "kernel_stages.py"])
+def test_trace_goes_where_asked(tmp_path, name):
+    trace = tmp_path / "t.trace.json"
+    out = run(name, "--trace", str(trace), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    events = json.loads(trace.read_text())["traceEvents"]
+    processes = {e["args"]["name"].split()[0] for e in events if e.get("name") == "process_name"}
+    assert {"host:0", "host:1"} <= processes
+    assert list(tmp_path.iterdir()) == [trace]
+
+
+def test_kernel_stages_draws_in_kernel_records_on_the_host(tmp_path):
+    out = run("kernel_stages.py", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for needle in ("ws_sumsq on host:0", "ws_sumsq on host:1", "wait_empty", "compute", "inc_loop on host:1"):
+        assert needle in out.stdout
+
+
+def _one_line(text: str) -> str:
+    lines = text.splitlines()
+    assert len(lines) == 1 and "Traceback" not in text, text
+    return lines[0]
+
+
+@pytest.mark.parametrize("name", CUDA_ONLY)
+def test_cuda_only_examples_say_what_they_need_on_the_host_backend(tmp_path, name):
+    out = run(name, cwd=tmp_path)
+    assert out.returncode == 2 and out.stdout == ""
+    line = _one_line(out.stderr)
+    assert line.startswith(f"{EXAMPLES / name}: needs a CUDA GPU for torch and CuPy work on CUDA streams")
+    assert "ASYNCGPU_BACKEND=host cannot run it" in line
+    if importlib.util.find_spec("cupy") is None:
+        assert "cupy (pip install torch cupy-cuda12x" in line
+
+
+@pytest.mark.skipif(CUDA_OK, reason="checks the machine without a GPU")
+@pytest.mark.parametrize("name", ALL)
+def test_without_a_gpu_each_example_says_so_in_one_line(tmp_path, name):
+    out = run(name, cwd=tmp_path, backend=None)
+    assert out.returncode == 2 and out.stdout == ""
+    line = _one_line(out.stderr)
+    if name == "gather_ranks.py":
+        assert "needs a launcher that starts the ranks: torchrun --nproc-per-node 2" in line
+    elif name in CUDA_ONLY:
+        assert "needs a CUDA GPU (no CUDA driver" in line or "needs a CUDA GPU (" in line
+    else:
+        assert f"needs a CUDA GPU, or host devices: ASYNCGPU_BACKEND=host python {EXAMPLES / name}" in line
+
+
+def test_gather_ranks_under_plain_python_names_the_launchers(tmp_path):
+    out = run("gather_ranks.py", cwd=tmp_path)
+    assert out.returncode == 2 and out.stdout == ""
+    line = _one_line(out.stderr)
+    assert "torchrun --nproc-per-node 2" in line and "mpirun -n 2" in line
