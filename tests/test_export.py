@@ -30,6 +30,12 @@ def check_trace(doc: dict) -> dict:
             elif ev["name"] == "thread_name":
                 assert ev["tid"] not in threads, "tids are unique in the trace"
                 threads[ev["tid"]] = (ev["pid"], ev["args"]["name"])
+        elif ev["ph"] == "C":  # a counter of the process: one numeric value
+            assert ev["ts"] >= 0 and ev["name"] and len(ev["args"]) == 1, ev
+            assert all(isinstance(v, (int, float)) for v in ev["args"].values()), ev
+        elif ev["ph"] in ("i", "s", "f"):  # instants and flow ends, on named tracks
+            assert ev["ts"] >= 0 and ev["cat"], ev
+            tracks.setdefault((ev["pid"], ev["tid"]), [])
         else:
             assert ev["ph"] == "X" and ev["dur"] >= 0 and ev["ts"] >= 0 and ev["name"] and ev["cat"], ev
             track = (ev["pid"], ev["tid"])
