@@ -503,8 +503,8 @@ def _join_args(
 
 def _slice_events(start_ns: np.ndarray, end_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Begin and end events of nesting slices in the order a track must see them: (slice index, time, type).
-    Disjoint slices (the common case) alternate begin, end; otherwise ends come before begins at one time
-    (innermost first), except a zero-length slice's, which follows its own begin."""
+    Disjoint slices (the common case) alternate begin, end; otherwise, at one time, ends come first (innermost
+    first), then begins (outermost first), a zero-length slice's end right after its begin."""
     n = len(start_ns)
     # by start, the longer first (parents first); no sort for slices that follow one another already
     order = np.arange(n) if in_order(start_ns, end_ns) else np.lexsort((start_ns - end_ns, start_ns))
@@ -512,12 +512,10 @@ def _slice_events(start_ns: np.ndarray, end_ns: np.ndarray) -> tuple[np.ndarray,
     if n < 2 or bool(np.all(e[:-1] <= s[1:])):
         return np.repeat(order, 2), np.column_stack((s, e)).ravel(), np.tile(np.array([_BEGIN, _END], np.uint8), n)
     rank = np.arange(n)
-    zero = e == s
     t = np.concatenate([s, e])
-    cls = np.concatenate([np.ones(n, np.int8), zero.astype(np.int8)])
-    key = np.concatenate([rank, np.where(zero, rank, -rank)])
-    sub = np.repeat(np.array([0, 1], np.int8), n)
-    perm = np.lexsort((sub, key, cls, t))
+    key = np.concatenate([rank, np.where(e == s, rank, -1 - rank)])  # at one time: ends (innermost first), begins
+    sub = np.repeat(np.array([0, 1], np.int8), n)  # a zero-length slice: its begin, then its end
+    perm = np.lexsort((sub, key, t))
     typ = np.repeat(np.array([_BEGIN, _END], np.uint8), n)
     return np.concatenate([order, order])[perm], t[perm], typ[perm]
 

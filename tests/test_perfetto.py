@@ -223,6 +223,34 @@ def test_the_event_duration_is_written_only_where_it_differs_from_the_slice(tmp_
     assert read_trace(tmp_path / "d.pftrace").duration_ns.tolist() == [500.0, 300.0]
 
 
+@needs_perfetto
+def test_slices_that_touch_nest_or_take_no_time(tmp_path):
+    """One stream: A holds B and C, which touch; Z1 and Z2 take no time where C ends; D starts as A ends."""
+    t0 = 10**12
+    spans = {"A": (0, 10), "B": (0, 5), "C": (5, 8), "Z1": (8, 8), "Z2": (8, 8), "D": (10, 12)}
+    tl = Timeline.from_arrays(
+        devices=["host:0"],
+        device=[0] * len(spans),
+        names=list(spans),
+        name=range(len(spans)),
+        start_ns=[t0 + a for a, _ in spans.values()],
+        end_ns=[t0 + b for _, b in spans.values()],
+        kind=["user", "kernel", "kernel", "kernel", "kernel", "user"],
+    )
+    write_trace(tl, tmp_path / "n.pftrace")
+    p = parse(tmp_path / "n.pftrace")
+    got = {s.name: (s.start_ns - t0, s.end_ns - t0, s.parent.name if s.parent else None) for s in p.on("host:0 / s0")}
+    assert got == {
+        "A": (0, 10, None),
+        "B": (0, 5, "A"),
+        "C": (5, 8, "A"),
+        "Z1": (8, 8, "A"),
+        "Z2": (8, 8, "A"),
+        "D": (10, 12, None),
+    }
+    assert_same(read_trace(tmp_path / "n.pftrace"), tl)
+
+
 @pytest.mark.parametrize("suffix", [".json", ".pftrace"])
 def test_json_and_native_read_back_the_same(tmp_path, suffix):
     if suffix == ".pftrace" and not HAVE_PERFETTO:
