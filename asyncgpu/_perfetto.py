@@ -685,11 +685,14 @@ def _cat(parts: list, dtype: Any) -> np.ndarray:
 _VARINT_LIMITS = np.array([1 << (7 * k) for k in range(1, 10)], np.uint64)
 
 
-def _varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Protobuf varints of uint64 ``values``: their bytes (one row each, as wide as the longest) and lengths."""
+def _varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """Protobuf varints of uint64 ``values``: their bytes (one row each, as wide as the longest) and lengths
+    (None: one byte each, the common case of small ids)."""
     v = np.asarray(values, np.uint64)
+    if not v.size or int(v.max()) < 0x80:
+        return v.astype(np.uint8).reshape(-1, 1), None
     lengths = (np.searchsorted(_VARINT_LIMITS, v, side="right") + 1).astype(np.int32)
-    width = int(lengths.max(initial=1))
+    width = int(lengths.max())
     out = np.empty((len(v), width), np.uint8)
     for k in range(width):
         out[:, k] = (v >> np.uint64(7 * k)).astype(np.uint8) | 0x80
@@ -708,44 +711,69 @@ def _varint(value: int) -> bytes:
 
 class _Columns:
     """Many protobuf messages of one shape, built field by field as columns of bytes: piece ``k`` of message
-    ``i`` is the first ``lengths[k][i]`` bytes of row ``i`` of ``pieces[k]``; a message is its pieces in order."""
+    ``i`` is the first ``lengths[k][i]`` bytes of row ``i`` of ``pieces[k]`` (all of it where ``lengths[k]`` is
+    None); a message is its pieces in order. A piece is a field's tag and value together."""
 
     def __init__(self, n: int) -> None:
         self.n = n
-        self.pieces: list[np.ndarray] = []
-        self.lengths: list[np.ndarray] = []
+        self.pieces: list[np.ndarray] = []  # (n, width) uint8, or (width,): the same bytes in every message
+        self.lengths: list[np.ndarray | None] = []
+
+    def _add(self, piece: np.ndarray, lengths: np.ndarray | None, present: np.ndarray | None) -> None:
+        if present is not None:
+            lengths = (np.full(self.n, piece.shape[-1], np.int32) if lengths is None else lengths) * present
+        self.pieces.append(piece)
+        self.lengths.append(lengths)
 
     def const(self, data: bytes, present: np.ndarray | None = None) -> None:
-        self.pieces.append(np.broadcast_to(np.frombuffer(data, np.uint8), (self.n, len(data))))
-        self.lengths.append(np.full(self.n, len(data), np.int32) if present is None else present * np.int32(len(data)))
+        """The same bytes in every message (where ``present``)."""
+        self._add(np.frombuffer(data, np.uint8), None, present)
 
-    def varint(self, values: np.ndarray, present: np.ndarray | None = None) -> None:
+    def varint(self, tag: bytes, values: np.ndarray, present: np.ndarray | None = None) -> None:
+        """A varint field: its ``tag`` and one value per message (where ``present``)."""
         piece, lengths = _varints(values)
-        self.pieces.append(piece)
-        self.lengths.append(lengths if present is None else lengths * present)
+        head = np.broadcast_to(np.frombuffer(tag, np.uint8), (self.n, len(tag)))
+        self._add(np.hstack((head, piece)), None if lengths is None else lengths + len(tag), present)
 
-    def fixed64(self, values: np.ndarray, present: np.ndarray | None = None) -> None:
-        """Doubles or uint64s, 8 bytes little-endian."""
+    def fixed64(self, tag: bytes, values: np.ndarray, present: np.ndarray | None = None) -> None:
+        """A fixed64 field: its ``tag`` and doubles or uint64s, 8 bytes little-endian."""
         v = np.ascontiguousarray(values, "<f8" if values.dtype.kind == "f" else "<u8")
-        self.pieces.append(v.view(np.uint8).reshape(self.n, 8))
-        self.lengths.append(np.full(self.n, 8, np.int32) if present is None else present * np.int32(8))
+        head = np.broadcast_to(np.frombuffer(tag, np.uint8), (self.n, len(tag)))
+        self._add(np.hstack((head, v.view(np.uint8).reshape(self.n, 8))), None, present)
 
     def message(self, tag: bytes, inner: _Columns, present: np.ndarray | None = None) -> None:
         """A length-delimited field holding ``inner``."""
-        self.const(tag, present)
-        self.varint(inner.size(), present)
+        self.varint(tag, inner.size(), present)
         self.pieces += inner.pieces
-        self.lengths += inner.lengths if present is None else [lengths * present for lengths in inner.lengths]
+        self.lengths += inner.lengths if present is None else [_lengths_where(n, p, present) for p, n in inner._sized()]
+
+    def _sized(self) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+        return zip(self.pieces, self.lengths)
 
     def size(self) -> np.ndarray:
-        if not self.lengths:
-            return np.zeros(self.n, np.int64)
-        return np.asarray(np.sum(self.lengths, axis=0, dtype=np.int64))
+        """Each message's length in bytes."""
+        total = np.zeros(self.n, np.int64)
+        for piece, lengths in self._sized():
+            total += piece.shape[-1] if lengths is None else lengths
+        return total
 
     def tobytes(self) -> bytes:
-        matrix = np.concatenate(self.pieces, axis=1)
-        keep = np.concatenate([np.arange(p.shape[1]) < n[:, None] for p, n in zip(self.pieces, self.lengths)], axis=1)
+        """The messages, one after another."""
+        width = sum(p.shape[-1] for p in self.pieces)
+        matrix = np.empty((self.n, width), np.uint8)
+        keep = np.empty((self.n, width), bool)
+        at = 0
+        for piece, lengths in self._sized():
+            w = piece.shape[-1]
+            matrix[:, at : at + w] = piece
+            keep[:, at : at + w] = True if lengths is None else np.arange(w) < lengths[:, None]
+            at += w
         return matrix[keep].tobytes()
+
+
+def _lengths_where(lengths: np.ndarray | None, piece: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """A piece's lengths where ``present``, 0 elsewhere."""
+    return (np.full(len(present), piece.shape[-1], np.int32) if lengths is None else lengths) * present
 
 
 def _packets(
@@ -764,36 +792,28 @@ def _packets(
     terminating_flow_ids, double_counter_value}}``; zero iids, ids and absent args are left out."""
     n = len(dt)
     te = _Columns(n)
-    te.const(b"\x48")  # type (9)
-    te.varint(typ)
+    te.varint(b"\x48", typ)  # type (9)
     if name.any():
-        te.const(b"\x50", name > 0)  # name_iid (10)
-        te.varint(name, name > 0)
+        te.varint(b"\x50", name, name > 0)  # name_iid (10)
     if category.any():
-        te.const(b"\x18", category > 0)  # category_iids (3)
-        te.varint(category, category > 0)
+        te.varint(b"\x18", category, category > 0)  # category_iids (3)
     for iid, values, present in args:
         if not present.any():
             continue
         a = _Columns(n)
         a.const(b"\x08" + _varint(iid))  # DebugAnnotation.name_iid (1)
         if values.dtype.kind == "f":
-            a.const(b"\x29")  # double_value (5)
-            a.fixed64(values)
+            a.fixed64(b"\x29", values)  # double_value (5)
         else:
-            a.const(b"\x20")  # int_value (4)
-            a.varint(np.asarray(values, np.int64).view(np.uint64))
+            a.varint(b"\x20", np.asarray(values, np.int64).view(np.uint64))  # int_value (4)
         te.message(b"\x22", a, present)  # debug_annotations (4)
     for tag, ids in ((b"\xf9\x02", flow_out), (b"\x81\x03", flow_in)):  # flow_ids (47), terminating_flow_ids (48)
         if ids is not None and ids.any():
-            te.const(tag, ids > 0)
-            te.fixed64(ids, ids > 0)
+            te.fixed64(tag, ids, ids > 0)
     if value is not None:
-        te.const(b"\xe1\x02")  # double_counter_value (44)
-        te.fixed64(np.asarray(value, np.float64))
+        te.fixed64(b"\xe1\x02", np.asarray(value, np.float64))  # double_counter_value (44)
     packet = _Columns(n)
-    packet.const(b"\x40")  # timestamp (8)
-    packet.varint(dt)
+    packet.varint(b"\x40", dt)  # timestamp (8)
     packet.const(b"\x50" + _varint(seq))  # trusted_packet_sequence_id (10)
     packet.message(b"\x5a", te)  # track_event (11)
     out = _Columns(n)
