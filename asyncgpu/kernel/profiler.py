@@ -11,7 +11,8 @@ Placement: CUDA stamps (``%globaltimer``) go to the host time base through the d
 (`Device.clock`); when it cannot be calibrated the records keep relative times and say so (``aligned``,
 ``time_base``), and the trace marks their tracks. Host-backend records are host stamps already. Each collect
 hands a layer to the open ``gpu_timer`` scopes of the calling context that cover the device: the trace then
-draws the records on the device's process, one track per (block, group) for the first ``max_tracks`` lanes.
+draws the records on the device's process, under a track named after the kernel, one track per (block, group)
+for the first ``max_tracks`` lanes; `read_trace` brings the records back.
 
 Threads: a profiler belongs to one device and may be used from any thread, one call at a time (arm, launch,
 collect, in that order, then again). ``await collect()`` is a checkpoint; cancelling it withdraws the wait (the
