@@ -17,8 +17,9 @@ declares it its clock (``ClockSnapshot.primary_trace_clock``), so it lines up wi
 same machine. Each track is a packet sequence of its own, with the track as its default, names and categories
 interned, and timestamps as deltas of a sequence-scoped incremental clock (id 64): a slice costs about 36 bytes.
 Per device, an instant "clock <device>" on the "asyncgpu" track holds the calibration (aligned, bound, offset,
-drift, overhead, reason) as debug annotations; an instant "asyncgpu trace" holds the metadata of
-`asyncgpu._tracebase` (JSON) that `read_perfetto` rebuilds the timeline from, layers' data included.
+drift, overhead, reason) as debug annotations; an instant "asyncgpu trace" holds the timing source (events or
+CUPTI), the label, and the metadata of `asyncgpu._tracebase` (JSON) that `read_perfetto` rebuilds the timeline
+from, layers' data included.
 
 Slices (``TYPE_SLICE_BEGIN`` / ``TYPE_SLICE_END``): name, category (the kind), debug annotation ``row`` (the row
 in the timeline, or the index of the host range) and, only where it differs from the slice's length by more
@@ -300,7 +301,8 @@ class _Writer:
                     a.string_value = str(value)
             self.builder.write_packet(p)
 
-        instant("asyncgpu trace", {_METADATA: json.dumps(meta, allow_nan=False)})
+        source = {"source": tl.source, "source_note": tl.source_note}  # where durations come from: events, CUPTI
+        instant("asyncgpu trace", {**source, "label": tl.label, _METADATA: json.dumps(meta, allow_nan=False)})
         for c in tl.clocks:
             known = {"bound_ns": c.bound_ns, "offset_ns": c.offset_ns, "drift_ppm": c.drift_ppm}
             values = {k: v for k, v in known.items() if v is not None and not (isinstance(v, float) and math.isnan(v))}
