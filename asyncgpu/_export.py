@@ -1,21 +1,24 @@
-"""Exports at the edge of the data path: a Perfetto / Chrome trace (`write_trace`, `trace_dict`, and `read_trace`
-to read one back), and the records as JSON (`to_json`) or CSV (`to_csv`).
+"""Exports at the edge of the data path: a trace (`write_trace`, `trace_dict`, and `read_trace` to read one back)
+and the records as JSON (`to_json`) or CSV (`to_csv`).
 
 A source is a `Timeline`, anything with a ``timeline`` (a finished `Timer`), or a list of them (several scopes,
 merged in order).
 
-Trace layout (Trace Event Format, JSON object form; ``ts``/``dur`` in µs, 3 decimals, from ``origin_ns``)::
+Formats: the path's suffix chooses. ``.pftrace``, ``.perfetto-trace`` and ``.pb`` get Perfetto's native
+protobuf format (`asyncgpu._perfetto`, through the ``perfetto`` package: ``pip install "asyncgpu[perfetto]"``);
+any other path gets the Chrome Trace Event Format (JSON), laid out as follows (``ts``/``dur`` in µs with 3
+decimals, counted from ``origin_ns``: whole ns at any absolute time)::
 
     pid 1            "host"                      one track per host thread: scopes and t.activity() blocks
     pid device_pid(d)        "<device> <description>"    one track per stream of device d; "(NOT aligned...)" when its
-                                                 clock is not on the host time base
-    otherData        asyncgpu_trace_version, origin_ns (perf_counter_ns), the tables (devices with their
-                     clocks, streams, names), the scopes, and the unfinished rows (no times: not drawn)
+                                                 clock is not on the host time base; counters
+    otherData        the metadata of `asyncgpu._tracebase` (origin_ns, tables, clocks, scopes, unfinished rows,
+                     layers' data)
 
-Layers: a timeline's ``layers`` (in-kernel records, handoffs between threads) add their own events through
-the protocol of `asyncgpu._trace`: tracks numbered from ``first_tid`` on the device processes or the host's, and
-flow arrows. `read_trace` does not bring layers back. Exporting reads data only: no device, event or pool is
-touched.
+Layers: a timeline's ``layers`` (in-kernel records, handoffs between threads) draw themselves on the writer's
+canvas (`asyncgpu._trace`): tracks numbered after the streams and host threads, on the device processes or the
+host's, and flow arrows; their data travels in the metadata, so `read_trace` brings them back. Exporting reads
+data only: no device, event or pool is touched.
 
 Complete events (``"ph": "X"``) must nest on a track; rows that overlap without nesting (activity blocks of
 concurrent tasks) go to extra tracks of the same stream or thread, named ``"s0 (2)"``. Device events carry
@@ -26,23 +29,23 @@ Threads: any thread; nothing here touches a device.
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence, TextIO, Union
+from typing import Any, Callable, Iterator, Mapping, Sequence, Union
 
 import numpy as np
 
-from ._records import KIND_CODES, KINDS, CollectiveMark, DeviceClock, HostRange, ScopeInfo, Timeline
+from ._perfetto import NATIVE_SUFFIXES, read_perfetto, write_perfetto
+from ._records import KIND_CODES, KINDS, CollectiveMark, DeviceClock, HostRange, Timeline
 from ._trace import HOST_PID, device_pid
 from ._trace import lanes as nesting_lanes
+from ._tracebase import TRACE_VERSION, draw_counters, drawn, open_for_writing, origin_ns, scope_info, timeline_from
+from ._tracebase import trace_meta as _trace_meta
 
 __all__ = ["read_trace", "to_csv", "to_json", "trace_dict", "write_trace"]
 
-TRACE_VERSION = 1
 _CHUNK_ROWS = 100_000  # rows formatted per string: bounds the memory of a large export
 
 Source = Union[Timeline, Any, Sequence[Any]]  # a Timeline, an object with a ``timeline`` (a Timer), or a list
@@ -50,24 +53,29 @@ Source = Union[Timeline, Any, Sequence[Any]]  # a Timeline, an object with a ``t
 
 # -- the trace -------------------------------------------------------------------------------------------------
 def write_trace(source: Source, path: str | os.PathLike) -> None:
-    """Write ``source`` as a Perfetto / Chrome trace (open it at https://ui.perfetto.dev). Raises `OSError`
-    naming the path and the fix when it cannot be written."""
+    """Write ``source`` as a trace to open at https://ui.perfetto.dev: Perfetto's native protobuf format when
+    ``path`` ends in ``.pftrace``, ``.perfetto-trace`` or ``.pb`` (needs ``pip install "asyncgpu[perfetto]"``;
+    `ImportError` naming it otherwise), else Chrome trace JSON. Raises `OSError` naming the path and the fix when
+    it cannot be written."""
     tl = _merged(source)
-    with _open_for_writing(path, "the trace") as f:
+    if Path(path).suffix.lower() in NATIVE_SUFFIXES:
+        write_perfetto(tl, path)
+        return
+    with open_for_writing(path, "the trace") as f:
         for chunk in _trace_chunks(tl):
             f.write(chunk)
 
 
 def trace_dict(source: Source) -> dict:
-    """The trace `write_trace` writes, as a dict (parsed from the same text)."""
+    """The JSON trace `write_trace` writes, as a dict (parsed from the same text)."""
     return json.loads("".join(_trace_chunks(_merged(source))))
 
 
 def _trace_chunks(tl: Timeline) -> Iterator[str]:
-    done = np.flatnonzero(_drawn(tl))
-    origin_ns = _origin_ns(tl, done)
-    s_ns = np.rint(tl.start_ns[done] - origin_ns).astype(np.int64)
-    e_ns = np.rint(tl.end_ns[done] - origin_ns).astype(np.int64)
+    done = np.flatnonzero(drawn(tl))
+    origin = origin_ns(tl)
+    s_ns = np.rint(tl.start_ns[done] - origin).astype(np.int64)
+    e_ns = np.rint(tl.end_ns[done] - origin).astype(np.int64)
     order = np.lexsort((s_ns - e_ns, s_ns))  # by start, the longer first: parents before their children
     done, s_ns, e_ns = done[order], s_ns[order], e_ns[order]
     meta = _process_meta(HOST_PID, "host", 0)
@@ -86,12 +94,9 @@ def _trace_chunks(tl: Timeline) -> Iterator[str]:
             tids[rows[lanes == lane]] = len(tid_stream)
             meta.append(_thread_meta(device_pid(d), len(tid_stream), label if lane == 0 else f"{label} ({lane + 1})"))
             tid_stream.append(st)
-    host_events, host_meta = _host_events(tl, origin_ns, len(tid_stream))
-    yield (
-        '{"displayTimeUnit":"ns","otherData":'
-        + json.dumps(_other_data(tl, origin_ns), allow_nan=False)
-        + ',"traceEvents":[\n'
-    )
+    host_events, host_meta = _host_events(tl, origin, len(tid_stream))
+    other = _trace_meta(tl, origin, HOST_PID, [device_pid(d) for d in range(len(tl.devices))])
+    yield '{"displayTimeUnit":"ns","otherData":' + json.dumps(other, allow_nan=False) + ',"traceEvents":[\n'
     yield ",\n".join(json.dumps(m) for m in meta + host_meta)
     n_names, n_kinds = len(tl.names), len(KINDS)
     keys, inverse = np.unique((tids * n_names + tl.name[done]) * n_kinds + tl.kind[done], return_inverse=True)
@@ -113,13 +118,134 @@ def _trace_chunks(tl: Timeline) -> Iterator[str]:
         ((e_ns - s_ns) / 1e3).tolist(),
     )
     yield from host_events
-    next_tid = len(tid_stream) + len(host_meta)
+    canvas = _JsonCanvas(origin, len(tid_stream) + len(host_meta))
     for layer in tl.layers:
-        layer_events, tids_used = layer.trace_events(tl, origin_ns, next_tid)
-        next_tid += tids_used
-        for ev in layer_events:
-            yield ",\n" + json.dumps(ev, allow_nan=False)
+        layer.draw(tl, canvas)
+    draw_counters(tl, canvas)
+    for ev in canvas.events():
+        yield ",\n" + json.dumps(ev, allow_nan=False)
     yield "\n]}\n"
+
+
+class _JsonCanvas:
+    """The `asyncgpu._trace.Canvas` of a JSON trace: Trace Event Format events, on tracks numbered from
+    ``first_tid`` (a track gets a tid, and more for its lanes, only once it has events)."""
+
+    def __init__(self, origin_ns: int, first_tid: int) -> None:
+        self._origin, self._next_tid = origin_ns, first_tid
+        self._tracks: list[tuple[int, str]] = []  # (pid, name)
+        self._items: list[list[tuple]] = []  # per track: slices and instants, as given
+        self._counters: list[dict] = []
+        self._flows = 0
+
+    def track(self, name: str, device: int | None, parent: int | None = None) -> int:
+        self._tracks.append((HOST_PID if device is None else device_pid(device), name))
+        self._items.append([])
+        return len(self._tracks) - 1
+
+    def slices(
+        self,
+        track: int,
+        names: Sequence[str],
+        name: np.ndarray,
+        start_ns: np.ndarray,
+        end_ns: np.ndarray,
+        category: str,
+        args: Mapping[str, np.ndarray] | None = None,
+        flow_out: np.ndarray | None = None,
+        flow_in: np.ndarray | None = None,
+    ) -> None:
+        self._items[track].append((names, name, start_ns, end_ns, category, args or {}, flow_out, flow_in))
+
+    def instants(
+        self,
+        track: int,
+        names: Sequence[str],
+        name: np.ndarray,
+        at_ns: np.ndarray,
+        category: str,
+        args: Mapping[str, np.ndarray] | None = None,
+    ) -> None:
+        self._items[track].append((names, name, at_ns, None, category, args or {}, None, None))
+
+    def counter(self, name: str, device: int | None, at_ns: np.ndarray, values: np.ndarray, unit: str) -> None:
+        pid = HOST_PID if device is None else device_pid(device)
+        ts = self._us(np.asarray(at_ns, np.float64))
+        self._counters += [
+            {"name": name, "ph": "C", "pid": pid, "tid": 0, "ts": t, "args": {unit: v}}
+            for t, v in zip(ts.tolist(), np.asarray(values, np.float64).tolist())
+        ]
+
+    def flow(self) -> int:
+        self._flows += 1
+        return self._flows
+
+    def _us(self, ns: np.ndarray) -> np.ndarray:
+        """µs from the origin, 3 decimals, never before it."""
+        return np.maximum(np.rint(ns - self._origin), 0) / 1e3
+
+    def events(self) -> Iterator[dict]:
+        """Every event drawn: per track its names, its slices in time order (with their flows), its instants;
+        then the counters."""
+        for (pid, label), items in zip(self._tracks, self._items):
+            if not items:
+                continue
+            spans = [it for it in items if it[3] is not None]
+            s_us = [self._us(np.asarray(it[2], np.float64)) for it in spans]
+            s = np.concatenate([np.zeros(0), *s_us])
+            e = np.concatenate(
+                [np.zeros(0), *(np.maximum(self._us(np.asarray(it[3], np.float64)), x) for it, x in zip(spans, s_us))]
+            )
+            refs = [(k, i) for k, it in enumerate(spans) for i in range(len(it[2]))]
+            lanes = nesting_lanes(s, e)
+            first = self._next_tid
+            self._next_tid += int(lanes.max(initial=0)) + 1
+            for k in range(self._next_tid - first):
+                name = label if k == 0 else f"{label} ({k + 1})"
+                yield {"name": "thread_name", "ph": "M", "pid": pid, "tid": first + k, "ts": 0, "args": {"name": name}}
+            for j in np.lexsort((s - e, s)).tolist():
+                k, i = refs[j]
+                names, name_col, _, _, cat, args, out, into = spans[k]
+                ev = {"name": names[name_col[i]], "cat": cat, "ph": "X", "pid": pid, "tid": first + int(lanes[j])}
+                ev |= {"ts": float(s[j]), "dur": round(float(e[j] - s[j]), 3), "args": _args(args, i)}
+                yield ev
+                for ids, flow in ((out, {"ph": "s"}), (into, {"ph": "f", "bp": "e"})):
+                    if ids is not None and ids[i]:
+                        yield {
+                            "name": "flow",
+                            "cat": cat,
+                            **flow,
+                            "id": int(ids[i]),
+                            "pid": pid,
+                            "tid": ev["tid"],
+                            "ts": ev["ts"],
+                        }
+            for names, name_col, at_ns, end, cat, args, _, _ in items:
+                if end is None:
+                    for i, ts in enumerate(self._us(np.asarray(at_ns, np.float64)).tolist()):
+                        yield {
+                            "name": names[name_col[i]],
+                            "cat": cat,
+                            "ph": "i",
+                            "s": "t",
+                            "pid": pid,
+                            "tid": first,
+                            "ts": ts,
+                            "args": _args(args, i),
+                        }
+        yield from self._counters
+
+
+def _args(args: Mapping[str, np.ndarray], i: int) -> dict:
+    """The args of item ``i``: ints as ints, floats as floats, NaN left out."""
+    out = {}
+    for key, values in args.items():
+        v = values[i].item()
+        if isinstance(v, float):
+            if math.isnan(v):
+                continue
+        out[key] = v
+    return out
 
 
 def _host_events(tl: Timeline, origin_ns: int, first_tid: int) -> tuple[Iterator[str], list[dict]]:
@@ -154,19 +280,6 @@ def _host_events(tl: Timeline, origin_ns: int, first_tid: int) -> tuple[Iterator
     return events, meta
 
 
-def _drawn(tl: Timeline) -> np.ndarray:
-    """The rows with every time known: the rest (unfinished) have no place on a track."""
-    return tl.complete & np.isfinite(tl.end_ns)
-
-
-def _origin_ns(tl: Timeline, done: np.ndarray) -> int:
-    """The earliest time of the trace (scope starts, activity starts, host ranges): every ``ts`` is >= 0."""
-    candidates = [tl.scope_start_ns] + [r.start_ns for r in tl.host_ranges]
-    if done.size:
-        candidates.append(math.floor(tl.start_ns[done].min()))
-    return int(min(candidates))
-
-
 def _process_meta(pid: int, name: str, sort_index: int) -> list[dict]:
     return [
         {"ph": "M", "pid": pid, "tid": 0, "ts": 0, "name": "process_name", "args": {"name": name}},
@@ -178,44 +291,18 @@ def _thread_meta(pid: int, tid: int, name: str) -> dict:
     return {"ph": "M", "pid": pid, "tid": tid, "ts": 0, "name": "thread_name", "args": {"name": name}}
 
 
-def _other_data(tl: Timeline, origin_ns: int) -> dict:
-    from ._version import __version__
-
-    unfinished = np.flatnonzero(~_drawn(tl))
-    info = _scope_info(tl)
-    for d, dev in enumerate(info["devices"]):
-        dev["pid"] = device_pid(d)
-    return {
-        "asyncgpu_trace_version": TRACE_VERSION,
-        "asyncgpu_version": __version__,
-        "origin_ns": origin_ns,
-        "time_base": "ts and dur: µs from origin_ns, host time.perf_counter_ns()",
-        **info,
-        "host_pid": HOST_PID,
-        "streams": [[d, label] for d, label in tl.streams],
-        "names": list(tl.names),
-        "rows": len(tl),
-        "host_ms": tl.host_ms,
-        "wait_ms": tl.wait_ms,
-        "cpu_ms": tl.cpu_ms,
-        "source": tl.source,
-        "source_note": tl.source_note,
-        "marks": [[m.name, m.host_ns, m.row, m.thread] for m in tl.marks],
-        "unfinished_rows": int(unfinished.size),
-        "unfinished": np.column_stack(
-            [unfinished, tl.stream[unfinished], tl.name[unfinished], tl.kind[unfinished]]
-        ).tolist(),
-    }
-
-
 def read_trace(path: str | os.PathLike) -> Timeline:
-    """A `Timeline` from a trace written by `write_trace` (times within 1 ns). Raises `ValueError` ("not an
-    asyncgpu trace: ...") for other JSON or a corrupt file, `OSError` when it cannot be read."""
-    with open(path, encoding="utf-8") as f:
-        try:
-            doc = json.load(f)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"not an asyncgpu trace: {path} is not valid JSON ({exc})") from None
+    """A `Timeline` from a trace written by `write_trace`, JSON or Perfetto protobuf (told apart by their first
+    byte; times within 1 ns), with its layers (in-kernel records, handoffs). Raises `ValueError` ("not an asyncgpu
+    trace: ...") for other files or a corrupt one, `OSError` when it cannot be read."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if data.lstrip()[:1] not in (b"{", b"["):
+        return read_perfetto(data, path)
+    try:
+        doc = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"not an asyncgpu trace: {path} is not valid JSON ({exc})") from None
     meta = doc.get("otherData") if isinstance(doc, dict) else None
     version = meta.get("asyncgpu_trace_version") if isinstance(meta, dict) else None
     if version is None:
@@ -236,82 +323,35 @@ def read_trace(path: str | os.PathLike) -> Timeline:
 
 
 def _from_trace(events: list, meta: dict) -> Timeline:
-    origin_ns = int(meta["origin_ns"])
-    devices = meta["devices"]
-    streams = tuple((int(d), str(label)) for d, label in meta["streams"])
+    """The timeline of a JSON trace: the device and host events that carry a row (layers' events do not)."""
+    origin = int(meta["origin_ns"])
+    streams = [(int(d), str(label)) for d, label in meta["streams"]]
     stream_code = {(device_pid(d), label): i for i, (d, label) in enumerate(streams)}
-    names = tuple(meta["names"])
-    name_code = {nm: i for i, nm in enumerate(names)}
-    xs = [e for e in events if e["ph"] == "X" and "row" in e.get("args", ())]  # layers' events have no row
+    name_code = {nm: i for i, nm in enumerate(meta["names"])}
+    xs = [e for e in events if e["ph"] == "X" and "row" in e.get("args", {})]
     host = sorted((e for e in xs if e["pid"] == HOST_PID), key=lambda e: e["args"]["row"])
     dev = [e for e in xs if e["pid"] != HOST_PID]
-    n = int(meta["rows"])
-    rows = np.fromiter((e["args"]["row"] for e in dev), np.int64, len(dev))
-    unfinished = np.array(meta["unfinished"], np.int64).reshape(-1, 4)
-    seen = np.zeros(n, np.int64)
-    np.add.at(seen, np.concatenate([rows, unfinished[:, 0]]), 1)
-    if not np.all(seen == 1):
-        raise ValueError(f"rows {np.flatnonzero(seen != 1)[:5].tolist()}... are missing or repeated")
-    stream, name, kind = (np.zeros(n, np.int32), np.zeros(n, np.int32), np.zeros(n, np.int8))
-    start, end, dur = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
-    stream[rows] = [stream_code[e["pid"], e["args"]["stream"]] for e in dev]
-    name[rows] = [name_code[e["name"]] for e in dev]
-    kind[rows] = [KIND_CODES[e["cat"]] for e in dev]
     s_ns = np.rint(np.fromiter((e["ts"] for e in dev), np.float64, len(dev)) * 1e3)
-    start[rows] = origin_ns + s_ns
-    end[rows] = origin_ns + s_ns + np.rint(np.fromiter((e["dur"] for e in dev), np.float64, len(dev)) * 1e3)
-    dur[rows] = np.fromiter((e["args"]["duration_ms"] for e in dev), np.float64, len(dev)) * 1e6
-    u = unfinished[:, 0]
-    stream[u], name[u], kind[u] = unfinished[:, 1], unfinished[:, 2], unfinished[:, 3]
-    device = np.array([d for d, _ in streams], np.int16)[stream]
-    host_ranges = tuple(
-        HostRange(
-            e["name"],
-            e["cat"],
-            origin_ns + round(e["ts"] * 1e3),
-            origin_ns + round(e["ts"] * 1e3) + round(e["dur"] * 1e3),
-            e["args"]["thread"],
-        )
-        for e in host
-    )
-    scopes = meta["scopes"]
-    return Timeline(
-        label=meta["label"],
-        devices=tuple(d["name"] for d in devices),
-        streams=streams,
-        names=names,
-        device=device,
-        stream=stream,
-        name=name,
-        kind=kind,
-        start_ns=start,
-        end_ns=end,
-        duration_ns=dur,
-        scope_start_ns=int(meta["scope_start_ns"]),
-        scope_end_ns=int(meta["scope_end_ns"]),
-        clocks=tuple(
-            DeviceClock(
-                d["name"],
-                bool(d["aligned"]),
-                _nan(d["bound_ns"]),
-                d["offset_ns"],
-                d["drift_ppm"],
-                d["reason"],
-                float(d.get("overhead_ns", 0.0)),
+    d_ns = np.rint(np.fromiter((e["dur"] for e in dev), np.float64, len(dev)) * 1e3)
+    return timeline_from(
+        meta,
+        np.fromiter((e["args"]["row"] for e in dev), np.int64, len(dev)),
+        np.array([stream_code[e["pid"], e["args"]["stream"]] for e in dev], np.int32),
+        np.array([name_code[e["name"]] for e in dev], np.int32),
+        np.array([KIND_CODES[e["cat"]] for e in dev], np.int8),
+        origin + s_ns,
+        origin + s_ns + d_ns,
+        np.fromiter((e["args"]["duration_ms"] for e in dev), np.float64, len(dev)) * 1e6,
+        [
+            HostRange(
+                e["name"],
+                e["cat"],
+                origin + round(e["ts"] * 1e3),
+                origin + round(e["ts"] * 1e3) + round(e["dur"] * 1e3),
+                e["args"]["thread"],
             )
-            for d in devices
-        ),
-        host_ranges=host_ranges,
-        descriptions=tuple(d["description"] for d in devices),
-        error=meta["error"],
-        cancelled=bool(meta["cancelled"]),
-        host_ms=meta.get("host_ms"),
-        wait_ms=meta.get("wait_ms"),
-        cpu_ms=meta.get("cpu_ms"),
-        source=str(meta.get("source", "events")),
-        source_note=str(meta.get("source_note", "")),
-        marks=tuple(CollectiveMark(str(n), int(t), int(r), str(th)) for n, t, r, th in meta.get("marks", ())),
-        scopes=tuple(ScopeInfo(**sc) for sc in scopes) if len(scopes) > 1 else (),
+            for e in host
+        ],
     )
 
 
@@ -323,7 +363,7 @@ def to_json(source: Source, path: str | os.PathLike | None = None) -> str | None
     tl = _merged(source)
     head = {
         "asyncgpu_records_version": 1,
-        **_scope_info(tl),
+        **scope_info(tl),
         "host_ranges": [
             {"name": r.name, "kind": r.kind, "start_ns": r.start_ns, "end_ns": r.end_ns, "thread": r.thread}
             for r in tl.host_ranges
@@ -390,45 +430,6 @@ def _format(template: str, *columns: list) -> Iterator[str]:
         for j, col in enumerate(columns):
             flat[j::k] = col[lo : lo + m]
         yield (template * m) % tuple(flat)
-
-
-def _scope_info(tl: Timeline) -> dict:
-    """The scope metadata shared by the trace and the JSON records."""
-    devices = []
-    for d, name in enumerate(tl.devices):
-        c = tl.clocks[d]
-        devices.append(
-            {
-                "name": name,
-                "description": tl.descriptions[d],
-                "aligned": c.aligned,
-                "bound_ns": _finite(c.bound_ns),
-                "offset_ns": None if c.offset_ns is None else int(c.offset_ns),
-                "drift_ppm": _finite(c.drift_ppm),
-                "reason": c.reason,
-                "overhead_ns": c.overhead_ns,
-            }
-        )
-    scopes = [
-        {
-            "label": sc.label,
-            "start_ns": sc.start_ns,
-            "end_ns": sc.end_ns,
-            "rows": sc.rows,
-            "error": sc.error,
-            "cancelled": sc.cancelled,
-        }
-        for sc in tl.scope_infos()
-    ]
-    return {
-        "label": tl.label,
-        "scope_start_ns": int(tl.scope_start_ns),
-        "scope_end_ns": int(tl.scope_end_ns),
-        "error": tl.error,
-        "cancelled": tl.cancelled,
-        "devices": devices,
-        "scopes": scopes,
-    }
 
 
 def _merged(source: Source) -> Timeline:
@@ -511,34 +512,9 @@ def _worst(clocks: list[DeviceClock]) -> DeviceClock:
     return unaligned[0] if unaligned else max(clocks, key=lambda c: c.bound_ns)
 
 
-def _finite(x: float | None) -> float | None:
-    return None if x is None or not math.isfinite(x) else float(x)
-
-
-def _nan(x: float | None) -> float:
-    return math.nan if x is None else float(x)
-
-
 def _deliver(text: str, path: str | os.PathLike | None, what: str) -> str | None:
     if path is None:
         return text
-    with _open_for_writing(path, what) as f:
+    with open_for_writing(path, what) as f:
         f.write(text)
     return None
-
-
-@contextmanager
-def _open_for_writing(path: str | os.PathLike, what: str) -> Iterator[TextIO]:
-    """``open(path, "w")``; an `OSError` (same errno and subclass) that names the path and the fix."""
-    p = Path(path)
-    try:
-        f = open(p, "w", encoding="utf-8", newline="")
-    except OSError as exc:
-        fix = {
-            errno.ENOENT: f"the directory {p.parent} does not exist: create it first",
-            errno.EACCES: "no permission to write there: choose a writable path",
-            errno.EISDIR: "it is a directory: give a file name",
-        }.get(exc.errno or 0, exc.strerror or str(exc))
-        raise OSError(exc.errno, f"cannot write {what} to {p}: {fix}") from exc
-    with f:
-        yield f

@@ -52,8 +52,8 @@ import time
 import warnings
 from collections import deque
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterator
+from dataclasses import astuple, dataclass, fields
+from typing import Any, Awaitable, Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -68,7 +68,7 @@ from ._core.loops import WOKEN as _WOKEN
 from ._core.loops import Parked as _Parked
 from ._core.stream import Stream
 from ._errors import AsyncGPUError, ClosedError, DeviceMismatchError, ReleasedError
-from ._trace import HOST_PID, device_pid
+from ._trace import Canvas, register_layer
 
 __all__ = ["Channel", "Handoff", "HandoffRecord"]
 
@@ -936,87 +936,92 @@ class _HandoffTrace:
 
     name: str
     handoffs: tuple[HandoffRecord, ...]
+    kind = "handoffs"
 
     def records(self) -> list[HandoffRecord]:
         return list(self.handoffs)
 
-    def trace_events(self, tl: Any, origin_ns: int, first_tid: int) -> tuple[list[dict], int]:
+    def draw(self, tl: Any, canvas: Canvas) -> None:
+        """On the producer's device a slice from put to GPU-ready; on the consumer's side a slice from GPU-ready
+        to the take (host-side: a track of the host named after the consumer thread) or the stream's wait
+        (GPU-side: a track of the consumer device); an arrow from the first to the second; and a counter of the
+        handoffs put and not yet taken."""
         aligned = {name: tl.clocks[d].aligned for d, name in enumerate(tl.devices)}
         index = {name: d for d, name in enumerate(tl.devices)}
-        tids: dict[tuple[int, str], int] = {}
-        events: list[dict] = []
-
-        def track(pid: int, label: str) -> int:
-            tid = tids.get((pid, label))
-            if tid is None:
-                tid = tids[(pid, label)] = first_tid + len(tids)
-                events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": label}})
-            return tid
-
-        def us(ns: float) -> float:
-            return round((ns - origin_ns) / 1e3, 3)
-
+        tracks: dict[
+            tuple[int | None, str], tuple[list, ...]
+        ] = {}  # (device, label): name, start, end, seq, latency, out, in
         cat = f"handoff {self.name}"
+        put_take: list[tuple[float, float]] = []
         for r in self.handoffs:
             if r.producer not in index or not aligned[r.producer] or not math.isfinite(r.ready_ns):
                 continue  # a device outside this scope, or off the host time base: never mix time bases
-            p_pid = device_pid(index[r.producer])
-            p_tid = track(p_pid, f"handoff {self.name}")
             start = min(float(r.put_ns), r.ready_ns)
-            args = {"seq": r.seq, "latency_us": round(r.latency_ns / 1e3, 3) if math.isfinite(r.latency_ns) else None}
-            events.append(
-                {
-                    "name": f"{self.name} #{r.seq} in flight",
-                    "cat": cat,
-                    "ph": "X",
-                    "pid": p_pid,
-                    "tid": p_tid,
-                    "ts": us(start),
-                    "dur": round((r.ready_ns - start) / 1e3, 3),
-                    "args": args,
-                }
-            )
             if r.gpu_side:
                 if r.consumer not in index or not aligned[r.consumer] or not math.isfinite(r.wait_end_ns):
                     continue
-                c_pid = device_pid(index[r.consumer])
-                c_tid = track(c_pid, f"handoff {self.name} → {r.consumer_stream}")
+                consumer: tuple[int | None, str] = (index[r.consumer], f"handoff {self.name} → {r.consumer_stream}")
                 c_start = r.wait_start_ns if math.isfinite(r.wait_start_ns) else r.wait_end_ns
-                c_end = r.wait_end_ns
-                label = f"{self.name} #{r.seq} wait"
+                c_end, label = r.wait_end_ns, f"{self.name} #{r.seq} wait"
             else:
-                c_pid, c_tid = HOST_PID, track(HOST_PID, f"{r.consumer} · handoff {self.name}")
+                consumer = (None, f"{r.consumer} · handoff {self.name}")
                 c_start, c_end = min(r.ready_ns, float(r.take_ns)), float(r.take_ns)
                 label = f"{self.name} #{r.seq} take"
-            events.append(
-                {
-                    "name": label,
-                    "cat": cat,
-                    "ph": "X",
-                    "pid": c_pid,
-                    "tid": c_tid,
-                    "ts": us(c_start),
-                    "dur": round(max(c_end - c_start, 0.0) / 1e3, 3),
-                    "args": args,
-                }
+            flow = canvas.flow()
+            latency_us = r.latency_ns / 1e3 if math.isfinite(r.latency_ns) else math.nan
+            ends = (
+                (
+                    (index[r.producer], f"handoff {self.name}"),
+                    f"{self.name} #{r.seq} in flight",
+                    start,
+                    r.ready_ns,
+                    flow,
+                    0,
+                ),
+                (consumer, label, c_start, max(c_end, c_start), 0, flow),
             )
-            flow = f"{self.name}:{r.seq}"
-            events.append(
-                {"name": "handoff", "cat": cat, "ph": "s", "id": flow, "pid": p_pid, "tid": p_tid, "ts": us(start)}
+            for key, *values in ends:
+                cols = tracks.setdefault(key, ([], [], [], [], [], [], []))
+                for col, value in zip(cols, (*values[:3], r.seq, latency_us, *values[3:])):
+                    col.append(value)
+            put_take.append((float(r.put_ns), c_end))
+        for (device, label), (names, start_ns, end_ns, seq, latency, out, into) in tracks.items():
+            canvas.slices(
+                canvas.track(label, device),
+                names,
+                np.arange(len(names)),
+                np.array(start_ns),
+                np.array(end_ns),
+                cat,
+                {"seq": np.array(seq), "latency_us": np.array(latency)},
+                flow_out=np.array(out),
+                flow_in=np.array(into),
             )
-            events.append(
-                {
-                    "name": "handoff",
-                    "cat": cat,
-                    "ph": "f",
-                    "bp": "e",
-                    "id": flow,
-                    "pid": c_pid,
-                    "tid": c_tid,
-                    "ts": us(c_start),
-                }
-            )
-        return events, len(tids)
+        if put_take:
+            times = np.array(put_take).T.ravel()
+            steps = np.repeat([1, -1], len(put_take))
+            order = np.argsort(times, kind="stable")
+            canvas.counter(f"handoffs in flight ({self.name})", None, times[order], np.cumsum(steps[order]), "count")
+
+    def to_data(self) -> dict[str, Any]:
+        """The handoffs as plain JSON types (`read_trace` makes the layer again with `from_data`)."""
+        rows = [[None if isinstance(v, float) and math.isnan(v) else v for v in astuple(r)] for r in self.handoffs]
+        return {"kind": self.kind, "name": self.name, "fields": [f.name for f in fields(HandoffRecord)], "rows": rows}
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> _HandoffTrace:
+        """The layer `to_data` described."""
+        floats = {f.name for f in fields(HandoffRecord) if f.type == "float"}
+        records = []
+        for row in data["rows"]:
+            values: dict[str, Any] = {
+                k: math.nan if v is None and k in floats else v for k, v in zip(data["fields"], row)
+            }
+            records.append(HandoffRecord(**values))
+        return cls(str(data["name"]), tuple(records))
+
+
+register_layer(_HandoffTrace.kind, _HandoffTrace.from_data)
 
 
 def _try_resolve(h: Handoff) -> None:

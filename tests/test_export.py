@@ -30,6 +30,12 @@ def check_trace(doc: dict) -> dict:
             elif ev["name"] == "thread_name":
                 assert ev["tid"] not in threads, "tids are unique in the trace"
                 threads[ev["tid"]] = (ev["pid"], ev["args"]["name"])
+        elif ev["ph"] == "C":  # a counter of the process: one numeric value
+            assert ev["ts"] >= 0 and ev["name"] and len(ev["args"]) == 1, ev
+            assert all(isinstance(v, (int, float)) for v in ev["args"].values()), ev
+        elif ev["ph"] in ("i", "s", "f"):  # instants and flow ends, on named tracks
+            assert ev["ts"] >= 0 and ev["cat"], ev
+            tracks.setdefault((ev["pid"], ev["tid"]), [])
         else:
             assert ev["ph"] == "X" and ev["dur"] >= 0 and ev["ts"] >= 0 and ev["name"] and ev["cat"], ev
             track = (ev["pid"], ev["tid"])
@@ -363,3 +369,39 @@ async def test_host_times_and_collective_marks_survive_a_trace_round_trip(dev, t
     assert (back.host_ms, back.wait_ms, back.cpu_ms) == (tl.host_ms, tl.wait_ms, tl.cpu_ms)
     assert back.marks == tl.marks
     assert render(timeline_report(back)).splitlines()[-1] == render(timeline_report(tl)).splitlines()[-1]
+
+
+def test_json_keeps_whole_ns_far_from_zero(tmp_path):
+    """Times count from otherData.origin_ns: 1 ns steps survive at 2**52 ns (52 days of uptime), where an
+    absolute µs double would round them."""
+    t0 = 2**52
+    tl = Timeline.from_arrays(
+        devices=["host:0"],
+        device=[0, 0, 0],
+        start_ns=[t0 + 1, t0 + 2, t0 + 3],
+        end_ns=[t0 + 2, t0 + 3, t0 + 5],
+        scope_start_ns=t0,
+    )
+    doc = trace_dict(tl)
+    assert doc["otherData"]["origin_ns"] == t0
+    xs = sorted((e["ts"], e["dur"]) for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "user")
+    assert xs == [(0.001, 0.001), (0.002, 0.001), (0.003, 0.002)]
+    write_trace(tl, tmp_path / "p.json")
+    back = read_trace(tmp_path / "p.json")
+    assert back.start_ns.tolist() == tl.start_ns.tolist() and back.end_ns.tolist() == tl.end_ns.tolist()
+
+
+def test_the_json_metadata_holds_the_clocks_the_origin_and_the_layers():
+    meta = trace_dict(synthetic())["otherData"]
+    assert [d["aligned"] for d in meta["devices"]] == [True, False] and meta["devices"][0]["offset_ns"] == 12
+    assert meta["layers"] == [] and meta["origin_ns"] == 5_000_000_000_000 - 40
+
+
+def test_json_counters_per_device():
+    doc = trace_dict(synthetic())
+    counters = [e for e in doc["traceEvents"] if e["ph"] == "C"]
+    assert {(e["pid"], e["name"]) for e in counters} == {
+        (pid, name) for pid in (2, 3) for name in ("utilisation", "activities in flight")
+    }
+    util = [e["args"]["%"] for e in counters if e["pid"] == 3 and e["name"] == "utilisation"]
+    assert util == [0.0, 95.975, 100.0, 4.025, 0.0]  # cuda:1: one activity over 2 µs, in 1 µs buckets

@@ -693,14 +693,24 @@ def test_relative_records_are_marked_in_the_trace():
     write_lane(buf, 0, 1000, [(B, 0, 1100), (E, 0, 1600)], 2000)
     recs = decode(buf, ("work",), device="cuda:0", name="k")
     tl = Timeline.from_arrays(
-        devices=["cuda:0"], device=[0], start_ns=[10_000], end_ns=[20_000], scope_start_ns=9_000, scope_end_ns=30_000
+        devices=["cuda:0"],
+        device=[0],
+        start_ns=[10_000],
+        end_ns=[20_000],
+        scope_start_ns=9_000,
+        scope_end_ns=30_000,
+        layers=(KernelLayer(recs, 4),),
     )
-    events, used = KernelLayer(recs, 4).trace_events(tl, 9_000, 50)
-    assert used == 1 and events[0]["args"]["name"] == "k b0 g0 (NOT aligned: relative time)"
-    assert events[1]["ts"] == 0.1 and events[1]["dur"] == 0.5  # relative 100 ns after the scope's start
-    assert KernelLayer(recs, 4).trace_events(
-        Timeline.from_arrays(devices=["cuda:1"], device=[0], start_ns=[0], end_ns=[1]), 0, 0
-    ) == ([], 0)
+    doc = trace_dict(tl)
+    assert doc["otherData"]["origin_ns"] == 9_000
+    tracks = [
+        ev["args"]["name"] for ev in doc["traceEvents"] if ev["name"] == "thread_name" and " b0 " in ev["args"]["name"]
+    ]
+    assert tracks == ["k b0 g0 (NOT aligned: relative time)"]
+    (stage,) = check_layer_trace(doc)
+    assert stage["ts"] == 0.1 and stage["dur"] == 0.5  # relative 100 ns after the scope's start
+    other = Timeline.from_arrays(devices=["cuda:1"], device=[0], start_ns=[0], end_ns=[1], layers=tl.layers)
+    assert check_layer_trace(trace_dict(other)) == []  # records of a device outside the timeline: not drawn
 
 
 # -- GPU -------------------------------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ Placement: CUDA stamps (``%globaltimer``) go to the host time base through the d
 (`Device.clock`); when it cannot be calibrated the records keep relative times and say so (``aligned``,
 ``time_base``), and the trace marks their tracks. Host-backend records are host stamps already. Each collect
 hands a layer to the open ``gpu_timer`` scopes of the calling context that cover the device: the trace then
-draws the records on the device's process, one track per (block, group) for the first ``max_tracks`` lanes.
+draws the records on the device's process, under a track named after the kernel, one track per (block, group)
+for the first ``max_tracks`` lanes; `read_trace` brings the records back.
 
 Threads: a profiler belongs to one device and may be used from any thread, one call at a time (arm, launch,
 collect, in that order, then again). ``await collect()`` is a checkpoint; cancelling it withdraws the wait (the
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import TYPE_CHECKING, Any, Sequence, final
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, final
 
 import numpy as np
 
@@ -33,8 +34,7 @@ from .._core.clock import placement
 from .._core.memory import DeviceArray
 from .._core.stream import MAX_ITERATIONS
 from .._errors import ClockError, DeviceMismatchError, KernelRecordsError
-from .._trace import device_pid
-from .._trace import lanes as nesting_lanes
+from .._trace import Canvas, column, from_column, register_layer
 from .records import KernelRecords, check_stages, decode
 
 if TYPE_CHECKING:
@@ -332,10 +332,12 @@ def _blocks(grid: int | Sequence[int]) -> int:
 
 
 class KernelLayer:
-    """The records of one collect as a layer of a timeline's trace (see `asyncgpu._export`, "Layers"): on the
-    device's process, one track per (block, group) for the first ``max_tracks`` lanes that have records (the
-    first track's name says how many exist), regions as complete events (a second track per lane where regions
-    overlap without nesting), instants as instant events."""
+    """The records of one collect as a layer of a timeline's trace (see `asyncgpu._trace`): on the device's
+    process, a track named after the kernel holding one track per (block, group) for the first ``max_tracks``
+    lanes that have records (the first one's name says how many exist), regions as slices (a second track per
+    lane where regions overlap without nesting), instants as instant events."""
+
+    kind = "kernel"
 
     def __init__(self, records: KernelRecords, max_tracks: int) -> None:
         self.records, self.max_tracks = records, max_tracks
@@ -344,70 +346,73 @@ class KernelLayer:
         """The records are data already: the scope keeps this layer as it is."""
         return self
 
-    def trace_events(self, timeline: Any, origin_ns: int, first_tid: int) -> tuple[list[dict], int]:
-
+    def draw(self, timeline: Any, canvas: Canvas) -> None:
         r = self.records
         if r.device not in timeline.devices:
-            return [], 0
-        pid = device_pid(timeline.devices.index(r.device))
-        lanes = np.union1d(r.lane, r.instant_block.astype(np.int64) * r.groups + r.instant_group)
-        shown = lanes[: self.max_tracks]
-        # Relative records start at the scope's start: never mixed silently with host times (track names say so).
-        shift = float(origin_ns) if r.aligned else float(origin_ns) - float(timeline.scope_start_ns)
-        tag = "" if r.aligned else " (NOT aligned: relative time)"
+            return
+        d = timeline.devices.index(r.device)
         lane_col = r.lane
         inst_col = r.instant_block.astype(np.int64) * r.groups + r.instant_group
-        s_all = np.maximum(np.rint(r.start_ns - shift), 0).astype(np.int64)
-        e_all = np.maximum(np.rint(r.end_ns - shift).astype(np.int64), s_all)
-        i_all = np.maximum(np.rint(r.instant_ns - shift), 0).astype(np.int64)
-        events: list[dict] = []
-        tid = first_tid
+        lanes = np.union1d(lane_col, inst_col)
+        shown = lanes[: self.max_tracks]
+        # Relative records start at the scope's start: never mixed silently with host times (track names say so).
+        shift = 0.0 if r.aligned else float(timeline.scope_start_ns)
+        tag = "" if r.aligned else " (NOT aligned: relative time)"
+        kernel = canvas.track(f"{r.name}{tag}", d)
         for k, lane in enumerate(shown.tolist()):
             block, group = divmod(lane, r.groups)
             label = f"{r.name} b{block} g{group}{tag}"
             if k == 0 and len(lanes) > len(shown):
                 label += f" [first {len(shown)} of {len(lanes)} lanes]"
+            track = canvas.track(label, d, parent=kernel)
             rows = np.flatnonzero(lane_col == lane)  # (a mask: no assumption on the row order)
-            s_ns, e_ns = s_all[rows], e_all[rows]
-            sub = nesting_lanes(s_ns, e_ns)
-            n_sub = int(sub.max()) + 1 if sub.size else 1
-            for j in range(n_sub):
-                events.append(
-                    {
-                        "ph": "M",
-                        "pid": pid,
-                        "tid": tid + j,
-                        "ts": 0,
-                        "name": "thread_name",
-                        "args": {"name": label if j == 0 else f"{label} ({j + 1})"},
-                    }
-                )
-            for i in np.lexsort((s_ns - e_ns, s_ns)).tolist():
-                row = int(rows[i])
-                events.append(
-                    {
-                        "name": r.stages[r.stage[row]],
-                        "cat": "kernel_stage",
-                        "ph": "X",
-                        "pid": pid,
-                        "tid": tid + int(sub[i]),
-                        "ts": round(int(s_ns[i]) / 1e3, 3),
-                        "dur": round(int(e_ns[i] - s_ns[i]) / 1e3, 3),
-                        "args": {"block": block, "group": group, "duration_ns": int(r.duration_ns[row])},
-                    }
-                )
-            for i in np.flatnonzero(inst_col == lane).tolist():
-                events.append(
-                    {
-                        "name": r.stages[r.instant_stage[i]],
-                        "cat": "kernel_stage",
-                        "ph": "i",
-                        "s": "t",
-                        "pid": pid,
-                        "tid": tid,
-                        "ts": round(int(i_all[i]) / 1e3, 3),
-                        "args": {"block": block, "group": group},
-                    }
-                )
-            tid += n_sub
-        return events, tid - first_tid
+            where = {"block": np.full(len(rows), block), "group": np.full(len(rows), group)}
+            start = r.start_ns[rows] + shift
+            end = np.maximum(r.end_ns[rows] + shift, start)
+            args = {**where, "duration_ns": r.duration_ns[rows]}
+            canvas.slices(track, r.stages, r.stage[rows], start, end, "kernel_stage", args)
+            inst = np.flatnonzero(inst_col == lane)
+            where = {"block": np.full(len(inst), block), "group": np.full(len(inst), group)}
+            canvas.instants(track, r.stages, r.instant_stage[inst], r.instant_ns[inst] + shift, "kernel_stage", where)
+
+    def to_data(self) -> dict[str, Any]:
+        """The records as plain JSON types (`read_trace` makes the layer again with `from_data`)."""
+        r = self.records
+        head = {k: getattr(r, k) for k in _RECORD_FIELDS}
+        cols = {k: column(getattr(r, k)) for k in _RECORD_COLUMNS}
+        return {
+            "kind": self.kind,
+            "max_tracks": self.max_tracks,
+            **head,
+            "format": r.format,
+            "stages": list(r.stages),
+            "problems": list(r.problems),
+            **cols,
+        }
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> KernelLayer:
+        """The layer `to_data` described."""
+        fields: dict[str, Any] = {k: data[k] for k in _RECORD_FIELDS}
+        fields |= {k: from_column(data[k], dtype) for k, dtype in _RECORD_COLUMNS.items()}
+        records = KernelRecords(
+            **fields, fmt=str(data["format"]), stages=tuple(data["stages"]), problems=tuple(data["problems"])
+        )
+        return cls(records, int(data["max_tracks"]))
+
+
+_RECORD_FIELDS = ("name", "device", "groups", "blocks", "lanes", "lanes_started", "aligned", "time_base")
+_RECORD_COLUMNS = {
+    "block": np.int32,
+    "group": np.int32,
+    "stage": np.int16,
+    "start_ns": np.float64,
+    "end_ns": np.float64,
+    "duration_ns": np.int64,
+    "instant_block": np.int32,
+    "instant_group": np.int32,
+    "instant_stage": np.int16,
+    "instant_ns": np.float64,
+    "dropped": np.int64,
+}
+register_layer(KernelLayer.kind, KernelLayer.from_data)

@@ -218,8 +218,9 @@ class RankTimeline:
         return _balance(self, work_units)
 
     def write_trace(self, path: str | os.PathLike) -> None:
-        """One Perfetto trace: a process per (rank, device), host tracks ``r{rank}/<thread>``, collective marks
-        as zero-length host ranges. Same format as `asyncgpu.write_trace` (`asyncgpu.read_trace` reads it)."""
+        """One Perfetto trace: a process per (rank, device), host tracks ``r{rank}/<thread>`` (in a Perfetto
+        trace, a host process per rank), collective marks as zero-length host ranges. As `asyncgpu.write_trace`:
+        ``.pftrace`` for Perfetto's native format, JSON otherwise (`asyncgpu.read_trace` reads both)."""
         from .._export import write_trace
 
         write_trace(self.timeline, path)
