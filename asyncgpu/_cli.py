@@ -64,7 +64,9 @@ _PACKAGE_DIR = str(Path(__file__).resolve().parent)
 
 DEMO_ITERATIONS = (500, 1000, 1500)
 DEMO_ELEMENTS = 10_000_000
-DEMO_TRACE = "asyncgpu-demo.trace.json"
+#: The demo's trace: Perfetto's native format when the ``perfetto`` package is there (``asyncgpu[perfetto]``),
+#: else Chrome trace JSON (which Perfetto also opens).
+DEMO_TRACE = "asyncgpu-demo.pftrace" if importlib.util.find_spec("perfetto") is not None else "asyncgpu-demo.trace.json"
 EXIT_INTERRUPTED = 130  #: 128 + SIGINT, as shells report a process ended by Ctrl-C
 _GIB = 1 << 30
 
@@ -178,12 +180,12 @@ async def _demo_device(dev: Any, n: int, t0_s: float, out: _Out) -> np.ndarray:
     host = dev.alloc_pinned(n, np.float32)
     steps = []
     stream.memset(a, 0)
-    steps.append(("memset", dev.record()))
+    steps.append(("memset", dev.record(timing=False)))
     for iterations in DEMO_ITERATIONS:
         stream.inc_loop(a, iterations)
-        steps.append((f"inc_loop x{iterations}", dev.record()))
+        steps.append((f"inc_loop x{iterations}", dev.record(timing=False)))
     stream.copy_to_host(a, host)
-    steps.append(("copy back", dev.record()))
+    steps.append(("copy back", dev.record(timing=False)))
     for what, done in steps:
         with done:
             await done.wait()
@@ -238,7 +240,7 @@ async def run_demo(
         out.progress(f"asyncgpu demo: writing the trace to {trace}")
         try:
             write_trace(t, trace)
-        except OSError as exc:
+        except (OSError, ImportError) as exc:
             raise _Failed(f"could not write the trace: {exc}") from None
     if out.json:
         out.document(

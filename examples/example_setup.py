@@ -73,5 +73,7 @@ def devices(
 
 
 def trace_path(given: str | None, name: str) -> str:
-    """``given``, else ``name`` in the temp folder (never the current folder: a clone stays clean)."""
-    return given if given else os.path.join(tempfile.gettempdir(), name)
+    """``given``, else ``name`` in the temp folder (never the current folder: a clone stays clean), with the
+    suffix of Perfetto's native format when the ``perfetto`` package is installed, else Chrome trace JSON."""
+    suffix = ".pftrace" if importlib.util.find_spec("perfetto") is not None else ".trace.json"
+    return given if given else os.path.join(tempfile.gettempdir(), name + suffix)

@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spin-us", type=float, default=2000.0, help="work per step on rank 0 (µs)")
     ap.add_argument("--trace", metavar="PATH", help="where rank 0 writes the merged trace (default: temp folder)")
     a = ap.parse_args(argv)
-    trace = trace_path(a.trace, "ranks.trace.json")
+    trace = trace_path(a.trace, "ranks")
     if _under_mpi():
         need_modules("mpi4py", install="pip install 'asyncgpu[mpi]'")
         rank, world, devices, collective, how, group, close = setup_mpi()

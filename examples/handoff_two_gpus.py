@@ -170,7 +170,7 @@ def main() -> None:
     parser.add_argument("--trace", metavar="PATH", help="where to write the Perfetto trace (default: temp folder)")
     args = parser.parse_args()
     need_modules("trio", install="pip install trio")
-    trace = trace_path(args.trace, "handoff.trace.json")
+    trace = trace_path(args.trace, "handoff")
     d0, d1 = pick_devices()
     rich.print(f"devices: {d0.name} ({d0.description}), {d1.name} ({d1.description})")
     with asyncgpu.gpu_timer([d0, d1], label="handoff example", all_threads=True) as t:

@@ -192,7 +192,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.backend is not None:
         os.environ["ASYNCGPU_BACKEND"] = args.backend
-    trace = trace_path(args.trace, "kstages.trace.json")
+    trace = trace_path(args.trace, "kstages")
     devs = devices()
     if devs[0].backend == "cuda":
         from cuda.core import Device as CudaCoreDevice
