@@ -53,7 +53,7 @@ KIND_ASYNCIO, KIND_TRIO, KIND_THREAD = loops.ASYNCIO, loops.TRIO, loops.THREAD  
 KIND_CALLBACK = 3  #: the target is called with the raw event by whoever finds it complete (any thread)
 
 MIN_POLL_NS = 8_000
-MAX_POLL_NS = 500_000  #: the longest the thread leaves a head unlooked at whose completion it cannot predict
+MAX_POLL_NS = 250_000  #: the longest the thread leaves a head unlooked at whose completion it cannot predict
 LEAD_MARGIN_NS = 10_000  #: a poller is armed (learned wake-up delay + this + twice the spread) before completion
 INITIAL_DELIVERY_NS = {0: 30_000, 1: 60_000, 2: 20_000}  #: first guesses of the arm-to-first-poll delay (asyncio,
 #: trio, a blocked thread)
@@ -64,6 +64,7 @@ SPIN_MARGIN_NS = 20_000
 MAX_SLEEP_S = 0.5  # a safety net: even if nothing interrupts a sleep, every wait is looked at this often
 
 _now = time.perf_counter_ns
+_NO_LOOP = [0]  # the count cell of waits that no loop owns (plain threads, callbacks)
 
 
 class Waiter:
@@ -79,6 +80,7 @@ class Waiter:
         "loop",
         "target",
         "owner",
+        "count",
         "state",
         "error",
         "poll_until_ns",
@@ -91,6 +93,7 @@ class Waiter:
     ) -> None:
         self.raw, self.key, self.seq, self.tag, self.record_ns = raw, key, seq, tag, record_ns
         self.kind, self.loop, self.target, self.owner = kind, loop, target, owner
+        self.count: list[int] = _NO_LOOP  # its loop's count of pending waits (`Engine.pending_for`)
         self.state = PENDING
         self.error: BaseException | None = None
         self.poll_until_ns = self.sent_ns = self.woke_ns = 0  # a plain thread's early wake: window, sent, woke
@@ -141,7 +144,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._delivery_ns = dict(INITIAL_DELIVERY_NS)
         self._wake_at_ns = 0  # when the sleeping thread plans to look again
-        self._per_loop: dict[int, int] = {}  # id(loop or trio token) -> pending waits of that loop here
+        self._per_loop: dict[int, list[int]] = {}  # id(loop or trio token) -> [pending waits of that loop here]
         self.covered_until: dict[int, int] = {}  #: id(loop) -> until when that loop's poller polls here (ns)
         device.on_progress = self.kick
 
@@ -177,8 +180,11 @@ class Engine:
                 q.insert(i, w)
             self._live += 1
             if kind <= KIND_TRIO:
-                lid = id(loop)
-                self._per_loop[lid] = self._per_loop.get(lid, 0) + 1
+                cell = self._per_loop.get(id(loop))
+                if cell is None:
+                    cell = self._per_loop[id(loop)] = [0]
+                cell[0] += 1
+                w.count = cell
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=f"asyncgpu-{self._dev.name}-waiter", daemon=True)
                 self._thread.start()
@@ -211,17 +217,12 @@ class Engine:
 
     def _gone_locked(self, w: Waiter) -> None:
         self._live -= 1
-        if w.kind <= KIND_TRIO:
-            lid = id(w.loop)
-            n = self._per_loop.get(lid, 0) - 1
-            if n > 0:
-                self._per_loop[lid] = n
-            else:
-                self._per_loop.pop(lid, None)
+        w.count[0] -= 1
 
     def pending_for(self, loop: Any) -> int:
         """How many waits of ``loop`` (an asyncio loop or a trio token) are pending here. Never blocks."""
-        return self._per_loop.get(id(loop), 0)
+        cell = self._per_loop.get(id(loop))
+        return cell[0] if cell is not None else 0
 
     def finish(self, w: Waiter, now_ns: int) -> None:
         """The plain thread owning the EARLY waiter ``w`` saw its event complete at ``now_ns``."""
@@ -331,11 +332,18 @@ class Engine:
                 else:
                     hi = mid
             done = lo
-        popleft, fire = q.popleft, self._fire_locked
+        popleft, append = q.popleft, fired.append
+        gone = 0
         for _ in range(done):
             w = popleft()
-            if w.state < FIRED:
-                fire(w, fired)
+            state = w.state
+            if state < FIRED:
+                w.state = FIRED
+                w.count[0] -= 1
+                gone += 1
+                if state != EARLY:  # (a plain thread woken early polls and sees the completion itself)
+                    append(w)
+        self._live -= gone
 
     def _fire_locked(self, w: Waiter, fired: list[Waiter]) -> None:
         early = w.state == EARLY  # a plain thread woken early polls and sees the completion itself
@@ -389,6 +397,7 @@ class Engine:
         with self._lock:
             while self._live == 0:
                 self._queues = {k: qs for k, qs in self._queues.items() if qs.estimate_ns}  # what it learned stays
+                self._per_loop.clear()
                 if self._closed:
                     return False
                 self._sleeping = True
@@ -471,7 +480,7 @@ class Engine:
             w.target.release()  # the blocked thread reads w.state (EARLY) and polls until w.poll_until_ns
         sent = _now()
         for kind, loop, until in arm.values():
-            loops.deliver(kind, loop, [], partial(_arm, kind, loop, self, until, sent))
+            loops.post(kind, loop, _arm, kind, loop, self, until, sent)
 
     # -- waking --------------------------------------------------------------------------------------------
     def _fail_all(self, err: BaseException) -> None:
@@ -500,29 +509,36 @@ class Engine:
         except those of ``here`` (the calling loop's poller), which it resumes itself."""
         by_loop: dict[int, tuple[int, Any, list]] = {}
         mine = here.loop if here is not None else None
+        last_loop: Any = _NO_LOOP  # (no waiter's loop: plain threads and callbacks have None)
+        items: list[Waiter] = []
         for w in waiters:
+            loop = w.loop
+            if loop is last_loop:  # (a batch is mostly one loop's)
+                items.append(w)
+                continue
             kind = w.kind
             if kind == KIND_THREAD:
                 w.target.release()  # the blocked thread reads w.state, w.error
             elif kind == KIND_CALLBACK:
                 if w.error is None:
                     w.target(w.raw)
-            elif w.loop is mine:
+            elif loop is mine:
                 here.resolve(w)
             else:
-                entry = by_loop.get(id(w.loop))
+                entry = by_loop.get(id(loop))
                 if entry is None:
-                    entry = by_loop[id(w.loop)] = (kind, w.loop, [])
-                entry[2].append((w.target, None, w.error))
+                    entry = by_loop[id(loop)] = (kind, loop, [])
+                last_loop, items = loop, entry[2]
+                items.append(w)
         now = _now()
         for lid, (kind, loop, items) in by_loop.items():
             then = None
-            if linger_ns and self._per_loop.get(lid):
+            if linger_ns and self.pending_for(loop):
                 until = now + linger_ns
                 if self.covered_until.get(lid, 0) < until:
                     self.covered_until[lid] = until
                 then = partial(_arm, kind, loop, self, until, now)
-            loops.deliver(kind, loop, items, then)
+            loops.post(kind, loop, _resume, kind, items, then)
 
 
 class Poller:
@@ -583,6 +599,15 @@ class Poller:
 
 #: id(loop or trio token) -> its poller while armed; touched only in that loop's thread
 _POLLERS: weakref.WeakValueDictionary[int, Poller] = weakref.WeakValueDictionary()
+
+
+def _resume(kind: int, waiters: list[Waiter], then: Callable[[], None] | None) -> None:
+    """In the loop's thread: resume a batch of its waiters, then ``then`` (arm its poller)."""
+    resolve = loops.resolve_here
+    for w in waiters:
+        resolve(kind, w.target, w.error)
+    if then is not None:
+        then()
 
 
 def _arm(kind: int, loop: Any, engine: Engine, until_ns: int, sent_ns: int) -> None:

@@ -4,11 +4,11 @@ asyncgpu serves plain threads, asyncio (uvloop included) and trio. Everything th
 (`asyncgpu._core.waiting`, the completion engine, `asyncgpu._handoff`, `asyncgpu._timer`) asks this module:
 
 * `current` — where the caller runs: ``(THREAD, None)``, ``(ASYNCIO, loop)`` or ``(TRIO, trio module)``.
-* `deliver` — resume parked tasks of one loop from any thread, in one batch, through the loop's own
-  thread-safe entry point: asyncio ``loop.call_soon_threadsafe``; trio ``TrioToken.run_sync_soon`` +
-  ``reschedule``. A foreign thread never touches a loop's objects directly (``anyio.Event.set()`` from a
-  thread loses wake-ups on asyncio and raises on trio). `resolve_here` and `scheduler` do the same from the
-  loop's own thread (the completion engine's pollers).
+* `post` — run a function in a loop's thread from any thread, through the loop's own thread-safe entry point
+  (asyncio ``loop.call_soon_threadsafe``, trio ``TrioToken.run_sync_soon``); there, `resolve_here` resumes a
+  parked task (a future's result; trio's ``reschedule``) and `scheduler` schedules the next iteration's
+  callback (the completion engine's pollers). A foreign thread never touches a loop's objects directly
+  (``anyio.Event.set()`` from a thread loses wake-ups on asyncio and raises on trio).
 * `Parked` — one thread or task parked until another thread wakes it (a channel's getters and putters).
 * `checkpoint`, `is_cancellation`, `fresh_error`.
 * `warn_blocking` — a blocking call made from a loop's thread says so (`BlockingCallWarning`).
@@ -22,7 +22,7 @@ import asyncio
 import sys
 import threading
 import warnings
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 from .._errors import BlockingCallWarning
 
@@ -33,9 +33,9 @@ __all__ = [
     "Parked",
     "checkpoint",
     "current",
-    "deliver",
     "fresh_error",
     "is_cancellation",
+    "post",
     "resolve_here",
     "scheduler",
     "trio_module",
@@ -95,17 +95,14 @@ def fresh_error(err: BaseException) -> BaseException:
     return clone
 
 
-def deliver(
-    kind: int, loop: Any, items: list[tuple[Any, Any, BaseException | None]], then: Callable[[], None] | None = None
-) -> None:
-    """From any thread: resume the parked ``(target, value, error)`` of one loop in one batch, then call ``then``
-    (if given) in the loop's thread. ``loop`` is the asyncio loop (targets: futures) or the
-    `trio.lowlevel.TrioToken` (targets: tasks). A loop that has closed is skipped: nobody is left to wake."""
+def post(kind: int, loop: Any, fn: Callable[..., Any], *args: Any) -> None:
+    """From any thread: run ``fn(*args)`` in the loop's thread at its next iteration (``loop`` as in `deliver`;
+    skipped when the loop has closed)."""
     try:
         if kind == ASYNCIO:
-            loop.call_soon_threadsafe(_resolve_asyncio, items, then)
+            loop.call_soon_threadsafe(fn, *args)
         else:
-            loop.run_sync_soon(_resolve_trio, items, then)
+            loop.run_sync_soon(fn, *args)
     except RuntimeError:  # trio's RunFinishedError is a RuntimeError too
         pass
 
@@ -129,31 +126,6 @@ def resolve_here(kind: int, target: Any, err: BaseException | None) -> None:
         import trio
 
         trio.lowlevel.reschedule(target, outcome.Value(None) if err is None else outcome.Error(fresh_error(err)))
-
-
-def _resolve_asyncio(
-    items: Iterable[tuple[Any, Any, BaseException | None]], then: Callable[[], None] | None = None
-) -> None:
-    for fut, value, err in items:
-        if not fut.done():
-            if err is None:
-                fut.set_result(value)
-            else:
-                fut.set_exception(fresh_error(err))
-    if then is not None:
-        then()
-
-
-def _resolve_trio(
-    items: Iterable[tuple[Any, Any, BaseException | None]], then: Callable[[], None] | None = None
-) -> None:
-    import outcome
-    import trio
-
-    for task, value, err in items:
-        trio.lowlevel.reschedule(task, outcome.Value(value) if err is None else outcome.Error(fresh_error(err)))
-    if then is not None:
-        then()
 
 
 class Parked:
@@ -184,7 +156,9 @@ class Parked:
         if self.kind == THREAD:
             self.target.release()
         else:
-            deliver(self.kind, self.loop if self.kind == ASYNCIO else self.token, [(self.target, None, None)])
+            post(
+                self.kind, self.loop if self.kind == ASYNCIO else self.token, resolve_here, self.kind, self.target, None
+            )
 
     def block(self, lock: threading.Lock, deadline_ns: int | None, now_ns: int) -> bool:
         """Plain thread: wait (GIL released) to be woken; False on timeout (``deadline_ns``, on the base of
