@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
+from collections import deque
 from contextvars import ContextVar
 from typing import Any, Callable, Iterable, final
 
@@ -33,6 +35,7 @@ from ._checks import number, whole
 from ._core import hooks, loops
 from ._core.clock import CLOCK_MAX_AGE_S, Placement, placement
 from ._core.device import Device
+from ._core.engine import KIND_CALLBACK
 from ._core.stream import Stream
 from ._errors import AsyncGPUError, NotReadyError, ScopeError
 from ._records import KIND_CODES, KINDS, ActivityRecord, CollectiveMark, HostRange, Timeline
@@ -87,6 +90,114 @@ class _Activity:
     held: bool  # the launch was held until its bracket was enqueued (`asyncgpu._core.hooks.launch_now`)
     replay: tuple[_ReplayRecords, tuple[int, int], int] | None  # a graph replay: records, nodes, count
 
+    def __init__(self, device: Device, stream: Stream, name: str, kind: str, start_raw: Any, refs: int) -> None:
+        self.device, self.stream, self.name, self.kind = device, stream, name, kind
+        self.start_raw, self.end_raw, self.refs, self.duration_ms = start_raw, None, refs, None
+        self.nvtx_id = self.placed = self.parent = self.cupti = self.replay = None
+        self.ext = 0
+        self.held = False
+
+
+# Finished activities give their events back before their scope ends (a long scope would otherwise hold two events
+# per activity until its exit): every `_HARVEST_EVERY` activities of a device, the device's waiter thread is asked
+# (an engine callback on that activity's end event) to take each finished activity's duration and host start,
+# then recycle its events. `_HARVEST_LOCK` orders that against a scope's `_finish`.
+_HARVEST_EVERY = 256
+_UNHARVESTED: weakref.WeakKeyDictionary[Device, deque[_Activity]] = weakref.WeakKeyDictionary()
+_HARVESTING: set[Device] = set()  # devices with a harvest callback pending
+_HARVEST_LOCK = threading.Lock()
+
+
+def _track(act: _Activity) -> None:
+    """Keep ``act`` for the harvest of its device (hot: a deque append)."""
+    q = _UNHARVESTED.get(act.device)
+    if q is None:
+        q = _UNHARVESTED[act.device] = deque()
+    q.append(act)
+
+
+def _ask_harvest(act: _Activity) -> None:
+    """``act``'s end is recorded: when enough of its device's activities wait, harvest once the device passes it."""
+    dev = act.device
+    q = _UNHARVESTED.get(dev)
+    if q is None or len(q) < _HARVEST_EVERY or dev in _HARVESTING:
+        return
+    _HARVESTING.add(dev)
+    s = act.stream
+    try:
+        dev.engine.add(act.end_raw, s.handle, next(s.seqs), None, 0, KIND_CALLBACK, None, lambda _raw: _harvest(dev))
+    except AsyncGPUError:
+        _HARVESTING.discard(dev)
+
+
+@final
+class _Chain:
+    """A device's time line for harvested activities: ``raw``, a start event the device has passed, stands at
+    ``t_ns`` (ns) on it; each harvested activity keeps its start as a time on the chain, so that one event per
+    device places them all at the scope's end. A new chain starts when the device was idle for `_CHAIN_GAP_MS`
+    (event times are float32 milliseconds: a short step between references keeps them exact)."""
+
+    __slots__ = ("raw", "t_ns", "refs", "live")
+
+    def __init__(self, raw: Any) -> None:
+        self.raw, self.t_ns, self.refs, self.live = raw, 0.0, 0, True
+
+
+_CHAINS: weakref.WeakKeyDictionary[Device, _Chain] = weakref.WeakKeyDictionary()
+_CHAIN_STEP_MS = 10.0  # a newer start becomes the chain's reference after this long
+_CHAIN_GAP_MS = 1_000.0
+
+
+def _harvest(dev: Device) -> None:
+    """On the device's waiter thread: time the finished activities at the front of its queue (duration, start on
+    the device's chain) and give their events back."""
+    try:
+        q = _UNHARVESTED.get(dev)
+        if q is None or dev.closed:
+            return
+        query, elapsed, pool = dev.bd.query, dev.bd.elapsed_ms, dev.timing_pool
+        with _HARVEST_LOCK:
+            chain = _CHAINS.get(dev)
+            while q:
+                act = q[0]
+                if act.start_raw is None:  # its scopes have finished it
+                    q.popleft()
+                    continue
+                start, end = act.start_raw, act.end_raw
+                if end is None or not query(end):
+                    return
+                q.popleft()
+                step_ms = elapsed(chain.raw, start) if chain is not None else _CHAIN_GAP_MS
+                if chain is None or step_ms >= _CHAIN_GAP_MS:  # none yet, or too long ago for float32 steps
+                    if chain is not None:
+                        _retire(dev, chain)
+                    chain = _CHAINS[dev] = _Chain(start)
+                    dev.keep(start)
+                    step_ms = 0.0
+                act.duration_ms = elapsed(start, end)
+                act.placed = (chain, chain.t_ns + step_ms * 1e6)
+                chain.refs += 1
+                act.start_raw = act.end_raw = None
+                pool.give(end)
+                if start is chain.raw:
+                    continue
+                if step_ms >= _CHAIN_STEP_MS:  # the newest start becomes the reference
+                    old = chain.raw
+                    chain.raw, chain.t_ns = start, chain.t_ns + step_ms * 1e6
+                    dev.keep(start)
+                    dev.keep(old, False)
+                else:
+                    pool.give(start)
+    finally:
+        _HARVESTING.discard(dev)
+
+
+def _retire(dev: Device, chain: _Chain) -> None:
+    """``chain`` takes no more activities; its event goes back once no activity refers to it. Under the lock."""
+    chain.live = False
+    if chain.refs == 0:
+        dev.keep(chain.raw, False)
+
 
 def _owners(scopes: tuple, device: Device, kind: str) -> list:
     return [s for s in scopes if s._state == _OPEN and device in s._devset and kind in s._kinds]
@@ -100,13 +211,9 @@ def _begin(stream: Stream, name: str, kind: str, owners: list, block: bool = Fal
     except BaseException:
         dev.timing_pool.give(raw)  # not recorded: as it was
         raise
-    act = _Activity()
-    act.device, act.stream, act.name, act.kind = dev, stream, name, kind
-    act.start_raw, act.end_raw, act.refs, act.duration_ms = raw, None, len(owners), None
-    act.nvtx_id = act.placed = act.parent = act.cupti = None
-    act.ext = 0
+    act = _Activity(dev, stream, name, kind, raw, len(owners))
     act.held = stream.held and not block
-    act.replay = None
+    _track(act)
     for scope in owners:
         scope._acts.append(act)
         if scope._nvtx and act.nvtx_id is None:
@@ -141,6 +248,7 @@ def _end(act: _Activity, block: bool = False) -> None:
     act.end_raw = raw
     if act.nvtx_id is not None:
         _nvtx.end(act.nvtx_id)
+    _ask_harvest(act)
 
 
 @final
@@ -213,18 +321,16 @@ class _Observer:
         owners = _owners(scopes, stream.device, kind) if scopes else None
         if not owners:
             return False
-        act = _Activity()
-        act.device, act.stream, act.name, act.kind = stream.device, stream, name, kind
-        act.start_raw, act.end_raw, act.refs, act.duration_ms = start_raw, end_raw, len(owners), None
-        act.nvtx_id = act.placed = act.parent = act.cupti = act.replay = None
-        act.ext = 0
-        act.held = False
+        act = _Activity(stream.device, stream, name, kind, start_raw, len(owners))
+        act.end_raw = end_raw
+        _track(act)
         target = _ROUTER.targets.get(replay.token_of(self) or 0) if replay is not None else None
         if isinstance(target, _ReplayRecords):
             target.refs += 1
             act.replay = (target, replay.nodes, replay.count)  # type: ignore[union-attr]  # (not None here)
         for scope in owners:
             scope._acts.append(act)
+        _ask_harvest(act)
         return True
 
     def correlate(self, stream: Stream) -> Any:
@@ -620,38 +726,47 @@ class Timer:
         kind_col = np.empty(n, np.int8)
         start_col = np.full(n, np.nan)
         dur_col = np.full(n, np.nan)
-        for i, act in enumerate(acts):
-            dev = act.device
-            device_col[i] = dev_codes[dev]
-            st = streams.get(act.stream)
-            if st is None:
-                st = streams[act.stream] = len(streams)
-            stream_col[i] = st
-            nm = names.get(act.name)
-            if nm is None:
-                nm = names[act.name] = len(names)
-            name_col[i] = nm
-            kind_col[i] = KIND_CODES[act.kind]
-            if act.duration_ms is None and act.end_raw is not None:
-                try:
-                    act.duration_ms = dev.bd.elapsed_ms(act.start_raw, act.end_raw)
-                except NotReadyError:
-                    pass
-            if act.duration_ms is not None:
-                dur_col[i] = act.duration_ms * 1e6
-                place = placements[dev]
-                if act.placed is not None and act.placed[0] is place.anchor:
-                    start_col[i] = act.placed[1]
-                elif place.anchor is not None:
+        chain_ns: dict[_Chain, float] = {}  # the host time of each chain's reference event
+        with _HARVEST_LOCK:  # (waiter threads harvest finished activities meanwhile)
+            for i, act in enumerate(acts):
+                dev = act.device
+                device_col[i] = dev_codes[dev]
+                st = streams.get(act.stream)
+                if st is None:
+                    st = streams[act.stream] = len(streams)
+                stream_col[i] = st
+                nm = names.get(act.name)
+                if nm is None:
+                    nm = names[act.name] = len(names)
+                name_col[i] = nm
+                kind_col[i] = KIND_CODES[act.kind]
+                if act.duration_ms is None and act.end_raw is not None:
                     try:
-                        start_col[i] = place.host_ns(act.start_raw)
+                        act.duration_ms = dev.bd.elapsed_ms(act.start_raw, act.end_raw)
                     except NotReadyError:
                         pass
-                    else:
-                        act.placed = (place.anchor, start_col[i])
-            act.refs -= 1
-            if act.refs == 0:
-                _release_activity(act)
+                if act.duration_ms is not None:
+                    dur_col[i] = act.duration_ms * 1e6
+                    place = placements[dev]
+                    if act.placed is not None and act.placed[0] is place.anchor:
+                        start_col[i] = act.placed[1]
+                    elif act.start_raw is None and act.placed is not None:  # harvested: a time on its chain
+                        chain, t_ns = act.placed
+                        at = chain_ns.get(chain)
+                        if at is None:
+                            at = chain_ns[chain] = _chain_host_ns(place, chain)
+                        start_col[i] = at + (t_ns - chain.t_ns) * place.rate
+                    elif place.anchor is not None:
+                        try:
+                            start_col[i] = place.host_ns(act.start_raw)
+                        except NotReadyError:
+                            pass
+                        else:
+                            act.placed = (place.anchor, start_col[i])
+                act.refs -= 1
+                if act.refs == 0:
+                    _release_activity(act)
+
         for ev in (*self._start_marks.values(), *fences):
             ev.release()
         unheld = [f"{d.name}: {why}" for d in self.devices if (why := d.bd.hold_problem())] if self._held else []
@@ -1013,7 +1128,22 @@ def _append_rows(extra: list, dev_codes: dict, streams: dict, names: dict, *cols
     )
 
 
+def _chain_host_ns(place: Placement, chain: _Chain) -> float:
+    try:
+        return place.host_ns(chain.raw)
+    except NotReadyError:  # (cannot happen: harvested events are complete)
+        return float("nan")
+
+
 def _release_activity(act: _Activity) -> None:
+    """Its last scope is done with ``act``: its events go back, and its chain's reference when that is retired.
+    Under `_HARVEST_LOCK`."""
+    placed = act.placed
+    if placed is not None and isinstance(placed[0], _Chain):
+        chain = placed[0]
+        chain.refs -= 1
+        if chain.refs == 0 and not chain.live:
+            act.device.keep(chain.raw, False)
     if act.ext:
         _ROUTER.untag(act.ext)
     if act.replay is not None:  # (kept on the activity: a scope reads it after the release)
@@ -1022,7 +1152,8 @@ def _release_activity(act: _Activity) -> None:
         if target.refs <= 0:
             _ROUTER.untag(target.ext)
     dev = act.device
-    dev.recycle_later(act.start_raw)
+    if act.start_raw is not None:  # (None: harvested, its events already back)
+        dev.recycle_later(act.start_raw)
     if act.end_raw is not None:
         dev.recycle_later(act.end_raw)
     act.start_raw = act.end_raw = None

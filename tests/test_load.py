@@ -175,7 +175,7 @@ async def test_launching_past_the_bound_from_a_loop_warns_and_names_room():
     release = _hold(dev, s)
     try:
         with pytest.warns(BlockingCallWarning, match=r"await stream\.room\(\)"):
-            for _ in range(stream_mod.QUEUE_BOUND + stream_mod.CHECK_EVERY):
+            for _ in range(stream_mod.QUEUE_BOUND + 3 * stream_mod.CHECK_EVERY):
                 s.spin_us(0)
     finally:
         release()
@@ -200,7 +200,7 @@ async def test_room_is_cancellable():
     s = dev.stream
     release = _hold(dev, s)
     with pytest.warns(BlockingCallWarning):
-        for _ in range(stream_mod.QUEUE_BOUND + stream_mod.CHECK_EVERY):
+        for _ in range(stream_mod.QUEUE_BOUND + 3 * stream_mod.CHECK_EVERY):
             s.spin_us(0)
     with anyio.move_on_after(0.05) as scope:
         await s.room()

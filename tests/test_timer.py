@@ -244,3 +244,34 @@ def test_functional_form_and_report_func(dev, capsys):
         asyncgpu.timing_end()
     with pytest.raises(ValueError, match="unknown activity kind"):
         gpu_timer(dev, kinds=["kernels"])
+
+
+async def test_a_long_scope_gives_finished_events_back_and_places_them_on_the_host_clock(monkeypatch):
+    """Activities the device has finished give their events back before the scope ends (harvested on the waiter
+    thread): a scope of thousands of activities holds a bounded number of events, and their times stay exact."""
+    from asyncgpu import _timer
+
+    monkeypatch.setattr(_timer, "_CHAIN_STEP_MS", 0.05)  # rotate the chain's reference often
+    monkeypatch.setattr(_timer, "_CHAIN_GAP_MS", 2.0)  # and start new chains after short idle gaps
+    dev = asyncgpu.device("host:0")
+    s = dev.stream
+    n = 3_000
+    async with asyncgpu.gpu_timer(dev) as t:
+        for i in range(n):
+            await s.room()
+            s.spin_us(20)
+            if i % 200 == 199:
+                with dev.record() as ev:
+                    await ev.wait()
+                if i % 1000 == 999:
+                    await anyio.sleep(0.005)  # idle: the next activities start a new chain
+        peak = dev.pool_stats().created
+    assert peak < n  # two events per activity would be 6,000
+    tl = t.timeline
+    assert len(tl) == n and np.isfinite(tl.start_ns).all() and np.isfinite(tl.duration_ns).all()
+    assert (tl.duration_ns >= 20_000).all()
+    order = np.argsort(tl.start_ns)
+    assert (np.diff(tl.start_ns[order]) > 0).all()
+    assert (tl.end_ns[order][:-1] <= tl.start_ns[order][1:] + 1).all()  # one stream: one after the other
+    assert tl.start_ns.min() >= t._t0_ns and tl.end_ns.max() <= t._t1_ns + 1e6
+    assert dev.pool_stats().in_use <= len(dev.kept_events)  # only the chain's reference is kept

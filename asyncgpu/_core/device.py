@@ -70,6 +70,7 @@ class Device:
     _clock_ref: ClockCalibration | None
     _clock_retired: Any
     clock_events: list[Any]
+    kept_events: set[Any]
     pair_excess_samples: deque[float]
     _pair_excess_ns: float | None
 
@@ -110,6 +111,7 @@ class Device:
         self._clock_ref = None  # the oldest with a %globaltimer point: drift baseline
         self._clock_retired = None  # the previous anchor event, reused one refresh later
         self.clock_events = []  # raw timing events of the calibrations (not from the pools)
+        self.kept_events = set()  # raw timing events of its pool that a feature keeps for a while (see `keep`)
         self.pair_excess_samples = deque(maxlen=255)  # raw event pair minus CUPTI, ns, for the latest launches
         self._pair_excess_ns = None  # their median, once there are 5
         return self
@@ -236,6 +238,16 @@ class Device:
                     break
         returns.extendleft(reversed(pending))
         return given
+
+    def keep(self, raw: Any, kept: bool = True) -> None:
+        """A feature keeps the pooled timing event ``raw`` as a time reference beyond one activity (``kept``) or
+        gives it back (``kept=False``: to the pool, the device must have passed it). Kept events are destroyed
+        when the device closes. Any thread."""
+        if kept:
+            self.kept_events.add(raw)
+        else:
+            self.kept_events.discard(raw)
+            self.timing_pool.give(raw)
 
     def trim(self, keep: int = 256) -> None:
         """Reclaim the released events the device has passed and destroy free events beyond ``keep`` per pool: the
@@ -419,6 +431,9 @@ class Device:
                     self.bd.destroy_event(raw)
             self._clock = self._clock_ref = self._clock_retired = None
             self.clock_events = []
+        for raw in list(self.kept_events):
+            self.bd.destroy_event(raw)
+        self.kept_events.clear()
         for s in (*self.owned_streams, *self.adopted_streams.values()):
             s.release_checks()
         for s in self.owned_streams:

@@ -50,7 +50,7 @@ __all__ = ["Engine", "Poller", "Waiter"]
 
 PENDING, EARLY, FIRED, CANCELLED = 0, 1, 2, 3
 KIND_ASYNCIO, KIND_TRIO, KIND_THREAD = loops.ASYNCIO, loops.TRIO, loops.THREAD  # who waits: a loop's task, a thread
-KIND_CALLBACK = 3  #: the target is called with the raw event by whoever finds it complete (any thread)
+KIND_CALLBACK = 3  #: the target is called with the raw event on the waiter thread once it is complete
 
 MIN_POLL_NS = 8_000
 MAX_POLL_NS = 250_000  #: the longest the thread leaves a head unlooked at whose completion it cannot predict
@@ -146,6 +146,7 @@ class Engine:
         self._wake_at_ns = 0  # when the sleeping thread plans to look again
         self._per_loop: dict[int, list[int]] = {}  # id(loop or trio token) -> [pending waits of that loop here]
         self.covered_until: dict[int, int] = {}  #: id(loop) -> until when that loop's poller polls here (ns)
+        self._callbacks: deque[Waiter] = deque()  # complete callbacks a poller found: the thread runs them
         device.on_progress = self.kick
 
     # -- called from loops / other threads ----------------------------------------------------------------
@@ -394,8 +395,13 @@ class Engine:
             raise
 
     def _step(self) -> bool:
+        callbacks = self._callbacks
+        while callbacks:
+            w = callbacks.popleft()
+            if w.error is None:
+                w.target(w.raw)
         with self._lock:
-            while self._live == 0:
+            while self._live == 0 and not callbacks:
                 self._queues = {k: qs for k, qs in self._queues.items() if qs.estimate_ns}  # what it learned stays
                 self._per_loop.clear()
                 if self._closed:
@@ -407,6 +413,8 @@ class Engine:
             if self._closed:
                 self._fail_all_locked(ClosedError(f"{self._dev.name} was closed while a task waited on it"))
                 return True
+            if not self._live:
+                return True  # (callbacks to run)
         try:
             fired = self.collect(skip_covered=True)
         except BackendError as err:
@@ -471,7 +479,7 @@ class Engine:
                 if t < wake_at:
                     wake_at = t
             timeout = (wake_at - now) / 1e9
-            if not (arm or early or timeout <= 0 or self._closed):
+            if not (arm or early or timeout <= 0 or self._closed or self._callbacks):
                 self._sleeping = True
                 self._wake_at_ns = wake_at
                 self._cv.wait(min(timeout, MAX_SLEEP_S))
@@ -504,7 +512,7 @@ class Engine:
             self.dispatch(fired, 0)  # takes no engine lock: safe here
 
     def dispatch(self, waiters: list[Waiter], linger_ns: int, here: Any = None) -> None:
-        """Resume ``waiters`` (popped by `collect`): plain threads by their lock, callbacks in this thread, each
+        """Resume ``waiters`` (popped by `collect`): plain threads by their lock, callbacks on the waiter thread, each
         loop's tasks in one batch through its thread-safe entry point (arming its poller for ``linger_ns``) —
         except those of ``here`` (the calling loop's poller), which it resumes itself."""
         by_loop: dict[int, tuple[int, Any, list]] = {}
@@ -520,8 +528,13 @@ class Engine:
             if kind == KIND_THREAD:
                 w.target.release()  # the blocked thread reads w.state, w.error
             elif kind == KIND_CALLBACK:
-                if w.error is None:
-                    w.target(w.raw)
+                if here is None:
+                    if w.error is None:
+                        w.target(w.raw)
+                else:  # found by a loop's poller: callbacks run on the waiter thread, never in a loop
+                    with self._lock:
+                        self._callbacks.append(w)
+                        self._cv.notify()
             elif loop is mine:
                 here.resolve(w)
             else:
