@@ -23,14 +23,19 @@ def _got(value: Any) -> str:
 def whole(name: str, value: Any, *, minimum: int = 0, maximum: int | None = None, hint: str = "") -> int:
     """``value`` as an int: a whole number (``int``, a numpy integer; not a bool) in ``minimum .. maximum``.
     ``hint`` (what the number is, why the bound) goes into the message."""
+    t = type(value)
+    if t is int:  # the common case first: no message is built unless it fails
+        if value >= minimum and (maximum is None or value <= maximum):
+            return value
+    elif t is not bool and isinstance(value, Integral):
+        n = int(value)
+        if n >= minimum and (maximum is None or n <= maximum):
+            return n
     what = f"{name} must be a whole number " + (f">= {minimum}" if maximum is None else f"in {minimum} .. {maximum}")
     what += f" ({hint})" if hint else ""
     if isinstance(value, bool) or not isinstance(value, Integral):
         raise TypeError(f"{what}, not {_got(value)}")
-    n = int(value)
-    if n < minimum or (maximum is not None and n > maximum):
-        raise ValueError(f"{what}, not {n}")
-    return n
+    raise ValueError(f"{what}, not {int(value)}")
 
 
 def number(
@@ -38,14 +43,16 @@ def number(
 ) -> float:
     """``value`` as a float: a real number (``int``, ``float``, numpy; not a bool) in ``unit``, ``>= minimum`` (and
     ``<= maximum``). NaN is refused; infinity only when ``infinite`` says what it means (``"no limit"``)."""
+    t = type(value)
+    if t is float or t is int or (t is not bool and isinstance(value, Real)):  # no message unless it fails
+        x = float(value)
+        if x >= minimum and (maximum is None or x <= maximum) and (infinite is not None or x != math.inf):
+            return x
     what = f"{name} is in {unit}: a number >= {minimum:g}" + ("" if maximum is None else f" and <= {maximum:g}")
     what += f" (math.inf: {infinite})" if infinite else ""
     if isinstance(value, bool) or not isinstance(value, Real):
         raise TypeError(f"{what}, not {_got(value)}")
-    x = float(value)
-    if math.isnan(x) or x < minimum or (math.isinf(x) and infinite is None) or (maximum is not None and x > maximum):
-        raise ValueError(f"{what}, not {value!r}")
-    return x
+    raise ValueError(f"{what}, not {value!r}")
 
 
 def timeout_s(value: Any, name: str = "timeout_s") -> float | None:

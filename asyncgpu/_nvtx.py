@@ -18,7 +18,7 @@ from ._errors import ScopeError
 if TYPE_CHECKING:
     from ._core.device import Device
 
-__all__ = ["KIND_COLORS", "end", "profiler_range", "start"]
+__all__ = ["ACTIVE", "KIND_COLORS", "end", "profiler_range", "start"]
 
 #: Range colour per kind: activity kinds, ``scope`` and ``capture`` (names the nvtx package knows).
 KIND_COLORS = {
@@ -33,6 +33,9 @@ KIND_COLORS = {
 
 _domain = nvtx.get_domain("asyncgpu")
 _attributes: dict[tuple[str, str], Any] = {}
+#: Whether a tool (Nsight Systems…) receives ranges: without one the nvtx package hands out a no-op domain, and
+#: the launch path skips the calls altogether.
+ACTIVE = type(_domain).__name__ != "DummyDomain"
 
 #: When set, called as ``sink("start"|"end", message_or_id)`` for every range (tests).
 sink: Callable[[str, Any], None] | None = None

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import threading
 import time
-import weakref
 from collections import deque
 from contextvars import ContextVar
 from typing import Any, Callable, Iterable, final
@@ -103,24 +102,20 @@ class _Activity:
 # (an engine callback on that activity's end event) to take each finished activity's duration and host start,
 # then recycle its events. `_HARVEST_LOCK` orders that against a scope's `_finish`.
 _HARVEST_EVERY = 256
-_UNHARVESTED: weakref.WeakKeyDictionary[Device, deque[_Activity]] = weakref.WeakKeyDictionary()
+_UNHARVESTED: dict[Device, deque[_Activity]] = {}  # (entries of closed devices go at a scope's end)
 _HARVESTING: set[Device] = set()  # devices with a harvest callback pending
 _HARVEST_LOCK = threading.Lock()
 
 
-def _track(act: _Activity) -> None:
-    """Keep ``act`` for the harvest of its device (hot: a deque append)."""
-    q = _UNHARVESTED.get(act.device)
-    if q is None:
-        q = _UNHARVESTED[act.device] = deque()
-    q.append(act)
-
-
-def _ask_harvest(act: _Activity) -> None:
-    """``act``'s end is recorded: when enough of its device's activities wait, harvest once the device passes it."""
+def _ended(act: _Activity) -> None:
+    """``act``'s end is recorded: keep it for its device's harvest (hot: a deque append), and when enough of the
+    device's activities wait, have them harvested once the device passes this one."""
     dev = act.device
     q = _UNHARVESTED.get(dev)
-    if q is None or len(q) < _HARVEST_EVERY or dev in _HARVESTING:
+    if q is None:
+        q = _UNHARVESTED[dev] = deque()
+    q.append(act)
+    if len(q) < _HARVEST_EVERY or dev in _HARVESTING:
         return
     _HARVESTING.add(dev)
     s = act.stream
@@ -143,7 +138,7 @@ class _Chain:
         self.raw, self.t_ns, self.refs, self.live = raw, 0.0, 0, True
 
 
-_CHAINS: weakref.WeakKeyDictionary[Device, _Chain] = weakref.WeakKeyDictionary()
+_CHAINS: dict[Device, _Chain] = {}
 _CHAIN_STEP_MS = 10.0  # a newer start becomes the chain's reference after this long
 _CHAIN_GAP_MS = 1_000.0
 
@@ -213,10 +208,10 @@ def _begin(stream: Stream, name: str, kind: str, owners: list, block: bool = Fal
         raise
     act = _Activity(dev, stream, name, kind, raw, len(owners))
     act.held = stream.held and not block
-    _track(act)
+    nvtx = _nvtx.ACTIVE or _nvtx.sink is not None
     for scope in owners:
         scope._acts.append(act)
-        if scope._nvtx and act.nvtx_id is None:
+        if nvtx and scope._nvtx and act.nvtx_id is None:
             act.nvtx_id = _nvtx.start(name, kind)
     if _CUPTI_USERS:
         act.ext = _ROUTER.tag(act)
@@ -248,7 +243,7 @@ def _end(act: _Activity, block: bool = False) -> None:
     act.end_raw = raw
     if act.nvtx_id is not None:
         _nvtx.end(act.nvtx_id)
-    _ask_harvest(act)
+    _ended(act)
 
 
 @final
@@ -323,14 +318,13 @@ class _Observer:
             return False
         act = _Activity(stream.device, stream, name, kind, start_raw, len(owners))
         act.end_raw = end_raw
-        _track(act)
         target = _ROUTER.targets.get(replay.token_of(self) or 0) if replay is not None else None
         if isinstance(target, _ReplayRecords):
             target.refs += 1
             act.replay = (target, replay.nodes, replay.count)  # type: ignore[union-attr]  # (not None here)
         for scope in owners:
             scope._acts.append(act)
-        _ask_harvest(act)
+        _ended(act)
         return True
 
     def correlate(self, stream: Stream) -> Any:
@@ -376,9 +370,14 @@ class _ActivityBlock:
                 "`async with gpu_timer(...) as t:` block"
             )
         self._t0_ns = time.perf_counter_ns()
-        owners = _owners(_SCOPES.get(), self._stream.device, self._kind)
-        if timer not in owners and self._kind in timer._kinds:
-            owners.append(timer)
+        kind = self._kind
+        scopes = _SCOPES.get()
+        if not scopes or scopes == (timer,):  # this scope alone (the common case)
+            owners = [timer] if kind in timer._kinds else []
+        else:
+            owners = _owners(scopes, self._stream.device, kind)
+            if timer not in owners and kind in timer._kinds:
+                owners.append(timer)
         if owners:
             self._act = _begin(self._stream, self._name, self._kind, owners, block=True)
         return self
@@ -766,6 +765,9 @@ class Timer:
                 act.refs -= 1
                 if act.refs == 0:
                     _release_activity(act)
+            for d in [d for d in _UNHARVESTED if d.closed]:  # (a closed worker destroyed its events)
+                del _UNHARVESTED[d]
+                _CHAINS.pop(d, None)
 
         for ev in (*self._start_marks.values(), *fences):
             ev.release()
