@@ -274,7 +274,9 @@ def test_cuda_times_match_the_kernel():
     dev.stream.spin_us(10)  # compile and load the kernel outside the timing
     r = benchmark(_spin, (100,), n_repeat=200, n_warmup=10, devices=dev)
     med = r.median_ms[1] * 1e3
-    assert 100 <= med < 115, f"median {med:.2f} µs for a 100 µs spin"
+    # The spin runs >= 100 µs (CUPTI reads ~100.5 µs); the pair's own latency is taken out (subtract_overhead), so
+    # the median stays within the 1 µs accuracy target of that.
+    assert 99.0 <= med < 115, f"median {med:.2f} µs for a 100 µs spin"
     assert r.cpu_times_ms.max() < 5  # launches do not wait for the GPU
 
 
