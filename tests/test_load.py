@@ -209,3 +209,29 @@ async def test_room_is_cancellable():
     release()
     await s.room()  # the device drains: room again
     assert s.queued() <= stream_mod.QUEUE_BOUND
+
+
+async def test_a_failing_callback_is_reported_and_the_waiter_thread_goes_on(monkeypatch):
+    from asyncgpu._core.engine import KIND_CALLBACK
+
+    seen = []
+    monkeypatch.setattr("sys.unraisablehook", lambda args: seen.append(args.exc_value))
+    dev = asyncgpu.device("host:0")
+    s = dev.stream
+    s.spin_us(1_000)
+    ev = s.record()
+
+    def boom(_raw):
+        raise ZeroDivisionError("in a callback")
+
+    dev.engine.add(ev.raw, ev.key, ev.seq, None, 0, KIND_CALLBACK, None, boom)
+    await ev.wait()
+    s.spin_us(1_000)
+    with s.record() as later:
+        await later.wait()  # the waiter thread still serves waits
+    for _ in range(100):
+        if seen:
+            break
+        await anyio.sleep(0.01)
+    assert len(seen) == 1 and isinstance(seen[0], ZeroDivisionError)
+    ev.release()

@@ -56,7 +56,11 @@ _CHANNELS = 3
 #: ``(kind, start_ns, end_ns, correlation_id, device_id, stream_id, name)``; kind: "kernel", "memset", "memcpy"
 CuptiRecord = tuple
 
-_lock = threading.Lock()
+_lock = threading.Lock()  # the session (subscriber, users, kinds); CUPTI may be called while it is held
+# The records (inboxes, external ids): CUPTI calls `_completed` synchronously from inside its own calls (enabling
+# kinds, flushing, unsubscribing), on the caller's thread or its own, so `_completed` takes only this lock, and
+# no CUPTI call is ever made while it is held.
+_records_lock = threading.Lock()
 _users = 0  # users of every channel
 _channel_users = [0] * _CHANNELS
 _inbox: list[list[CuptiRecord]] = [[] for _ in range(_CHANNELS)]  # records not flushed yet, per open channel
@@ -237,7 +241,7 @@ def _completed(activities: Any) -> None:
             channel = _channel_of.get(int(a.external_kind))
             if channel is not None:
                 corr.append((channel, a.correlation_id, a.external_id))
-    with _lock:
+    with _records_lock:
         for channel in range(_CHANNELS):
             if _channel_users[channel]:
                 _inbox[channel].extend(out)
@@ -337,8 +341,9 @@ def release(channel: int) -> None:
         _users -= 1
         _channel_users[channel] -= 1
         if not _channel_users[channel]:
-            _inbox[channel].clear()
-            _external[channel].clear()
+            with _records_lock:
+                _inbox[channel].clear()
+                _external[channel].clear()
         if _users:
             return
     from cupti import cupti
@@ -353,9 +358,10 @@ def release(channel: int) -> None:
                 _quiet_apis(cupti, 1)  # as found: a profiler after us (torch.profiler) sees every API again
                 cupti.unsubscribe(_subscriber)
                 _subscriber = None
-                for channel in range(_CHANNELS):
-                    _inbox[channel].clear()
-                    _external[channel].clear()
+                with _records_lock:
+                    for channel in range(_CHANNELS):
+                        _inbox[channel].clear()
+                        _external[channel].clear()
 
 
 def push(external_id: int, channel: int) -> None:
@@ -391,7 +397,7 @@ def flush(channel: int) -> tuple[list[CuptiRecord], dict[int, int]]:
     correlation -> external id map; both are taken (a later flush returns newer ones only; other channels keep
     theirs). Blocks the calling thread while CUPTI hands its buffers over."""
     _api.activity_flush_all(1)
-    with _lock:
+    with _records_lock:
         records, ext = _inbox[channel], _external[channel]
         _inbox[channel], _external[channel] = [], {}
     return records, ext

@@ -70,7 +70,7 @@ class Device:
     _clock_ref: ClockCalibration | None
     _clock_retired: Any
     clock_events: list[Any]
-    kept_events: set[Any]
+    kept_events: dict[int, Any]
     pair_excess_samples: deque[float]
     _pair_excess_ns: float | None
 
@@ -111,7 +111,7 @@ class Device:
         self._clock_ref = None  # the oldest with a %globaltimer point: drift baseline
         self._clock_retired = None  # the previous anchor event, reused one refresh later
         self.clock_events = []  # raw timing events of the calibrations (not from the pools)
-        self.kept_events = set()  # raw timing events of its pool that a feature keeps for a while (see `keep`)
+        self.kept_events = {}  # id -> raw timing event of its pool that a feature keeps for a while (see `keep`)
         self.pair_excess_samples = deque(maxlen=255)  # raw event pair minus CUPTI, ns, for the latest launches
         self._pair_excess_ns = None  # their median, once there are 5
         return self
@@ -244,9 +244,9 @@ class Device:
         gives it back (``kept=False``: to the pool, the device must have passed it). Kept events are destroyed
         when the device closes. Any thread."""
         if kept:
-            self.kept_events.add(raw)
+            self.kept_events[id(raw)] = raw
         else:
-            self.kept_events.discard(raw)
+            self.kept_events.pop(id(raw), None)
             self.timing_pool.give(raw)
 
     def trim(self, keep: int = 256) -> None:
@@ -431,7 +431,7 @@ class Device:
                     self.bd.destroy_event(raw)
             self._clock = self._clock_ref = self._clock_retired = None
             self.clock_events = []
-        for raw in list(self.kept_events):
+        for raw in list(self.kept_events.values()):
             self.bd.destroy_event(raw)
         self.kept_events.clear()
         for s in (*self.owned_streams, *self.adopted_streams.values()):

@@ -40,6 +40,7 @@ import time
 import weakref
 from collections import deque
 from functools import partial
+from types import SimpleNamespace
 from typing import Any, Callable
 
 from .._backends.contract import BackendDevice
@@ -397,9 +398,7 @@ class Engine:
     def _step(self) -> bool:
         callbacks = self._callbacks
         while callbacks:
-            w = callbacks.popleft()
-            if w.error is None:
-                w.target(w.raw)
+            _call_back(callbacks.popleft())
         with self._lock:
             while self._live == 0 and not callbacks:
                 self._queues = {k: qs for k, qs in self._queues.items() if qs.estimate_ns}  # what it learned stays
@@ -529,8 +528,7 @@ class Engine:
                 w.target.release()  # the blocked thread reads w.state, w.error
             elif kind == KIND_CALLBACK:
                 if here is None:
-                    if w.error is None:
-                        w.target(w.raw)
+                    _call_back(w)
                 else:  # found by a loop's poller: callbacks run on the waiter thread, never in a loop
                     with self._lock:
                         self._callbacks.append(w)
@@ -612,6 +610,25 @@ class Poller:
 
 #: id(loop or trio token) -> its poller while armed; touched only in that loop's thread
 _POLLERS: weakref.WeakValueDictionary[int, Poller] = weakref.WeakValueDictionary()
+
+
+def _call_back(w: Waiter) -> None:
+    """Run a completion callback on the waiter thread. A callback that raises is reported as unraisable (to
+    stderr, or to pytest) and never stops the thread that serves every wait of the device."""
+    if w.error is not None:
+        return
+    try:
+        w.target(w.raw)
+    except Exception as exc:  # noqa: BLE001 - the waiter thread must go on
+        sys.unraisablehook(
+            SimpleNamespace(
+                exc_type=type(exc),
+                exc_value=exc,
+                exc_traceback=exc.__traceback__,
+                err_msg="asyncgpu: a completion callback failed on the waiter thread",
+                object=w.target,
+            )
+        )
 
 
 def _resume(kind: int, waiters: list[Waiter], then: Callable[[], None] | None) -> None:
