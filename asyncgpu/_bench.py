@@ -21,14 +21,15 @@ stream) does not follow: set it inside ``fn``. `benchmark` blocks the calling th
 async code, run it with ``anyio.to_thread.run_sync``. All threads end and every event goes back to its pool
 before it returns, also on errors.
 
-How a repeat is timed, per device: a pooled timing event is recorded on the stream, ``fn`` is called (its host
-time is measured), a second event is recorded. The devices advance in lockstep (every device finishes repeat
-``i`` before any starts ``i + 2``) and each keeps one repeat queued behind the one running, so the device is
-never idle between repeats, as with ``triton.testing.do_bench``: the GPU time is the time between the two
-events (including any time the device waits for ``fn``'s host code between its launches, but not the launch
-latency of an idle device, which CuPy's timings, synchronized after every repeat, include), less what the pair
-of events itself adds (``subtract_overhead``, as `gpu_timer` does). The warm-up calls are not timed, and the
-devices are synchronized after them.
+How a repeat is timed, per device: the stream is held (it waits on the device until the repeat is enqueued, as
+`gpu_timer` holds its launches), a pooled timing event is recorded, ``fn`` is called (its host time is measured),
+a second event is recorded, and the hold is released. The devices advance in lockstep (every device finishes
+repeat ``i`` before any starts ``i + 2``) and each keeps one repeat queued behind the one running, so the device
+is rarely idle between repeats, as with ``triton.testing.do_bench``; and thanks to the hold, work shorter than
+its own enqueueing (a 10 µs memset) is timed without the host's time between its launches. The GPU time is the
+time between the two events (not the launch latency of an idle device, which CuPy's timings, synchronized after
+every repeat, include), less what the pair of events itself adds (``subtract_overhead``, as `gpu_timer` does).
+The warm-up calls are not timed, and the devices are synchronized after them.
 
 The timing source (``source=``, as `gpu_timer`'s): ``"events"`` (the default) is the above. ``"cupti"``:
 each timed call runs under an external correlation id of its own (`asyncgpu._backends.cupti`, the benchmark's
@@ -354,22 +355,27 @@ def _worker(run: _Run, k: int) -> None:
             if i < run.n_repeat and run.stop_reason is None:
                 phase = f"repeat {i}"
                 start, end = pairs[i & 1]
-                start.record(stream)
-                if calls is None:
-                    t0 = _now()
-                    fn(stream, *args, **kwargs)
-                    t1 = _now()
-                else:  # what this thread launches in the call carries the call's id
-                    call = _Call()
-                    calls.append(call)
-                    cupti.push(call.ext, cupti.BENCH)
-                    try:
+                held = stream.bd.hold(stream.raw)  # the device starts the repeat once it is all enqueued
+                try:
+                    start.record(stream)
+                    if calls is None:
                         t0 = _now()
                         fn(stream, *args, **kwargs)
                         t1 = _now()
-                    finally:
-                        cupti.pop(cupti.BENCH)
-                end.record(stream)
+                    else:  # what this thread launches in the call carries the call's id
+                        call = _Call()
+                        calls.append(call)
+                        cupti.push(call.ext, cupti.BENCH)
+                        try:
+                            t0 = _now()
+                            fn(stream, *args, **kwargs)
+                            t1 = _now()
+                        finally:
+                            cupti.pop(cupti.BENCH)
+                    end.record(stream)
+                finally:
+                    if held is not None:
+                        stream.bd.release(held)
                 t0s.append(t0)
                 t1s.append(t1)
                 issued = (start, end)

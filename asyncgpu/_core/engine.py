@@ -173,6 +173,8 @@ class Engine:
             if qs is None:
                 qs = self._queues[key] = _Queue()
             q = qs.waits
+            while q and q[0].state >= FIRED:  # finished or withdrawn (a thread that finished its own wait)
+                q.popleft()
             if not q or q[-1].seq <= seq:
                 q.append(w)
             else:  # recorded by another thread meanwhile: keep record order
