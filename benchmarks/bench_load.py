@@ -300,6 +300,9 @@ async def case_gpu(lp, route, setups, n, rate, n_streams):
     items = []  # flattened over devices: (device index, stamp index, event)
     per_dev = []
     base_i = None
+    # The clock offsets first: once the gates are in, a flip kernel could queue behind one (streams share the GPU's
+    # hardware queues), and the gates open only after this.
+    befores = [truth.offset() for _, truth, _ in setups]
     for di, (_dev, truth, streams) in enumerate(setups):
         sidx, rel = plan(n, rate, n_streams, 0)
         truth.stamps[:n] = 0
@@ -325,7 +328,6 @@ async def case_gpu(lp, route, setups, n, rate, n_streams):
                 evs.append((i, s.record(timing=False)))
         per_dev.append((truth, v, evs, burst))
         items += [(di, j, ev) for j, ev in evs]
-    befores = [truth.offset() for _, truth, _ in setups]
     woke = [0] * len(items)
     registered = [0]
     peak = [_threads()]
@@ -686,6 +688,9 @@ async def _ticker_case(lp, dev, truth, n_events, n_streams, hold_ms):
 
 
 def ticker(dev, truth, loop_name, n_events=10_000, n_streams=8, hold_ms=300) -> dict:
+    import gc
+
+    gc.collect()  # a garbage collection of the previous cases' objects would read as a stall of the loop
     lp = LOOPS[loop_name]()
     r = lp.run(_ticker_case, dev, truth, n_events, n_streams, hold_ms)
     r.update({"loop": loop_name, "events": n_events, "streams": n_streams, "hold_ms": hold_ms})

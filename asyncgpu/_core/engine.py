@@ -229,7 +229,8 @@ class Engine:
         return cell[0] if cell is not None else 0
 
     def finish(self, w: Waiter, now_ns: int) -> None:
-        """The plain thread owning the EARLY waiter ``w`` saw its event complete at ``now_ns``."""
+        """The owner (a plain thread, or a loop's task) of the EARLY waiter ``w`` saw its event complete at
+        ``now_ns``."""
         with self._lock:
             if w.state == EARLY:
                 w.state = FIRED
@@ -242,7 +243,7 @@ class Engine:
                     self._cv.notify()
 
     def rearm(self, w: Waiter, target: Any) -> bool:
-        """The plain thread owning the EARLY waiter ``w`` gave up polling: park it again.
+        """The owner of the EARLY waiter ``w`` gave up polling: park it again (no second early wake).
 
         False if the engine already saw the event complete, or failed it (then ``w.error`` is set): the owner
         must not park.
@@ -461,7 +462,8 @@ class Engine:
                     start = predicted - self._lead_ns(kind, qs, w.tag, est)
                     if now < start:
                         t = start
-                    elif kind == KIND_THREAD:
+                    elif kind == KIND_THREAD or (w.count[0] == 1 and w.poll_until_ns >= 0 and covered <= now):
+                        # a plain thread, or its loop's only wait here: its owner polls it (no hand-over at the end)
                         w.state = EARLY
                         w.poll_until_ns, w.sent_ns = missed, now
                         early.append(w)
@@ -485,8 +487,11 @@ class Engine:
                 self._wake_at_ns = wake_at
                 self._cv.wait(min(timeout, MAX_SLEEP_S))
                 self._sleeping = False
-        for w in early:
-            w.target.release()  # the blocked thread reads w.state (EARLY) and polls until w.poll_until_ns
+        for w in early:  # the owner reads w.state (EARLY) and polls until w.poll_until_ns
+            if w.kind == KIND_THREAD:
+                w.target.release()
+            else:
+                loops.post(w.kind, w.loop, loops.resolve_here, w.kind, w.target, None, True)
         sent = _now()
         for kind, loop, until in arm.values():
             loops.post(kind, loop, _arm, kind, loop, self, until, sent)

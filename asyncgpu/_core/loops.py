@@ -113,19 +113,19 @@ def scheduler(kind: int, loop: Any) -> Callable[[Callable[[], None]], Any]:
     return loop.call_soon if kind == ASYNCIO else loop.run_sync_soon
 
 
-def resolve_here(kind: int, target: Any, err: BaseException | None) -> None:
-    """In the loop's own thread: resume one parked target (a future or a trio task) with None or ``err``."""
+def resolve_here(kind: int, target: Any, err: BaseException | None, value: Any = None) -> None:
+    """In the loop's own thread: resume one parked target (a future or a trio task) with ``value`` or ``err``."""
     if kind == ASYNCIO:
         if not target.done():
             if err is None:
-                target.set_result(None)
+                target.set_result(value)
             else:
                 target.set_exception(fresh_error(err))
     else:
         import outcome
         import trio
 
-        trio.lowlevel.reschedule(target, outcome.Value(None) if err is None else outcome.Error(fresh_error(err)))
+        trio.lowlevel.reschedule(target, outcome.Value(value) if err is None else outcome.Error(fresh_error(err)))
 
 
 class Parked:

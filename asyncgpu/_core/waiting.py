@@ -2,7 +2,8 @@
 
 `await_completion` parks the calling task on the device's `Engine`, which resumes it from its loop's poller
 (shortly before a predicted completion, the loop itself polls the device's stream heads between iterations) or
-through the loop's own thread-safe entry point (`asyncgpu._core.engine`).
+through the loop's own thread-safe entry point (`asyncgpu._core.engine`). A loop's only wait on a device is woken
+*early* instead: the task polls its own event between iterations for a bounded window, then parks again.
 
 Cancellation: the wait is withdrawn from the engine before the cancellation propagates; nothing is left
 behind (the engine never touches a withdrawn waiter's loop again, or, on trio, delivers the one wake-up that
@@ -47,10 +48,28 @@ async def await_completion(
     fut = loop.create_future()
     w = engine.add(raw, key, seq, tag, record_ns, KIND_ASYNCIO, loop, fut, owner)
     try:
-        await fut
+        while await fut:  # True: woken early (the loop's only wait here): poll it between iterations a while
+            if await _poll_asyncio(engine, w, query):
+                return
+            fut = loop.create_future()
+            if not engine.rearm(w, fut):
+                _raise_if_failed(w)
+                return
     except BaseException:
         engine.cancel(w)
         raise
+
+
+async def _poll_asyncio(engine: Engine, w: Waiter, query: Callable[[Any], bool]) -> bool:
+    raw, until, sleep = w.raw, w.poll_until_ns, asyncio.sleep
+    w.woke_ns = _now()
+    while True:
+        if query(raw):
+            engine.finish(w, _now())
+            return True
+        if _now() > until:
+            return False
+        await sleep(0)
 
 
 async def _await_trio(
@@ -74,7 +93,23 @@ async def _await_trio(
     def abort(_: Any) -> Any:
         return lowlevel.Abort.SUCCEEDED if engine.cancel(w) else lowlevel.Abort.FAILED
 
-    await lowlevel.wait_task_rescheduled(abort)
+    try:
+        while await lowlevel.wait_task_rescheduled(abort):  # True: woken early; poll a while
+            until = w.poll_until_ns
+            w.woke_ns = _now()
+            while True:
+                if query(raw):
+                    engine.finish(w, _now())
+                    return
+                if _now() > until:
+                    break
+                await lowlevel.checkpoint()
+            if not engine.rearm(w, task):
+                _raise_if_failed(w)
+                return
+    except BaseException:
+        engine.cancel(w)
+        raise
 
 
 def block_until_complete(
