@@ -145,8 +145,9 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._delivery_ns = dict(INITIAL_DELIVERY_NS)
         self._wake_at_ns = 0  # when the sleeping thread plans to look again
-        self._per_loop: dict[int, list[int]] = {}  # id(loop or trio token) -> [pending waits of that loop here]
-        self.covered_until: dict[int, int] = {}  #: id(loop) -> until when that loop's poller polls here (ns)
+        # Keyed by the loop (an asyncio loop or a trio token) itself, not its id: a new loop may get a dead one's id.
+        self._per_loop: dict[Any, list[int]] = {}  # loop -> [pending waits of that loop here]
+        self.covered_until: dict[Any, int] = {}  #: loop -> until when that loop's poller polls here (ns)
         self._callbacks: deque[Waiter] = deque()  # complete callbacks a poller found: the thread runs them
         device.on_progress = self.kick
 
@@ -184,9 +185,9 @@ class Engine:
                 q.insert(i, w)
             self._live += 1
             if kind <= KIND_TRIO:
-                cell = self._per_loop.get(id(loop))
+                cell = self._per_loop.get(loop)
                 if cell is None:
-                    cell = self._per_loop[id(loop)] = [0]
+                    cell = self._per_loop[loop] = [0]
                 cell[0] += 1
                 w.count = cell
             if self._thread is None:
@@ -225,7 +226,7 @@ class Engine:
 
     def pending_for(self, loop: Any) -> int:
         """How many waits of ``loop`` (an asyncio loop or a trio token) are pending here. Never blocks."""
-        cell = self._per_loop.get(id(loop))
+        cell = self._per_loop.get(loop)
         return cell[0] if cell is not None else 0
 
     def finish(self, w: Waiter, now_ns: int) -> None:
@@ -303,7 +304,7 @@ class Engine:
                     if w.state >= FIRED:
                         q.popleft()
                         continue
-                    if covered and w.kind <= KIND_TRIO and covered.get(id(w.loop), 0) > now:
+                    if covered and w.kind <= KIND_TRIO and covered.get(w.loop, 0) > now:
                         break
                     if not query(w.raw):
                         break
@@ -431,7 +432,7 @@ class Engine:
         """Sleep until the next head is worth looking at; arm pollers and wake plain threads early on the way."""
         now = _now()
         wake_at = now + int(MAX_SLEEP_S * 1e9)
-        arm: dict[int, tuple[int, Any, int]] = {}  # id(loop) -> (kind, loop, until)
+        arm: dict[Any, tuple[int, Any, int]] = {}  # loop -> (kind, loop, until)
         early: list[Waiter] = []
         covered_until = self.covered_until
         with self._lock:
@@ -446,7 +447,7 @@ class Engine:
                 if w.state == EARLY:
                     continue  # its thread polls, then calls finish() or rearm()
                 kind = w.kind
-                lid = id(w.loop)
+                lid = w.loop
                 covered = covered_until.get(lid, 0) if kind <= KIND_TRIO else 0
                 est = qs.estimate_ns.get(w.tag)
                 ready = max(w.record_ns, qs.last_done_ns)
@@ -549,12 +550,12 @@ class Engine:
                 last_loop, items = loop, entry[2]
                 items.append(w)
         now = _now()
-        for lid, (kind, loop, items) in by_loop.items():
+        for kind, loop, items in by_loop.values():
             then = None
             if linger_ns and self.pending_for(loop):
                 until = now + linger_ns
-                if self.covered_until.get(lid, 0) < until:
-                    self.covered_until[lid] = until
+                if self.covered_until.get(loop, 0) < until:
+                    self.covered_until[loop] = until
                 then = partial(_arm, kind, loop, self, until, now)
             loops.post(kind, loop, _resume, kind, items, then)
 
@@ -575,7 +576,7 @@ class Poller:
         engine.learn_delivery(self.kind, sent_ns)
         if until_ns > self.engines.get(engine, 0):
             self.engines[engine] = until_ns
-            engine.covered_until[id(self.loop)] = until_ns
+            engine.covered_until[self.loop] = until_ns
         if not self.scheduled:
             self.scheduled = True
             self.run()
@@ -585,7 +586,7 @@ class Poller:
 
     def run(self) -> None:
         """One pass over the armed engines (in the loop's thread); reschedules itself while any stays armed."""
-        lid = id(self.loop)
+        lid = self.loop
         for engine, until in list(self.engines.items()):
             try:
                 fired = engine.collect()
