@@ -7,7 +7,8 @@ No Python ever runs on a CUDA driver callback thread. How completions are found 
   waits behind it are resolved at once: the newest is queried, and if it is not done yet a binary search finds
   where the done ones end. A burst of a thousand completions costs a handful of queries.
 * Each (stream, tag) learns how long its work takes from the moment the stream is free to completion, and how
-  much that varies ("fast down, slow up": the estimate tracks the low end).
+  much that varies ("fast down, slow up": the estimate tracks the low end). While the spread is large (the work
+  changed), the thread does not sleep to the prediction in one go: it looks on the way, halving the rest.
 * **Loops poll, the thread plans.** Shortly before a head of an event loop's task is predicted to complete
   (the loop's learned wake-up delay plus a margin plus the learned spread before it), the waiter thread *arms*
   that loop's `Poller`: between the loop's iterations it queries the heads of the device's streams and resumes
@@ -462,7 +463,10 @@ class Engine:
                 elif kind <= KIND_THREAD:
                     start = predicted - self._lead_ns(kind, qs, w.tag, est)
                     if now < start:
-                        t = start
+                        # An unsteady estimate (its spread over an eighth of it) may be far too long: look on the
+                        # way, halving the rest each time, rather than sleep past a completion that came sooner.
+                        unsteady = qs.spread_ns.get(w.tag, 0) > est >> 3
+                        t = now + max(MIN_POLL_NS, (start - now) >> 1) if unsteady else start
                     elif kind == KIND_THREAD or (w.count[0] == 1 and w.poll_until_ns >= 0 and covered <= now):
                         # a plain thread, or its loop's only wait here: its owner polls it (no hand-over at the end)
                         w.state = EARLY
