@@ -102,6 +102,7 @@ class _Activity:
 # (an engine callback on that activity's end event) to take each finished activity's duration and host start,
 # then recycle its events. `_HARVEST_LOCK` orders that against a scope's `_finish`.
 _HARVEST_EVERY = 256
+_POOL_KEEP = 1024  # free events a device's pools keep when a scope ends (`Device.trim`)
 _UNHARVESTED: dict[Device, deque[_Activity]] = {}  # (entries of closed devices go at a scope's end)
 _HARVESTING: set[Device] = set()  # devices with a harvest callback pending
 _HARVEST_LOCK = threading.Lock()
@@ -836,6 +837,9 @@ class Timer:
         self._acts = []
         self._host_ranges = []
         self._start_marks = {}
+        for d in self.devices:  # a burst of activities grew the pools: they shrink back once it is over
+            if not d.closed:
+                d.trim(_POOL_KEEP)
 
     def _apply_cupti(self, acts: list, start_col: np.ndarray, dur_col: np.ndarray, from_cupti: np.ndarray) -> list:
         """CUPTI's device times in place of the events' where CUPTI saw the activity's work: a launch takes its
