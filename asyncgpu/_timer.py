@@ -98,9 +98,9 @@ class _Activity:
 
 
 # Finished activities give their events back before their scope ends (a long scope would otherwise hold two events
-# per activity until its exit): every `_HARVEST_EVERY` activities of a device, the device's waiter thread is asked
-# (an engine callback on that activity's end event) to take each finished activity's duration and host start,
-# then recycle its events. `_HARVEST_LOCK` orders that against a scope's `_finish`.
+# per activity until its exit): once `_HARVEST_EVERY` activities of a device wait and its pool runs low, the
+# device's waiter thread is asked (an engine callback on that activity's end event) to take each finished
+# activity's duration and start, then recycle its events. `_HARVEST_LOCK` orders that against `_finish`.
 _HARVEST_EVERY = 256
 _POOL_KEEP = 1024  # free events a device's pools keep when a scope ends (`Device.trim`)
 _UNHARVESTED: dict[Device, deque[_Activity]] = {}  # (entries of closed devices go at a scope's end)
@@ -116,8 +116,8 @@ def _ended(act: _Activity) -> None:
     if q is None:
         q = _UNHARVESTED[dev] = deque()
     q.append(act)
-    if len(q) < _HARVEST_EVERY or dev in _HARVESTING:
-        return
+    if len(q) < _HARVEST_EVERY or dev in _HARVESTING or not dev.timing_pool.running_low():
+        return  # (a pool with free events to spare: no harvest, no work on the waiter thread)
     _HARVESTING.add(dev)
     s = act.stream
     try:

@@ -163,8 +163,9 @@ class Device:
     # -- events -------------------------------------------------------------------------------------------
     def record(self, stream: Stream | Any | None = None, *, timing: bool = True, tag: Any = None) -> Event:
         """Record a pooled event on ``stream`` (default: `stream`; a foreign ``__cuda_stream__`` object is
-        adopted) and return it. Release it with ``event.release()`` or a ``with`` block. Event records do not
-        take the driver's per-stream launch slots (benchmarks/RESULTS.md, run 20): this call does not block."""
+        adopted) and return it. Release it with ``event.release()`` or a ``with`` block. A record with timing takes
+        one of the driver's ~1,000 launch slots of the stream (one without, ``timing=False``, takes none): past
+        them the driver blocks this call until the device drains (`Stream.room` waits for room in a task)."""
         if self._closed:
             self.check_open()
         pool = self.timing_pool if timing else self.plain_pool

@@ -96,8 +96,8 @@ def fresh_error(err: BaseException) -> BaseException:
 
 
 def post(kind: int, loop: Any, fn: Callable[..., Any], *args: Any) -> None:
-    """From any thread: run ``fn(*args)`` in the loop's thread at its next iteration (``loop`` as in `deliver`;
-    skipped when the loop has closed)."""
+    """From any thread: run ``fn(*args)`` in the loop's thread at its next iteration. ``loop``: the asyncio loop,
+    or the `trio.lowlevel.TrioToken`. Skipped when the loop has closed: nobody is left to wake."""
     try:
         if kind == ASYNCIO:
             loop.call_soon_threadsafe(fn, *args)
@@ -109,7 +109,7 @@ def post(kind: int, loop: Any, fn: Callable[..., Any], *args: Any) -> None:
 
 def scheduler(kind: int, loop: Any) -> Callable[[Callable[[], None]], Any]:
     """How to run a callback at the loop's next iteration, from the loop's own thread: asyncio ``call_soon``,
-    trio ``TrioToken.run_sync_soon`` (``loop`` as in `deliver`)."""
+    trio ``TrioToken.run_sync_soon`` (``loop`` as in `post`)."""
     return loop.call_soon if kind == ASYNCIO else loop.run_sync_soon
 
 

@@ -86,6 +86,10 @@ class EventPool:
             except IndexError:
                 raise PoolExhaustedError(self._exhausted()) from None
 
+    def running_low(self) -> bool:
+        """Whether fewer events are free than one growth makes (the next takes may create events). Hot."""
+        return len(self._free) < self._grow_by
+
     def give(self, raw: Any) -> None:
         """Return an event the device has passed. After `close` the event is destroyed instead."""
         if self._closed:
