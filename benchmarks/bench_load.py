@@ -173,6 +173,28 @@ class Truth:
         """The flip with the shortest round trip of ``n``: (host ns, offset ns, round trip ns)."""
         return min((self.offset_sample() for _ in range(n)), key=lambda r: r[2])
 
+    def hold(self, streams, slot: int):
+        """Hold each of ``streams`` behind a kernel spinning on the flag word; returns the function that releases
+        them all (any thread). ``slot``: the stamp slot past the flag words the kernels write to."""
+        self.value += 1
+        v = self.value
+        self.words[0] = v - 1
+        for s in streams:
+            s.launch(
+                self.flip_k,
+                self.one,
+                np.uint64(self.words_dptr),
+                np.uint32(v),
+                np.uint64(self.words_dptr + 8),
+                np.uint64(self.dptr + 8 * (self.capacity + slot)),
+                name="hold",
+            )
+
+        def release():
+            self.words[0] = v
+
+        return release
+
     def close(self) -> None:
         drv.cuMemFreeHost(self.ptr)
 
@@ -493,19 +515,7 @@ def queue_depth(dev, truth) -> dict:
                 done.set()
 
         dev.synchronize()
-        truth.value += 1
-        v = truth.value
-        truth.words[0] = v - 1
-        for s, _ in plan_:  # hold each stream on the flag (written below)
-            s.launch(
-                truth.flip_k,
-                truth.one,
-                np.uint64(truth.words_dptr),
-                np.uint32(v),
-                np.uint64(truth.words_dptr + 8),
-                np.uint64(truth.dptr + 8 * (truth.capacity + 10)),
-                name="hold",
-            )
+        release = truth.hold([s for s, _ in plan_], 10)
         th = threading.Thread(target=worker, daemon=True)
         th.start()
         while not done.is_set():
@@ -514,7 +524,7 @@ def queue_depth(dev, truth) -> dict:
                 break
         blocked = not done.is_set()
         stuck.set()
-        truth.words[0] = v  # release
+        release()
         if tokens and tokens[-1] is not None:  # the blocked hold returns once the device has room
             dev.bd.release(tokens[-1])
         th.join(10)
@@ -630,19 +640,7 @@ def host_cost(dev, n: int = 300, rounds: int = 15) -> dict:
 # -- the loop keeps ticking while 10,000 events queue behind a held kernel ----------------------------------------
 async def _ticker_case(lp, dev, truth, n_events, n_streams, hold_ms):
     streams = [dev.create_stream() for _ in range(n_streams)]
-    truth.value += 1
-    v = truth.value
-    truth.words[0] = v - 1
-    for s in streams:
-        s.launch(
-            truth.flip_k,
-            truth.one,
-            np.uint64(truth.words_dptr),
-            np.uint32(v),
-            np.uint64(truth.words_dptr + 8),
-            np.uint64(truth.dptr + 8 * (truth.capacity + 12)),
-            name="hold",
-        )
+    release = truth.hold(streams, 12)
     late = []
     stop = [False]
 
@@ -656,17 +654,12 @@ async def _ticker_case(lp, dev, truth, n_events, n_streams, hold_ms):
     evs = []
 
     async def recorder():
-        room = getattr(streams[0], "room", None)
         t0 = _now()
         for i in range(n_events):
             s = streams[i % n_streams]
-            if room is not None:
-                await s.room()
+            await s.room()
             evs.append(s.record(timing=False))
         return _now() - t0
-
-    def release():  # from a plain thread: a loop frozen in the driver could not run a releasing task
-        truth.words[0] = v
 
     async def body():
         t = await recorder()
@@ -676,7 +669,7 @@ async def _ticker_case(lp, dev, truth, n_events, n_streams, hold_ms):
         stop[0] = True
 
     res = {}
-    timer = threading.Timer(hold_ms / 1e3, release)
+    timer = threading.Timer(hold_ms / 1e3, release)  # a thread: a loop frozen in the driver could not release
     timer.start()
     await lp.gather([ticker(), body()])
     timer.join()
