@@ -29,7 +29,7 @@ No Python ever runs on a CUDA driver callback thread. How completions are found 
   with the driver's own wait or polls.
 * A backend error (a sticky CUDA error) reaches every pending waiter as `BackendError`; nothing hangs.
 
-Waiter states: PENDING (parked), EARLY (a plain thread woken early polls for itself), FIRED (complete, or failed),
+Waiter states: PENDING (parked), EARLY (its owner, woken early, polls for itself), FIRED (complete, or failed),
 CANCELLED (withdrawn by its owner).
 """
 
@@ -348,12 +348,12 @@ class Engine:
                 w.state = FIRED
                 w.count[0] -= 1
                 gone += 1
-                if state != EARLY:  # (a plain thread woken early polls and sees the completion itself)
+                if state != EARLY:  # (an owner woken early polls and sees the completion itself)
                     append(w)
         self._live -= gone
 
     def _fire_locked(self, w: Waiter, fired: list[Waiter]) -> None:
-        early = w.state == EARLY  # a plain thread woken early polls and sees the completion itself
+        early = w.state == EARLY  # its owner (a plain thread, or a loop's only wait) polls and sees it itself
         w.state = FIRED
         self._gone_locked(w)
         if not early:
@@ -446,7 +446,7 @@ class Engine:
                     wake_at = now  # a finished head: look again at once
                     continue
                 if w.state == EARLY:
-                    continue  # its thread polls, then calls finish() or rearm()
+                    continue  # its owner polls, then calls finish() or rearm()
                 kind = w.kind
                 lid = w.loop
                 covered = covered_until.get(lid, 0) if kind <= KIND_TRIO else 0
