@@ -200,10 +200,11 @@ async def run_demo(
     count: int | None,
     trace: str | None = DEMO_TRACE,
     source: str = "events",
+    shown: Callable[[], None] | None = None,
 ) -> int:
     """The seed workload, concurrently on every device (one task each); prints the report, writes the trace
-    (unless ``trace`` is None) and ends with the balance report. ``source``: `gpu_timer`'s. Returns the exit
-    code."""
+    (unless ``trace`` is None) and ends with the balance report. ``source``: `gpu_timer`'s. ``shown``: called
+    once everything is printed, before the demo's memory is freed. Returns the exit code."""
     name, why = _choose_backend(backend)
     devs = _open(name, count)
     n = elements or DEMO_ELEMENTS
@@ -271,7 +272,25 @@ async def run_demo(
         out.out.print(balance_renderable(t.balance()))
     if bad:
         raise _Failed(f"wrong result on {', '.join(bad)}: expected every element = {expected:g}")
+    if shown is not None:
+        shown()
     return 0
+
+
+def _exit_on_ctrl_c(command: str) -> Callable[[], None]:
+    """What the command calls once its output is complete: from then on Ctrl-C ends the process at once with
+    130 (freeing gigabytes of pinned memory can take a second, and an interrupt inside the driver's free would
+    print a traceback from a callback that cannot raise). Main thread only; `main` puts the handler back."""
+
+    def install() -> None:
+        def on_sigint(signum: int, frame: Any) -> None:
+            sys.stdout.flush()
+            print(f"asyncgpu {command}: interrupted", file=sys.stderr, flush=True)
+            os._exit(EXIT_INTERRUPTED)
+
+        signal.signal(signal.SIGINT, on_sigint)
+
+    return install
 
 
 async def _cancel_on_ctrl_c(scope: anyio.CancelScope, pressed: list[bool]) -> None:
@@ -688,6 +707,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = _Out(Console(), Console(stderr=True), json=args.format == "json", quiet=getattr(args, "quiet", False))
     interrupted = False
+    sigint = signal.getsignal(signal.SIGINT)
     try:
         if args.command == "devices":
             return _devices(out, args.backend)
@@ -706,6 +726,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.count,
             args.trace,
             args.source,
+            _exit_on_ctrl_c(args.command),
             backend=backend,
             backend_options=options,
         )
@@ -720,6 +741,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if not interrupted:  # Ctrl-C: exit now; closing would wait for the work still queued
             select.close_all()
+        if signal.getsignal(signal.SIGINT) is not sigint:  # (what `_exit_on_ctrl_c` installed)
+            signal.signal(signal.SIGINT, sigint)
 
 
 def _outcome(exc: BaseException) -> tuple[int, str] | None:

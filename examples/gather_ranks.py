@@ -42,6 +42,12 @@ def setup_torch():
 
     local = int(os.environ.get("LOCAL_RANK", 0))
     if torch.cuda.is_available() and asyncgpu.default_backend() == "cuda":
+        per_node, gpus = int(os.environ.get("LOCAL_WORLD_SIZE", 1)), torch.cuda.device_count()
+        if per_node > gpus:  # every rank says so and exits: NCCL needs a GPU of its own per process
+            need(
+                f"one GPU per process: --nproc-per-node {per_node} but this machine has {gpus} "
+                f"(torchrun --nproc-per-node {gpus} {sys.argv[0]}, or ASYNCGPU_BACKEND=host for gloo on host devices)"
+            )
         torch.cuda.set_device(local)
         try:
             dist.init_process_group("nccl", device_id=torch.device("cuda", local))

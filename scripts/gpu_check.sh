@@ -37,7 +37,7 @@ step "examples/kernel_stages.py (issue 5)" 90 4 python3 examples/kernel_stages.p
 step "examples/torch_cupy_two_gpus.py (issue 6)" 90 4 python3 examples/torch_cupy_two_gpus.py
 step "examples/handoff_two_gpus.py (issue 4)" 90 5 python3 examples/handoff_two_gpus.py --trace /tmp/handoff.pftrace
 if [ -f examples/gather_ranks.py ] && command -v torchrun >/dev/null; then
-  step "torchrun examples/gather_ranks.py (issue 7)" 120 25 torchrun --standalone --nproc-per-node 2 examples/gather_ranks.py --trace /tmp/gather.trace.json
+  step "torchrun examples/gather_ranks.py (issue 7)" 120 25 torchrun --standalone --nproc-per-node "$(nvidia-smi -L | wc -l)" examples/gather_ranks.py --trace /tmp/gather.pftrace
 fi
 step "bench_clock" 90 12 python3 benchmarks/bench_clock.py --out "$OUT/clock.json"
 step "bench_kprofile" 120 14 python3 benchmarks/bench_kprofile.py --out "$OUT/kprofile.json"

@@ -235,3 +235,57 @@ async def test_a_failing_callback_is_reported_and_the_waiter_thread_goes_on(monk
         await anyio.sleep(0.01)
     assert len(seen) == 1 and isinstance(seen[0], ZeroDivisionError)
     ev.release()
+
+
+class _Owner:
+    """Stands for the `Event` a wait came from: intact while it still holds that record."""
+
+    def __init__(self, raw: object, seq: int) -> None:
+        self.raw, self.seq, self.key = raw, seq, 0
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 64, 300])
+def test_completions_behind_a_done_head_cost_few_queries(n):
+    """`_pop_done` pops exactly the done prefix of a stream's waits, in few queries: one when the next is not
+    done, three when all are (a burst), O(log k) for k done, and two once it has seen the same k before (paced
+    completions); a released event stops it, never skipped."""
+
+    class Dev:
+        name, on_progress = "fake:0", None
+
+    def stream(done: int, broken: int | None) -> engine_mod._Queue:
+        qs = engine_mod._Queue()
+        for i in range(n):
+            raw = [i]
+            qs.waits.append(engine_mod.Waiter(raw, 0, i, "t", 0, engine_mod.KIND_THREAD, None, None, _Owner(raw, i)))
+        if broken is not None:
+            qs.waits[broken].owner.raw = ["re-recorded"]  # its event now stands elsewhere
+        return qs
+
+    rng = np.random.default_rng(n)
+    for done in sorted({0, 1, n // 2, n - 1, n, *rng.integers(0, n + 1, 5).tolist()}):
+        for broken in (None, *rng.integers(0, n, 2).tolist()):
+            eng = engine_mod.Engine(Dev())
+            qs = stream(done, broken)
+            asked: list = []
+
+            def query(raw, asked=asked, done=done):
+                asked.append(raw[0])
+                return isinstance(raw[0], int) and raw[0] < done
+
+            fired: list = []
+            eng._live = n
+            eng._pop_done(qs, query, fired)
+            got = len(fired)
+            assert [w.seq for w in fired] == list(range(got))  # a prefix, in record order
+            assert got == done if broken is None or broken >= done else got <= done
+            if broken is None:
+                most = 1 if done == 0 else 3 if done == n else 4 + 2 * int(np.log2(done + 1))
+                assert len(asked) <= most, (n, done, asked)
+                if 0 < done < n:  # the same run again, as paced completions come: two queries
+                    again = stream(done, None)
+                    again.run = qs.run
+                    asked.clear()
+                    eng._live = n
+                    eng._pop_done(again, query, [])
+                    assert len(asked) == 2 and again.waits[0].seq == done

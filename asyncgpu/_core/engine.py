@@ -4,8 +4,8 @@ No Python ever runs on a CUDA driver callback thread. How completions are found 
 
 * Pending waits are kept per stream in record order. A stream passes its events in order, so only the oldest
   pending wait of each stream (its *head*) is queried (``cuEventQuery``, never blocks); when it is done, the
-  waits behind it are resolved at once: the newest is queried, and if it is not done yet a binary search finds
-  where the done ones end. A burst of a thousand completions costs a handful of queries.
+  waits behind it are resolved at once: the next is queried (paced completions: one query), then the newest
+  (a burst: all done), else a gallop and a binary search find where the done ones end: O(log k) queries for k.
 * Each (stream, tag) learns how long its work takes from the moment the stream is free to completion, and how
   much that varies ("fast down, slow up": the estimate tracks the low end). While the spread is large (the work
   changed), the thread does not sleep to the prediction in one go: it looks on the way, halving the rest.
@@ -17,7 +17,7 @@ No Python ever runs on a CUDA driver callback thread. How completions are found 
   While a poller covers a loop, the thread leaves that loop's heads alone (a thread that keeps waking would
   contend for the GIL with the very loop that polls).
 * Without an estimate (or once a prediction is missed by more than its window), the thread polls that head
-  with a back-off of 1/16 of how late it is (8 µs .. `MAX_POLL_NS`): each head has its own schedule, so one
+  with a back-off of 1/8 of how late it is (8 µs .. `MAX_POLL_NS`): each head has its own schedule, so one
   wait's age or one missed prediction never sets another's latency. Between looks the thread sleeps in a
   timed wait on a condition (GIL released, timer slack 1 ns); a new wait interrupts it only when it is due
   before the planned look.
@@ -55,7 +55,10 @@ KIND_ASYNCIO, KIND_TRIO, KIND_THREAD = loops.ASYNCIO, loops.TRIO, loops.THREAD  
 KIND_CALLBACK = 3  #: the target is called with the raw event on the waiter thread once it is complete
 
 MIN_POLL_NS = 8_000
-MAX_POLL_NS = 250_000  #: the longest the thread leaves a head unlooked at whose completion it cannot predict
+MAX_POLL_NS = 100_000  #: the longest the thread leaves a head unlooked at whose completion it cannot predict
+#: with a prediction, the thread still looks on the way at least every max(this, the estimate / 32): an
+#: estimate learned from slower work (a burst after a hold, a shorter run after a longer one) costs at most that
+MIN_ON_THE_WAY_NS = 200_000
 LEAD_MARGIN_NS = 10_000  #: a poller is armed (learned wake-up delay + this + twice the spread) before completion
 INITIAL_DELIVERY_NS = {0: 30_000, 1: 60_000, 2: 20_000}  #: first guesses of the arm-to-first-poll delay (asyncio,
 #: trio, a blocked thread)
@@ -122,10 +125,11 @@ def _set_timer_slack_1ns() -> None:
 class _Queue:
     """The pending waits of one stream, in record order, and what the engine learned of that stream."""
 
-    __slots__ = ("waits", "last_done_ns", "estimate_ns", "spread_ns")
+    __slots__ = ("waits", "last_done_ns", "estimate_ns", "spread_ns", "run")
 
     def __init__(self) -> None:
         self.waits: deque[Waiter] = deque()
+        self.run = 1  # how many waits behind a done head were done the last time: the first guess next time
         self.last_done_ns = 0  # when a wait of this stream was last seen complete
         self.estimate_ns: dict[Any, int] = {}  # tag -> how long its work takes once the stream is free
         self.spread_ns: dict[Any, int] = {}  # tag -> how much that varies (mean absolute deviation)
@@ -312,33 +316,58 @@ class Engine:
                     q.popleft()
                     self._learn(qs, w, now)
                     self._fire_locked(w, fired)
-                    self._pop_done(q, query, fired)
+                    self._pop_done(qs, query, fired)
                     break
         return fired
 
-    def _pop_done(self, q: deque[Waiter], query: Callable[[Any], bool], fired: list[Waiter]) -> None:
-        """Pop the waits at the front of ``q`` that are complete, knowing the one just popped before them was:
-        events of one stream complete in record order. Under the lock."""
+    def _pop_done(self, qs: _Queue, query: Callable[[Any], bool], fired: list[Waiter]) -> None:
+        """Pop the waits at the front of ``qs`` that are complete, knowing the one just popped before them was:
+        events of one stream complete in record order. The first guess is as many as last time (``qs.run``):
+        paced completions cost about two queries per look (that one is done, the next is not), a burst three
+        (the newest is done); a wrong guess costs a gallop and a binary search, O(log k) queries for k done. A
+        wait whose event was released or re-recorded says nothing of its place: the search stops before it.
+        Under the lock."""
+        q = qs.waits
         n = len(q)
         if not n:
             return
-        last = q[-1]
-        if last.state != CANCELLED and last.intact() and query(last.raw):
-            done = n
+        g = min(qs.run, n)
+        lo, hi = 0, n  # q[:lo] are done; q[hi:] are not (or cannot tell); n: the end, unknown
+        if _tells(q[g - 1]):
+            if query(q[g - 1].raw):
+                lo = g
+            else:
+                hi = g - 1
         else:
-            lo, hi = 0, n - 1  # q[hi] is not done (or cannot tell)
-            while lo < hi:
-                mid = (lo + hi) >> 1
-                w = q[mid]
-                if not w.intact():  # released or re-recorded: says nothing of its place; go one by one
-                    while lo < hi and q[lo].intact() and query(q[lo].raw):
-                        lo += 1
-                    break
-                if query(w.raw):
-                    lo = mid + 1
-                else:
-                    hi = mid
-            done = lo
+            hi = g - 1
+        if lo == g and g < n:  # the guess was short: is the next done, then the newest?
+            if not (_tells(q[g]) and query(q[g].raw)):
+                hi = g
+            elif n == g + 1 or (_tells(q[-1]) and query(q[-1].raw)):
+                lo = n
+            else:
+                lo, hi, step = g + 1, n - 1, 1
+                while lo + step - 1 < hi:  # gallop: 1, 2, 4, ... past the last known done
+                    i = lo + step - 1
+                    if not (_tells(q[i]) and query(q[i].raw)):
+                        hi = i
+                        break
+                    lo = i + 1
+                    step <<= 1
+        while lo < hi:  # halve what is left between
+            mid = (lo + hi) >> 1
+            w = q[mid]
+            if not _tells(w):  # go one by one up to it
+                while lo < mid and _tells(q[lo]) and query(q[lo].raw):
+                    lo += 1
+                break
+            if query(w.raw):
+                lo = mid + 1
+            else:
+                hi = mid
+        done = lo
+        if done:
+            qs.run = done
         popleft, append = q.popleft, fired.append
         gone = 0
         for _ in range(done):
@@ -459,14 +488,17 @@ class Engine:
                         t = covered
                     else:
                         late = now - (ready if est is None else predicted)
-                        t = now + min(max(late >> 4, MIN_POLL_NS), MAX_POLL_NS)
+                        t = now + min(max(late >> 3, MIN_POLL_NS), MAX_POLL_NS)
                 elif kind <= KIND_THREAD:
                     start = predicted - self._lead_ns(kind, qs, w.tag, est)
                     if now < start:
                         # An unsteady estimate (its spread over an eighth of it) may be far too long: look on the
                         # way, halving the rest each time, rather than sleep past a completion that came sooner.
                         unsteady = qs.spread_ns.get(w.tag, 0) > est >> 3
-                        t = now + max(MIN_POLL_NS, (start - now) >> 1) if unsteady else start
+                        if unsteady:
+                            t = now + max(MIN_POLL_NS, (start - now) >> 1)
+                        else:
+                            t = min(start, now + max(MIN_ON_THE_WAY_NS, est >> 5))
                     elif kind == KIND_THREAD or (w.count[0] == 1 and w.poll_until_ns >= 0 and covered <= now):
                         # a plain thread, or its loop's only wait here: its owner polls it (no hand-over at the end)
                         w.state = EARLY
@@ -622,6 +654,11 @@ class Poller:
 
 #: id(loop or trio token) -> its poller while armed; touched only in that loop's thread
 _POLLERS: weakref.WeakValueDictionary[int, Poller] = weakref.WeakValueDictionary()
+
+
+def _tells(w: Waiter) -> bool:
+    """Whether querying ``w``'s event tells where the stream stands (not withdrawn, its event intact)."""
+    return w.state != CANCELLED and w.intact()
 
 
 def _call_back(w: Waiter) -> None:
