@@ -62,7 +62,8 @@ MIN_ON_THE_WAY_NS = 200_000
 LEAD_MARGIN_NS = 10_000  #: a poller is armed (learned wake-up delay + this + twice the spread) before completion
 INITIAL_DELIVERY_NS = {0: 30_000, 1: 60_000, 2: 20_000}  #: first guesses of the arm-to-first-poll delay (asyncio,
 #: trio, a blocked thread)
-MIN_WINDOW_NS = 60_000  #: a prediction is missed once it is late by max(this, est/4)
+MIN_WINDOW_NS = 60_000  #: a prediction is missed once it is late by max(this, twice the spread) for a loop's wait
+#: (whose poller, or the task itself, polls until then: the loop's CPU), max(this, est/4) for a plain thread
 LINGER_NS = 60_000  #: a poller keeps polling this long after the last completion it saw (or was handed)
 MIN_SPIN_WINDOW_NS = 50_000
 SPIN_MARGIN_NS = 20_000
@@ -482,7 +483,10 @@ class Engine:
                 est = qs.estimate_ns.get(w.tag)
                 ready = max(w.record_ns, qs.last_done_ns)
                 predicted = ready + (est or 0)
-                missed = predicted + max(MIN_WINDOW_NS, (est or 0) >> 2)
+                if kind <= KIND_TRIO and est is not None:  # a loop polls in its window: keep it tight
+                    missed = predicted + max(MIN_WINDOW_NS, 2 * qs.spread_ns.get(w.tag, est >> 5))
+                else:
+                    missed = predicted + max(MIN_WINDOW_NS, (est or 0) >> 2)
                 if est is None or now > missed or (kind == KIND_THREAD and w.poll_until_ns < 0):
                     if covered > now:  # its loop's poller looks at every head anyway
                         t = covered
