@@ -488,8 +488,8 @@ class Engine:
                 else:
                     missed = predicted + max(MIN_WINDOW_NS, (est or 0) >> 2)
                 if est is None or now > missed or (kind == KIND_THREAD and w.poll_until_ns < 0):
-                    if covered > now:  # its loop's poller looks at every head anyway
-                        t = covered
+                    if covered > now:  # its loop's poller looks at every head anyway (trusted a while only:
+                        t = min(covered, now + MAX_POLL_NS)  # an arm that reached a busy loop late ends at once)
                     else:
                         late = now - (ready if est is None else predicted)
                         t = now + min(max(late >> 3, MIN_POLL_NS), MAX_POLL_NS)
@@ -510,7 +510,7 @@ class Engine:
                         early.append(w)
                         continue
                     elif covered >= missed:
-                        t = covered
+                        t = missed
                     else:  # arm (or extend) the loop's poller to this head's window
                         if arm.get(lid, (0, 0, 0))[2] < missed:
                             arm[lid] = (kind, w.loop, missed)
