@@ -67,6 +67,7 @@ MIN_WINDOW_NS = 60_000  #: a prediction is missed once it is late by max(this, t
 LINGER_NS = 60_000  #: a poller keeps polling this long after the last completion it saw (or was handed)
 MIN_SPIN_WINDOW_NS = 50_000
 SPIN_MARGIN_NS = 20_000
+RESUME_CHUNK = 256  #: waiters resumed per loop iteration when the thread hands a loop a batch
 MAX_SLEEP_S = 0.5  # a safety net: even if nothing interrupts a sleep, every wait is looked at this often
 
 _now = time.perf_counter_ns
@@ -498,11 +499,11 @@ class Engine:
                     if now < start:
                         # An unsteady estimate (its spread over an eighth of it) may be far too long: look on the
                         # way, halving the rest each time, rather than sleep past a completion that came sooner.
-                        unsteady = qs.spread_ns.get(w.tag, 0) > est >> 3
-                        if unsteady:
-                            t = now + max(MIN_POLL_NS, (start - now) >> 1)
-                        else:
-                            t = min(start, now + max(MIN_ON_THE_WAY_NS, est >> 5))
+                        # And whatever the estimate, look at least every max(200 µs, est/32).
+                        step = start - now
+                        if qs.spread_ns.get(w.tag, 0) > est >> 3:
+                            step = max(MIN_POLL_NS, step >> 1)
+                        t = now + min(step, max(MIN_ON_THE_WAY_NS, est >> 5))
                     elif kind == KIND_THREAD or (w.count[0] == 1 and w.poll_until_ns >= 0 and covered <= now):
                         # a plain thread, or its loop's only wait here: its owner polls it (no hand-over at the end)
                         w.state = EARLY
@@ -566,6 +567,7 @@ class Engine:
         mine = here.loop if here is not None else None
         last_loop: Any = _NO_LOOP  # (no waiter's loop: plain threads and callbacks have None)
         items: list[Waiter] = []
+        own: list[Waiter] = []  # those of ``here``
         for w in waiters:
             loop = w.loop
             if loop is last_loop:  # (a batch is mostly one loop's)
@@ -582,13 +584,16 @@ class Engine:
                         self._callbacks.append(w)
                         self._cv.notify()
             elif loop is mine:
-                here.resolve(w)
+                last_loop, items = loop, own
+                items.append(w)
             else:
                 entry = by_loop.get(id(loop))
                 if entry is None:
                     entry = by_loop[id(loop)] = (kind, loop, [])
                 last_loop, items = loop, entry[2]
                 items.append(w)
+        if own and here is not None:
+            _resume(here.kind, own, None)  # (a burst's rest in chunks, at the loop's next iterations)
         now = _now()
         for kind, loop, items in by_loop.values():
             then = None
@@ -620,9 +625,6 @@ class Poller:
         if not self.scheduled:
             self.scheduled = True
             self.run()
-
-    def resolve(self, w: Waiter) -> None:
-        loops.resolve_here(self.kind, w.target, w.error)
 
     def run(self) -> None:
         """One pass over the armed engines (in the loop's thread); reschedules itself while any stays armed."""
@@ -684,11 +686,16 @@ def _call_back(w: Waiter) -> None:
         )
 
 
-def _resume(kind: int, waiters: list[Waiter], then: Callable[[], None] | None) -> None:
-    """In the loop's thread: resume a batch of its waiters, then ``then`` (arm its poller)."""
+def _resume(kind: int, waiters: list[Waiter], then: Callable[[], None] | None, start: int = 0) -> None:
+    """In the loop's thread: resume a batch of its waiters, `RESUME_CHUNK` per loop iteration (the loop's
+    timers and other tasks run between chunks of a burst), then ``then`` (arm its poller) after the first."""
     resolve = loops.resolve_here
-    for w in waiters:
+    end = min(start + RESUME_CHUNK, len(waiters))
+    for i in range(start, end):
+        w = waiters[i]
         resolve(kind, w.target, w.error)
+    if end < len(waiters):
+        loops.scheduler(kind, waiters[0].loop)(partial(_resume, kind, waiters, None, end))
     if then is not None:
         then()
 
