@@ -7,6 +7,7 @@ left behind, the loop keeps running while launches wait for room.
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 
@@ -156,17 +157,30 @@ async def test_launches_wait_for_room_and_the_loop_keeps_ticking(backend):
             ev.release()
         stop.set()
 
+    gc_pauses_ns: list[int] = []  # (a failure says whether the collector's pauses explain a stall)
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            gc_pauses_ns.append(-time.perf_counter_ns())
+        elif gc_pauses_ns:
+            gc_pauses_ns[-1] += time.perf_counter_ns()
+
     threading.Timer(0.3, lambda: [r() for r in release]).start()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(ticker)
-        tg.start_soon(producer)
+    gc.callbacks.append(on_gc)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ticker)
+            tg.start_soon(producer)
+    finally:
+        gc.callbacks.remove(on_gc)
     late_ms = np.asarray(late_ns[1:]) / 1e6
     assert most_queued[0] <= stream_mod.QUEUE_BOUND
     assert len(late_ms) > 100
     # Host streams are 8 Python threads that contend for the GIL once released (stalls of tens of ms); the bound
     # there only says the loop never froze for the hold (300 ms).
-    bound_ms = 2.0 if backend == "cuda" else 200.0
-    assert late_ms.max() < bound_ms, f"the loop stalled {late_ms.max():.1f} ms"
+    bound_ms = 2.0 if backend == "cuda" else 250.0
+    gc_ms = max(gc_pauses_ns, default=0) / 1e6
+    assert late_ms.max() < bound_ms, f"the loop stalled {late_ms.max():.1f} ms (longest GC pause {gc_ms:.1f} ms)"
 
 
 async def test_launching_past_the_bound_from_a_loop_warns_and_names_room():
