@@ -23,7 +23,8 @@ No Python ever runs on a CUDA driver callback thread. How completions are found 
   before the planned look.
 * Completions the thread finds are delivered in one batch per loop, through the loop's thread-safe entry point
   (asyncio/uvloop ``call_soon_threadsafe``; trio ``TrioToken.run_sync_soon`` + ``reschedule``), which also arms
-  the loop's poller for a short linger (more of the burst may follow).
+  the loop's poller for a short linger (more of the burst may follow). A large batch is resumed
+  `RESUME_CHUNK` waiters per loop iteration, so the loop's timers and other tasks run between the chunks.
 * A plain thread blocked in a wait (``Event.wait_sync(timeout_s=...)``, a channel's ``get_sync``) is woken by
   releasing the lock it blocks on; it is woken *early*, shortly before the predicted completion, and finishes
   with the driver's own wait or polls.
