@@ -10,11 +10,14 @@ streams per device). Reported, median of ``--repeat`` runs, seconds for:
 - ``str()``: that report as plain text, 100 columns (``print(t.report(...))``, ``str(timer)``, logs: rendered
   without rich's cropping pass, every line fitting already);
 - ``rich.print``: the same through a rich `Console` writing to /dev/null (what ``rich.print(t.report(...))``
-  does: rich crops every line to the console's width itself, about 2 µs a line that no renderable can avoid).
+  does: rich crops every line to the console's width itself, a pass that no renderable can skip);
+- ``rich's pass alone``: that console printing the report's text already cut into segments, one per line and a
+  shared new line (no build, no formatting): the least ``rich.print`` of that many lines can cost, whatever the
+  renderable.
 
-Each timing includes the build. Target (issue 14): a full report of 1 M activities in <= 2 s. Before this change
-the activities went through rich's table layout: about 0.5 ms a row (47 s for 100,000 on a 2-CPU machine); the
-``--rich-table N`` option times that for the first N rows, for comparison.
+Each timing but the last includes the build. Target (issue 14): a full report of 1 M activities in <= 2 s.
+Before this change the activities went through rich's table layout: about 0.5 ms a row (47 s for 100,000 on a
+2-CPU machine); the ``--rich-table N`` option times that for the first N rows, for comparison.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ import sys
 import time
 from typing import Any, Callable
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions
+from rich.segment import Segment
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_scale import make_timeline
@@ -51,6 +55,16 @@ def timed(fn: Callable[[], Any], repeat: int) -> float:
 def rich_print(renderable: Any) -> None:
     with open(os.devnull, "w", encoding="utf-8") as f:
         Console(file=f, width=100, color_system=None).print(renderable)
+
+
+class Prebuilt:
+    """Text already cut into segments for a console: a segment per line, each followed by one new-line segment."""
+
+    def __init__(self, text: str) -> None:
+        self.segments = [s for line in text.splitlines() for s in (Segment(line), Segment.line())]
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> list[Segment]:
+        return self.segments
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -77,10 +91,13 @@ def main(argv: list[str] | None = None) -> None:
     shown = sum(" │ " in line for line in text.splitlines())
     as_text = timed(lambda: str(timeline_report(tl, order="time", limit=None)), args.repeat)
     printed = timed(lambda: rich_print(timeline_report(tl, order="time", limit=None)), args.repeat)
+    prebuilt = Prebuilt(text)
+    floor = timed(lambda: rich_print(prebuilt), args.repeat)
     lines.append(f"# {len(tl):,} activities on {len(tl.devices)} device(s); the text has {shown:,} table rows")
     lines.append(f"build           {build:8.3f} s")
     lines.append(f"str()           {as_text:8.3f} s   ({as_text / len(tl) * 1e6:.2f} µs per activity)")
     lines.append(f"rich.print      {printed:8.3f} s   ({printed / len(tl) * 1e6:.2f} µs per activity)")
+    lines.append(f"rich's pass alone {floor:6.3f} s   (the same lines prebuilt, a segment each: the least possible)")
     if args.rich_table:
         n = min(args.rich_table, len(tl))
         saved = _report.PLAIN_ROWS

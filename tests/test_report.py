@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import io
+import re
 import time
 
 import numpy as np
 import pytest
+from rich.console import Console
 
 from asyncgpu import _report, gpu_timer
 from asyncgpu._records import DeviceClock, Timeline
@@ -397,3 +400,82 @@ def test_a_plain_row_wider_than_the_console_goes_on_the_next_line():
 def test_str_of_a_report_is_its_plain_text():
     report = timeline_report(step_timer())
     assert str(report) == render(report) and plain(str(report)) == STEP_REPORT.rstrip("\n")
+
+
+# -- rich.print of a long report: the same lines as render, in every console mode ----------------------------------
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def long_timeline(n: int) -> Timeline:
+    """``n`` activities on two devices, more than one chunk of plain rows, with a name too long for narrow consoles."""
+    return Timeline.from_arrays(
+        devices=["cuda:0", "cuda:1"],
+        device=np.arange(n) % 2,
+        names=["gemm", "an activity with a rather long name"],
+        name=(np.arange(n) // 3) % 2,
+        start_ns=T0 + np.arange(n) * 1.5e6 + 0.0005e6,
+        end_ns=T0 + np.arange(n) * 1.5e6 + 1e6,
+        scope_start_ns=T0,
+        scope_end_ns=T0 + (n + 1) * 1.5e6,
+    )
+
+
+def printed(console_kwargs: dict, *objects: object, capture: bool = False) -> str:
+    """What a rich console (made with ``console_kwargs``) shows for ``objects`` printed one after another, colour
+    codes removed: exported from its record, or from ``console.capture()``."""
+    console = Console(file=io.StringIO(), **console_kwargs)
+    if capture:
+        with console.capture() as cap:
+            for obj in objects:
+                console.print(obj)
+        return _ANSI.sub("", cap.get())
+    with console:  # held in rich's buffer until the end, as in a live display or a nested print
+        for obj in objects:
+            console.print(obj)
+    return _ANSI.sub("", console.export_text(styles=False)) if console.record else console.file.getvalue()
+
+
+@pytest.mark.parametrize("width", [100, 80, 60, 50, 44])
+@pytest.mark.parametrize(
+    "mode",
+    [
+        {"color_system": None},
+        {"record": True},
+        {"record": True, "force_terminal": True, "color_system": "truecolor"},
+        {"force_terminal": True, "no_color": True, "capture": True},
+        {"force_jupyter": True, "record": True},
+    ],
+    ids=["file", "record", "terminal", "capture", "jupyter"],
+)
+def test_rich_print_of_a_long_report_shows_the_plain_lines_in_order(width, mode):
+    mode = dict(mode)
+    capture = mode.pop("capture", False)
+    n = _report._CHUNK_ROWS + 7
+    report = timeline_report(fake_timer(long_timeline(n)), limit=None)
+    assert report.renderables[0].plain
+    expected = render(report, width=width).splitlines()
+    assert max(map(len, expected)) <= width and sum(" │ " in line for line in expected) > n
+    text = printed({"width": width, **mode}, "before", report, "after", capture=capture)
+    assert text.splitlines() == ["before", *expected, "after"]
+
+
+@pytest.mark.parametrize("width", [80, 44])
+def test_rich_print_of_plain_tables_with_sections_and_captions_equals_render(monkeypatch, width):
+    monkeypatch.setattr(_report, "PLAIN_ROWS", -1)  # every table plain: sections, captions, bars, folded rows
+    report = timeline_report(hard_timer())
+    assert printed({"width": width, "color_system": None}, report) == render(report, width=width)
+
+
+def test_ms_strings_are_pythons_formatting():
+    rng = np.random.default_rng(3)
+    values = np.concatenate(
+        [
+            rng.uniform(-50_000, 50_000, 20_000),
+            np.round(rng.uniform(-1000, 1000, 20_000), 3) + 0.0005,  # ties, as near as a float gets
+            rng.integers(-(10**13), 10**13, 20_000) / 1e6,  # ns as ms
+            10.0 ** rng.uniform(-7, 15, 20_000) * rng.choice([-1, 1], 20_000),
+            [0.0, -0.0, -0.0004, 0.0005, 0.0015, 999.9995, 999_999.9995, 1e9, 1e9 - 5e-4, np.nan, np.inf, -np.inf],
+        ]
+    )
+    assert _report.ms_strings(values) == [_report.ms(v) for v in values.tolist()]
+    assert _report.ms_strings(np.array([])) == [] and _report.ms_strings(np.full(2, np.nan)) == ["—", "—"]
