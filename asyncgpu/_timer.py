@@ -387,8 +387,9 @@ class _ActivityBlock:
         act, self._act = self._act, None
         if act is not None:
             _end(act, block=True)
-            self._stream.tag = self._name
-            self._stream.counted(2)
+            stream = self._stream
+            stream.tag, stream.last_kind = self._name, "user"  # (whatever ran inside: its engine is unknown)
+            stream.counted(2)
         timer = self._timer
         if timer._state == _OPEN:  # a plain tuple here (hot path); a HostRange when the scope ends
             timer._host_ranges.append(

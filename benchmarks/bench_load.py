@@ -606,21 +606,75 @@ def host_cost(dev, n: int = 300, rounds: int = 15) -> dict:
         for _ in range(k):
             s.spin_us(0)
 
+    rec_gil = ctypes.PyDLL("libcuda.so.1").cuEventRecord  # the GIL kept through the call
+    rec_gil.argtypes, rec_gil.restype = (ctypes.c_void_p, ctypes.c_void_p), ctypes.c_int
+    query = lib.cuEventQuery
+    query.argtypes, query.restype = (ctypes.c_void_p,), ctypes.c_int
+    elapsed = lib.cuEventElapsedTime
+    elapsed.argtypes, elapsed.restype = (ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p), ctypes.c_int
+    wait_value = lib.cuStreamWaitValue32_v2
+    wait_value.argtypes, wait_value.restype = (
+        (ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint),
+        ctypes.c_int,
+    )
+    pair = [int(_check(drv.cuEventCreate(0))) for _ in range(2)]
+    flag = dev.bd.alloc_mapped(4096)
+    flag_dptr = dev.bd.device_pointer(flag)
+    out_ms = ctypes.c_float()
+
+    def raw_ctypes_gil(k):
+        for _ in range(k):
+            rec_gil(evi, shi)
+
+    def raw_query(k):  # a completed event
+        for _ in range(k):
+            query(evi)
+
+    def raw_elapsed(k):
+        rec(pair[0], shi)
+        rec(pair[1], shi)
+        dev.bd.sync_stream(s.raw)
+        for _ in range(k):
+            elapsed(ctypes.byref(out_ms), pair[0], pair[1])
+
+    def raw_wait_value(k):  # a hold whose flag is already set: the stream never waits
+        for _ in range(k):
+            wait_value(shi, flag_dptr, 0, 0)
+
+    def raw_block(k):  # what an event-pair activity needs of the driver at the least: 2 records, 1 query, 2 elapsed
+        for _ in range(k):
+            rec(pair[0], shi)
+            rec(pair[1], shi)
+        dev.bd.sync_stream(s.raw)
+        for _ in range(k):
+            query(pair[1])
+            elapsed(ctypes.byref(out_ms), pair[0], pair[1])
+            elapsed(ctypes.byref(out_ms), pair[0], pair[1])
+
     res = {
         "raw cuEventRecord (cuda.bindings)": timed(raw_bindings),
         "raw cuEventRecord (ctypes)": timed(raw_ctypes),
+        "raw cuEventRecord (ctypes, GIL kept)": timed(raw_ctypes_gil),
+        "raw cuEventQuery, complete (ctypes)": timed(raw_query),
+        "raw cuEventElapsedTime (ctypes)": timed(raw_elapsed),
+        "raw cuStreamWaitValue32, flag set (ctypes)": timed(raw_wait_value),
+        "raw event-pair block: 2 records, 1 query, 2 elapsed": timed(raw_block),
         "dev.record() + release(), event pending": timed(record_release, hold_stream, release_stream),
         "dev.record() + release(), idle stream": timed(record_release),
     }
-    for nvtx in (True, False):
-        with asyncgpu.gpu_timer(dev, nvtx=nvtx) as t:
+    from asyncgpu._backends import cupti
 
-            def blocks(k, t=t):
-                for _ in range(k):
-                    with t.activity("a", device=dev):
-                        pass
+    sources = ["events"] + (["cupti"] if cupti.available()[0] else [])
+    for source in sources:
+        for nvtx in (True, False):
+            with asyncgpu.gpu_timer(dev, nvtx=nvtx, source=source) as t:
 
-            res[f"t.activity() block, nvtx={nvtx}"] = timed(blocks)
+                def blocks(k, t=t):
+                    for _ in range(k):
+                        with t.activity("a", device=dev):
+                            pass
+
+                res[f"t.activity() block, source={source}, nvtx={nvtx}"] = timed(blocks)
     untimed = timed(launches)
     res["launch spin_us(0), untimed"] = untimed
     saved = hooks.HOLD
@@ -630,6 +684,9 @@ def host_cost(dev, n: int = 300, rounds: int = 15) -> dict:
             res[f"launch, timed in a scope (added), hold {hold}"] = timed(launches) - untimed
     hooks.HOLD = saved
     drv.cuEventDestroy(raw_ev)
+    for e in pair:
+        drv.cuEventDestroy(e)
+    flag.free()
     base = res["raw cuEventRecord (cuda.bindings)"]
     out = {k: {"ns": v, "x_raw_record": v / base} for k, v in res.items()}
     for k, v in out.items():

@@ -223,6 +223,34 @@ def test_pool_recycles_in_steady_state(dev):
     assert stats.taken >= 2050
 
 
+def test_reclaiming_queries_about_once_per_stream(dev, monkeypatch):
+    """Released events come back to the pool with one query per stream (a stream passes its records in order),
+    and log2(n) for a stream still running, also past older releases still pending on another stream."""
+    s0, s1 = dev.streams[0], dev.streams[1]
+    s0.spin_us(0)
+    for ev in [dev.create_event() for _ in range(600)]:  # grow the pool: no take below reclaims on its own
+        ev.release()
+    dev.synchronize()
+    queries = []
+    real = dev.bd.query
+    monkeypatch.setattr(dev.bd, "query", lambda raw: queries.append(raw) or real(raw))
+    s0.spin_us(300_000)  # stream 0 stays busy: its records stay pending
+    for _ in range(200):
+        dev.record(s0).release()
+        dev.record(s1).release()
+    last = dev.record(s1)
+    last.wait_sync(timeout_s=5)
+    last.release()
+    queries.clear()
+    given = dev._reclaim()
+    assert given >= 201  # stream 1's releases, though stream 0's older ones wait ahead of them
+    assert len(queries) <= 1 + 9 + 2, len(queries)  # stream 1's newest; a binary search over stream 0's 200
+    dev.synchronize()
+    queries.clear()
+    assert dev.pool_stats().in_use == 0
+    assert len(queries) <= 3, len(queries)
+
+
 def test_pool_bound_raises_and_names_the_fix(backend):
     dev = asyncgpu.device(0, backend=backend, max_events=20)
     held = [dev.record() for _ in range(20)]

@@ -212,6 +212,61 @@ def test_events_time_a_memset_on_an_idle_gpu_as_cupti_does(dev, backend):
     a.free()
 
 
+def test_a_bracket_after_the_other_engines_work_is_primed(dev, monkeypatch):
+    """Only event brackets are primed, only at a compute<->copy switch or after work of unknown engine."""
+    a, host = dev.alloc(1024), dev.alloc_pinned(1024)
+    s = dev.stream
+    primes = []
+    monkeypatch.setattr(dev.bd, "prime", lambda raw, engine: primes.append(engine))
+    s.copy_to_host(a, host)
+    s.spin_us(1)  # untimed: never primed
+    with gpu_timer(dev, source="events") as t:
+        s.spin_us(1)  # after a spin: no switch
+        s.copy_to_host(a, host)
+        s.copy_to_host(a, host)
+        s.memset(a, 0)
+        with t.activity("block"):
+            pass
+        s.spin_us(1)  # after a block (its engine unknown)
+    assert primes == ["copy", "compute", "compute"]
+    assert len(t.records) == 6
+
+
+def test_events_time_launches_at_compute_copy_switches_as_cupti_does(dev, backend):
+    """A kernel, a copy, a kernel, a copy, back to back (each follows the other engine's work): unprimed, each
+    bracket read +4 to +8 µs against CUPTI (H200; its start event completed behind the previous engine); primed
+    with a tiny op of its own engine, within a microsecond. Counts the primers too: one per switch."""
+    _cupti_or_skip(backend)
+    n = 1_000_000
+    a, host = dev.alloc(n), dev.alloc_pinned(n)
+    s = dev.stream
+    s.spin_us(1)
+    s.copy_to_host(a, host)
+    dev.synchronize()
+    primes = []
+    real = dev.bd.prime
+    dev.bd.prime = lambda raw, engine: primes.append(engine) or real(raw, engine)
+    errs: dict[int, list[float]] = {}
+    try:
+        for _ in range(8):
+            dev.synchronize()
+            time.sleep(0.002)
+            with gpu_timer(dev, source="cupti") as outer:
+                with gpu_timer(dev, source="events") as inner:
+                    for _ in range(2):
+                        s.spin_us(30)
+                        s.copy_to_host(a, host)
+            for i, (r_e, r_c) in enumerate(zip(inner.records, outer.records, strict=True)):
+                errs.setdefault(i, []).append((r_e.duration_ms - r_c.duration_ms) * 1e3)
+    finally:
+        del dev.bd.prime
+    assert primes == ["compute", "copy"] * 16, primes
+    for i, e in errs.items():
+        e.sort()
+        assert abs(e[len(e) // 2]) <= 1.0, (i, errs)
+    a.free()
+
+
 def test_cupti_times_each_node_of_a_replayed_graph(dev, backend):
     """Under CUPTI a replay's event nodes are slowed down (H200: a 1.5 ms graph read 5 ms between its events);
     the graph and its parts take the nodes' own CUPTI times, matched in capture order."""

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import asyncgpu
+from asyncgpu._core import device as device_mod
 from asyncgpu._core import engine as engine_mod
 from asyncgpu._core import stream as stream_mod
 from asyncgpu.errors import BlockingCallWarning
@@ -181,6 +182,19 @@ async def test_launches_wait_for_room_and_the_loop_keeps_ticking(backend):
     bound_ms = 2.0 if backend == "cuda" else 250.0
     gc_ms = max(gc_pauses_ns, default=0) / 1e6
     assert late_ms.max() < bound_ms, f"the loop stalled {late_ms.max():.1f} ms (longest GC pause {gc_ms:.1f} ms)"
+
+
+def test_a_pool_that_runs_out_reclaims_a_bounded_batch_of_releases(dev):
+    """After a burst of releases, a take that finds its pool empty gives back `RECLAIM_BATCH` of them, not all:
+    the thread that takes (a loop's) never pays for 10,000 releases at once; the rest come back later."""
+    batch = device_mod.RECLAIM_BATCH
+    dev.pool_stats()  # (takes back what earlier work released)
+    events = [dev.record(timing=False) for _ in range(3 * batch)]
+    dev.synchronize()
+    for ev in events:
+        ev.release()
+    assert dev._reclaim() == batch
+    assert dev._reclaim(everything=True) == 2 * batch
 
 
 async def test_launching_past_the_bound_from_a_loop_warns_and_names_room():

@@ -80,6 +80,13 @@ class BackendDevice(ABC):
         """Why `hold` enqueues nothing on this device (None: it holds, or has no need to)."""
         return None
 
+    def prime(self, raw_stream: Any, engine: str) -> None:  # noqa: B027 - optional: hosts have no engines
+        """Enqueue a tiny untimed operation on ``engine`` (``"compute"`` or ``"copy"``) of ``raw_stream``, so that
+        the next event record runs behind that engine. On CUDA a record runs behind the engine of the stream's
+        previous operation: a bracket's start recorded right after a compute<->copy switch completes ~5 µs before
+        its work starts (``asyncgpu._core.hooks.launch_now`` primes at switches). Takes one launch slot; any
+        thread; never blocks (but for the driver's full queue, as a launch)."""
+
     def stream_idle(self, raw_stream: Any) -> bool:
         """Whether everything enqueued on ``raw_stream`` has run (a snapshot). Any thread; never blocks."""
         return True

@@ -178,6 +178,7 @@ class CudaDevice(BackendDevice):
         self._peer_sources: set[int] = set()  # GPUs whose memory pools let this one read them (`copy`)
         self._marker: Any = None  # an idle stream for `mark`
         self._cal: _Calibration | None = None  # the clock calibration's page and stream, made on first use
+        self._primer: _Primer | None = None  # the engine primers' kernel and buffers (`prime`), made on first use
         if drv.record_c is not None:
             self.record, self.query = _ctypes_hot_paths(drv)  # type: ignore[method-assign]  # per instance, on purpose
 
@@ -241,6 +242,19 @@ class CudaDevice(BackendDevice):
     def hold_problem(self) -> str | None:
         return _NO_GATES.get(self.index)
 
+    def prime(self, raw_stream: Any, engine: str) -> None:
+        primer = self._primer
+        if primer is None:
+            with self._kernel_lock:
+                if self._primer is None:
+                    self._primer = _Primer(self)
+            primer = self._primer
+        err = primer.compute(raw_stream[3]) if engine == "compute" else primer.copy(raw_stream[3])
+        if err:
+            raise self._drv.error(
+                self._drv.d.CUresult(err), "cuLaunchKernel" if engine == "compute" else "cuMemcpyDtoHAsync"
+            )
+
     def stream_idle(self, raw_stream: Any) -> bool:
         drv = self._drv
         if drv.stream_query_c is not None:
@@ -269,6 +283,9 @@ class CudaDevice(BackendDevice):
             return gates
 
     def close(self) -> None:
+        primer, self._primer = self._primer, None
+        if primer is not None:
+            primer.close()
         if self._marker is not None:
             self.close_stream(self._marker)
             self._marker = None
@@ -765,6 +782,43 @@ class MappedPage:
         if self.ptr:
             self._drv.d.cuMemFreeHost(self.ptr)
             self.ptr = 0
+
+
+class _Primer:
+    """One device's engine primers (`CudaDevice.prime`): a one-thread ``spin(0)`` kernel for the compute engine,
+    a 4-byte device-to-host copy for the copy engine; both called through libcuda directly (a launch through
+    cuda.core costs ~8 µs of host time)."""
+
+    def __init__(self, dev: CudaDevice) -> None:
+        d = dev._drv.d
+        kernel = dev._kernel("asyncgpu_spin")
+        dev.prepare_kernel(kernel)
+        func = kernel.handle
+        if isinstance(func, d.CUkernel):
+            err, func = d.cuKernelGetFunction(func)
+            if err is not dev._drv.SUCCESS:
+                raise dev._drv.error(err, "cuKernelGetFunction")
+        dev._current()
+        err, self._dptr = d.cuMemAlloc(64)
+        if err is not dev._drv.SUCCESS:
+            raise dev._drv.error(err, "cuMemAlloc")
+        self._drv = dev._drv
+        self._host = dev.alloc_pinned(16, np.uint32)
+        self._arg = ctypes.c_uint64(0)
+        self._params = (ctypes.c_void_p * 1)(ctypes.addressof(self._arg))
+        lib = ctypes.CDLL("libcuda.so.1" if os.name != "nt" else "nvcuda.dll")
+        launch, copy = lib.cuLaunchKernel, lib.cuMemcpyDtoHAsync_v2
+        launch.restype = copy.restype = ctypes.c_int
+        launch.argtypes = (
+            (ctypes.c_void_p,) + (ctypes.c_uint,) * 7 + (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+        )
+        copy.argtypes = (ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p)
+        func_c, params, host, src = ctypes.c_void_p(int(func)), self._params, self._host.ctypes.data, int(self._dptr)
+        self.compute = lambda stream: launch(func_c, 1, 1, 1, 1, 1, 1, 0, stream, params, None)
+        self.copy = lambda stream: copy(host, src, 4, stream)
+
+    def close(self) -> None:
+        self._drv.d.cuMemFree(self._dptr)  # (the stream-ordered primers ahead of a close are done or dropped)
 
 
 class _Gates:

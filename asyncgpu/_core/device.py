@@ -33,12 +33,22 @@ from .engine import Engine
 from .event import Event
 from .memory import DeviceArray
 from .pool import EventPool, PoolStats
-from .stream import Stream
+from .stream import SEQ_BITS, Stream
+
+_now = time.perf_counter_ns
+
+
+def _first(item: tuple) -> Any:
+    return item[0]
 
 if TYPE_CHECKING:
     from .graph import Graph
 
 __all__ = ["Device"]
+
+#: released events a pool that runs out looks at per reclaim: about 0.2 ms of the caller's thread (10,000 at once
+#: stalled a loop ~10 ms on a simulated device: the likely cause of the bench_load ticker's 18-23 ms on an H200)
+RECLAIM_BATCH = 1024
 
 
 @final
@@ -58,7 +68,7 @@ class Device:
     engine: Engine
     timing_pool: EventPool
     plain_pool: EventPool
-    _returns: deque[tuple[Any, bool]]
+    _returns: deque[tuple[Any, bool, int]]
     owned_streams: list[Stream]
     adopted_streams: dict[int, Stream]
     graphs: weakref.WeakSet[Graph]
@@ -99,7 +109,7 @@ class Device:
         self.engine = Engine(bd)
         self.timing_pool = EventPool(bd, timing=True, max_events=max_events, reclaim=self._reclaim)
         self.plain_pool = EventPool(bd, timing=False, max_events=max_events, reclaim=self._reclaim)
-        self._returns = deque()  # released events the device may not have passed yet: (raw, timing)
+        self._returns = deque()  # released events the device may not have passed yet: (raw, timing, seq)
         self.owned_streams = []
         self.adopted_streams = {}
         self.graphs = weakref.WeakSet()  # graphs captured here (asyncgpu._graph), closed with it
@@ -168,15 +178,20 @@ class Device:
         them the driver blocks this call until the device drains (`Stream.room` waits for room in a task)."""
         if self._closed:
             self.check_open()
+        s = self.stream if stream is None else self.stream_of(stream)
         pool = self.timing_pool if timing else self.plain_pool
         raw = pool.take()
-        ev = Event._create(self, raw, timing)
         try:
-            ev.record(stream, tag=tag)
+            s.bd.record(raw, s.raw)
         except BaseException:
-            ev.raw = None
-            pool.give(raw)
+            pool.give(raw)  # not recorded: as it was
             raise
+        if timing:  # a timing record takes one of the driver's launch slots (a plain one does not)
+            s.ops += 1  # (`Stream.counted`, inlined: this is the hot path of every record)
+            if s.ops >= s.next_check:
+                s.counted(0)
+        ev = Event._recorded(self, raw, timing, s.handle, next(s.seqs), _now(), s.tag if tag is None else tag)
+        s.tag = None  # a second record right behind this one has no work of its own before it
         return ev
 
     def create_event(self, *, timing: bool = True) -> Event:
@@ -204,42 +219,82 @@ class Device:
         self._reclaim(everything=True)
         return (self.timing_pool if timing else self.plain_pool).stats()
 
-    def recycle(self, raw: Any, timing: bool, key: int | None) -> None:
+    def recycle(self, raw: Any, timing: bool, key: int | None, seq: int = 0) -> None:
         """Give ``raw`` back to its pool once the device can no longer touch it (``key``: the stream it was last
-        recorded on, None if never). Cheap and lock-free: a recorded event waits in a queue that the pool
-        reclaims from when it runs out (`_reclaim`), never queried here. Any thread (also ``__del__``)."""
+        recorded on, None if never; ``seq``: that record's number on its stream, 0 if unknown). Cheap and
+        lock-free: a recorded event waits in a queue that the pool reclaims from when it runs out (`_reclaim`),
+        never queried here. Any thread (also ``__del__``)."""
         if key is None or self._closed:
             (self.timing_pool if timing else self.plain_pool).give(raw)
         else:
-            self._returns.append((raw, timing))
+            self._returns.append((raw, timing, seq))
 
     def recycle_later(self, raw: Any) -> None:
         """Give the recorded timing event ``raw`` back to its pool once the device has passed it."""
-        self._returns.append((raw, True))
+        self._returns.append((raw, True, 0))
 
     def _reclaim(self, everything: bool = False) -> int:
         """Give back to their pools the released events the device has passed, oldest first: up to the first
-        one still pending, or (``everything``: a pool at its bound, a trim) all of them. Returns how many."""
+        one still pending, or (``everything``: a pool at its bound, a trim) all of them. Returns how many. A pool
+        that runs out looks at the oldest `RECLAIM_BATCH` only: a take on a loop's thread never pays for a whole
+        burst's releases at once (the rest come back at later takes, a pool at its bound or a trim).
+
+        A stream passes its records in order, so one query of each stream's newest released record (by its
+        ``seq``, see `asyncgpu._core.stream.SEQ_BITS`) answers for all its older ones, and a binary search finds
+        the last one passed on a stream still running: a reclaim costs one query per stream (log2 of its releases
+        for a running one), not one per event. (Two threads recording on one stream at once may number their
+        records out of the device's order; an event reclaimed that way is at worst re-recorded while its old
+        record is pending, which the driver allows, and nobody waits on a released event.)"""
         returns, query = self._returns, self.bd.query
-        pending: list[tuple[Any, bool]] = []
-        given = 0
-        for _ in range(len(returns)):
+        taken: list[tuple[Any, bool, int]] = []
+        for _ in range(len(returns) if everything else min(len(returns), RECLAIM_BATCH)):
             try:
-                raw, timing = returns.popleft()
+                taken.append(returns.popleft())
             except IndexError:
                 break
-            try:
-                done = self._closed or query(raw)
-            except BackendError:
-                self.bd.destroy_event(raw)  # a failed device: never reuse its events
+        per_stream: dict[int, list[tuple[int, Any]]] = {}  # stream id -> its releases here: (seq, raw)
+        for raw, _, seq in taken:
+            sid = seq >> SEQ_BITS
+            if sid:
+                per_stream.setdefault(sid, []).append((seq, raw))
+        passed: dict[int, int] = {}  # stream id -> a seq the device has passed
+        try:
+            for sid, recs in per_stream.items():
+                recs.sort(key=_first)
+                if self._closed or query(recs[-1][1]):
+                    passed[sid] = recs[-1][0]
+                    continue
+                lo, hi = -1, len(recs) - 1  # the newest is pending: the last one passed, in log2(n) queries
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    if query(recs[mid][1]):
+                        lo = mid
+                    else:
+                        hi = mid
+                if lo >= 0:
+                    passed[sid] = recs[lo][0]
+        except BackendError:
+            pass  # (the loop below meets it again)
+        pending: list[tuple[Any, bool, int]] = []
+        given = 0
+        for item in taken:
+            raw, timing, seq = item
+            if seq <= passed.get(seq >> SEQ_BITS, -1):
+                done = True
+            elif pending and not everything:
+                pending.append(item)
                 continue
+            else:
+                try:
+                    done = self._closed or query(raw)
+                except BackendError:
+                    self.bd.destroy_event(raw)  # a failed device: never reuse its events
+                    continue
             if done:
                 (self.timing_pool if timing else self.plain_pool).give(raw)
                 given += 1
             else:
-                pending.append((raw, timing))
-                if not everything:
-                    break
+                pending.append(item)
         returns.extendleft(reversed(pending))
         return given
 

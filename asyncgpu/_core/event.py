@@ -56,6 +56,22 @@ class Event:
         self.tag = None
         return self
 
+    @classmethod
+    def _recorded(cls, device: Device, raw: Any, timing: bool, key: int, seq: int, record_ns: int, tag: Any) -> Event:
+        """An event that ``raw``'s record on stream ``key`` (record number ``seq``) has just made (`Device.record`:
+        the hot path, every field set once)."""
+        self = object.__new__(cls)
+        self.device, self.timing, self.raw, self.key, self.seq, self.record_ns, self.tag = (
+            device,
+            timing,
+            raw,
+            key,
+            seq,
+            record_ns,
+            tag,
+        )
+        return self
+
     # -- recording ---------------------------------------------------------------------------------------
     def record(self, stream: Stream | Any | None = None, *, tag: Any = None) -> Event:
         """Record (or re-record) on ``stream`` (default: the device's default stream). Returns ``self``.
@@ -180,7 +196,7 @@ class Event:
         raw = self.raw
         if raw is not None:
             self.raw = None
-            self.device.recycle(raw, self.timing, self.key)
+            self.device.recycle(raw, self.timing, self.key, self.seq)
 
     def __enter__(self) -> Event:
         return self
@@ -192,7 +208,7 @@ class Event:
         raw = getattr(self, "raw", None)
         if raw is not None:
             self.raw = None
-            self.device.recycle(raw, self.timing, self.key)
+            self.device.recycle(raw, self.timing, self.key, self.seq)
 
     def live(self) -> Any:
         """The backend event; `ReleasedError` once released, `ClosedError` once its worker is closed."""

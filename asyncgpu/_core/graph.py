@@ -224,10 +224,10 @@ class Graph:
                 self._point(self._res.events)
                 self.bd.launch_graph(self._res.raw, s.raw)
                 s.counted()
-                s.tag = name
+                s.tag, s.last_kind = name, "graph"
                 return
             pairs, tokens = self._launch_timed(s, name, wanted)
-        s.tag = name
+        s.tag, s.last_kind = name, "graph"
         nodes, count = self._work
         for act_name, kind, start_raw, end_raw, index in pairs:
             covered = nodes[index] if index >= 0 else hooks.WHOLE_GRAPH

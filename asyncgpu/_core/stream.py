@@ -35,7 +35,12 @@ if TYPE_CHECKING:
     from .graph import GraphCapture
     from .hooks import CaptureHook
 
-__all__ = ["MAX_ITERATIONS", "QUEUE_BOUND", "Stream"]
+__all__ = ["MAX_ITERATIONS", "QUEUE_BOUND", "SEQ_BITS", "Stream"]
+
+#: A stream's record numbers (``seqs``) start at its own multiple of ``1 << SEQ_BITS``: ``seq >> SEQ_BITS`` names
+#: the `Stream` object for the life of the process (a CUDA handle may be reused after a close), 0 names no stream.
+SEQ_BITS = 40
+_STREAM_IDS = itertools.count(1)
 
 _MAX_SPIN_US = 9.2e15  # the spin's duration in ns is a 64-bit integer on the device
 MAX_ITERATIONS = (1 << 31) - 1  #: the most iterations of the built-in inc_loop (an int32 in the CUDA kernel)
@@ -73,6 +78,7 @@ class Stream:
         "tag",
         "capture_hook",
         "held",
+        "last_kind",
         "ops",
         "next_check",
         "done_ops",
@@ -89,6 +95,7 @@ class Stream:
     tag: Any
     capture_hook: CaptureHook | None
     held: bool
+    last_kind: str | None
     ops: int
     next_check: int
     done_ops: int
@@ -108,9 +115,10 @@ class Stream:
         self.bd = device.bd
         self.raw = raw
         self.handle = self.bd.stream_handle(raw)  #: the ``cudaStream_t`` address on CUDA
-        self.seqs = itertools.count()
+        self.seqs = itertools.count(next(_STREAM_IDS) << SEQ_BITS)  # record numbers, in record order (`SEQ_BITS`)
         self.tag = None
         self.held = False  # a launch onto it is being held now (`asyncgpu._core.hooks.launch_now`)
+        self.last_kind = None  # the kind of its latest launch through asyncgpu, None if unknown (`hooks.ENGINE_OF`)
         self.ops = 0  # launches enqueued through asyncgpu (`counted`)
         self.next_check = CHECK_EVERY
         self.done_ops = 0  # launches the device is known to have passed (from the checkpoints)
@@ -193,7 +201,7 @@ class Stream:
         while self.checks:
             c = self.checks.popleft()
             if c.raw is not None:
-                self.device.recycle(c.raw, False, c.key)
+                self.device.recycle(c.raw, False, c.key, c.seq)
                 c.raw = None
 
     def __cuda_stream__(self) -> tuple[int, int]:
