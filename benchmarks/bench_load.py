@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import bisect
 import ctypes
+import gc
 import json
 import os
 import platform
@@ -696,16 +697,33 @@ def host_cost(dev, n: int = 300, rounds: int = 15) -> dict:
 
 # -- the loop keeps ticking while 10,000 events queue behind a held kernel ----------------------------------------
 async def _ticker_case(lp, dev, truth, n_events, n_streams, hold_ms):
+    """The ticker's lateness, and when its worst tick came (ms after the case started; the hold is released at
+    ``released_at_ms``) with the longest garbage collection meanwhile: a stall while recording, before the
+    release, is the loop's own work, not the completions."""
     streams = [dev.create_stream() for _ in range(n_streams)]
-    release = truth.hold(streams, 12)
-    late = []
+    start_ns = _now()
+    release_hold = truth.hold(streams, 12)
+    late = []  # (ns late, ns after start_ns)
     stop = [False]
+    released_ns = [0]
+    gc_ns = []  # one per collection: -start, then its duration
+
+    def release():
+        released_ns[0] = _now()
+        release_hold()
+
+    def on_gc(phase, info):
+        if phase == "start":
+            gc_ns.append(-_now())
+        elif gc_ns:
+            gc_ns[-1] += _now()
 
     async def ticker():
         nxt = _now() + 1_000_000
         while not stop[0]:
             await lp.sleep(max(nxt - _now(), 0) / 1e9)
-            late.append(_now() - nxt)
+            now = _now()
+            late.append((now - nxt, now - start_ns))
             nxt += 1_000_000
 
     evs = []
@@ -728,18 +746,30 @@ async def _ticker_case(lp, dev, truth, n_events, n_streams, hold_ms):
     res = {}
     timer = threading.Timer(hold_ms / 1e3, release)  # a thread: a loop frozen in the driver could not release
     timer.start()
-    await lp.gather([ticker(), body()])
+    gc.callbacks.append(on_gc)
+    try:
+        await lp.gather([ticker(), body()])
+    finally:
+        gc.callbacks.remove(on_gc)
     timer.join()
     for ev in evs:
         ev.release()
-    a = np.asarray(late) / 1e6
-    res.update({"ticks": int(a.size), "late_max_ms": float(a.max()), "late_p99_ms": float(np.percentile(a, 99))})
+    a = np.asarray([x for x, _ in late]) / 1e6
+    worst = int(np.argmax(a))
+    res.update(
+        {
+            "ticks": int(a.size),
+            "late_max_ms": float(a.max()),
+            "late_p99_ms": float(np.percentile(a, 99)),
+            "late_max_at_ms": late[worst][1] / 1e6,
+            "released_at_ms": (released_ns[0] - start_ns) / 1e6,
+            "gc_max_ms": max(gc_ns, default=0) / 1e6,
+        }
+    )
     return res
 
 
 def ticker(dev, truth, loop_name, n_events=10_000, n_streams=8, hold_ms=300) -> dict:
-    import gc
-
     gc.collect()  # a garbage collection of the previous cases' objects would read as a stall of the loop
     lp = LOOPS[loop_name]()
     r = lp.run(_ticker_case, dev, truth, n_events, n_streams, hold_ms)
