@@ -245,7 +245,7 @@ class CudaDevice(BackendDevice):
     def prime(self, raw_stream: Any, engine: str) -> None:
         primer = self._primer
         if primer is None:
-            with self._kernel_lock:
+            with _PRIMER_LOCK:  # (not `_kernel_lock`: making the primer loads its kernel under that one)
                 if self._primer is None:
                     self._primer = _Primer(self)
             primer = self._primer
@@ -791,6 +791,7 @@ class _Primer:
 
     def __init__(self, dev: CudaDevice) -> None:
         d = dev._drv.d
+        dev._current()
         kernel = dev._kernel("asyncgpu_spin")
         dev.prepare_kernel(kernel)
         func = kernel.handle
@@ -813,7 +814,8 @@ class _Primer:
             (ctypes.c_void_p,) + (ctypes.c_uint,) * 7 + (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
         )
         copy.argtypes = (ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p)
-        func_c, params, host, src = ctypes.c_void_p(int(func)), self._params, self._host.ctypes.data, int(self._dptr)
+        func_c, params = ctypes.c_void_p(int(func)), ctypes.cast(self._params, ctypes.c_void_p)
+        host, src = self._host.ctypes.data, int(self._dptr)
         self.compute = lambda stream: launch(func_c, 1, 1, 1, 1, 1, 1, 0, stream, params, None)
         self.copy = lambda stream: copy(host, src, 4, stream)
 
@@ -847,6 +849,7 @@ class _Gates:
             return slot
 
 
+_PRIMER_LOCK = threading.Lock()
 _GATES: dict[int, _Gates] = {}  # GPU index -> its hold words
 _NO_GATES: dict[int, str] = {}  # GPU index -> why its streams cannot be held
 _GATES_LOCK = threading.Lock()
