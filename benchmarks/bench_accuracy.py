@@ -152,14 +152,17 @@ def _cases(
 
 def _cupti_activities(path: str) -> list[tuple[str, str, float]]:
     """``(kind, name, duration ns)`` of every kernel, memset and memcpy CUPTI saw on the cases' stream (the one
-    with the most), in start order (the clock calibration's own kernels left out)."""
+    with the most), in start order (the clock calibration's own kernels and the event brackets' engine primers left
+    out)."""
     with open(path) as f:
         events = json.load(f)["traceEvents"]
     rows = []
     for e in events:
         kind = _CUPTI_KIND.get(e.get("cat", ""))
-        if kind is None or "clock" in e.get("name", ""):
+        if kind is None or "clock" in e.get("name", "") or "asyncgpu_prime" in e.get("name", ""):
             continue
+        if kind == "memcpy" and e.get("args", {}).get("bytes") == 4:
+            continue  # asyncgpu's copy-engine primer (`BackendDevice.prime`)
         rows.append((float(e["ts"]), kind, e["name"], float(e["dur"]) * 1e3, e.get("args", {}).get("stream")))
     rows.sort()
     streams = [r[4] for r in rows]

@@ -231,6 +231,7 @@ def test_reclaiming_queries_about_once_per_stream(dev, monkeypatch):
     for ev in [dev.create_event() for _ in range(600)]:  # grow the pool: no take below reclaims on its own
         ev.release()
     dev.synchronize()
+    dev._reclaim(everything=True)  # (what earlier tests of this worker released)
     queries = []
     real = dev.bd.query
     monkeypatch.setattr(dev.bd, "query", lambda raw: queries.append(raw) or real(raw))

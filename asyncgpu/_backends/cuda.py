@@ -33,6 +33,7 @@ __all__ = ["CudaBackend", "CudaDevice", "backend_class", "nvrtc_available"]
 _KERNEL_SOURCES = {
     "asyncgpu_spin": "workloads.cu",
     "asyncgpu_inc_loop": "workloads.cu",
+    "asyncgpu_prime": "workloads.cu",
     "asyncgpu_clock_pingpong": "clock.cu",
     "asyncgpu_clock_bracket": "clock.cu",
     "asyncgpu_inc_loop_profiled": "profiled.cu",
@@ -785,14 +786,14 @@ class MappedPage:
 
 
 class _Primer:
-    """One device's engine primers (`CudaDevice.prime`): a one-thread ``spin(0)`` kernel for the compute engine,
-    a 4-byte device-to-host copy for the copy engine; both called through libcuda directly (a launch through
-    cuda.core costs ~8 µs of host time)."""
+    """One device's engine primers (`CudaDevice.prime`): the empty one-thread kernel ``asyncgpu_prime`` for the
+    compute engine, a 4-byte device-to-host copy for the copy engine (profilers show both); both called through
+    libcuda directly (a launch through cuda.core costs ~8 µs of host time)."""
 
     def __init__(self, dev: CudaDevice) -> None:
         d = dev._drv.d
         dev._current()
-        kernel = dev._kernel("asyncgpu_spin")
+        kernel = dev._kernel("asyncgpu_prime")
         dev.prepare_kernel(kernel)
         func = kernel.handle
         if isinstance(func, d.CUkernel):
@@ -805,8 +806,6 @@ class _Primer:
             raise dev._drv.error(err, "cuMemAlloc")
         self._drv = dev._drv
         self._host = dev.alloc_pinned(16, np.uint32)
-        self._arg = ctypes.c_uint64(0)
-        self._params = (ctypes.c_void_p * 1)(ctypes.addressof(self._arg))
         lib = ctypes.CDLL("libcuda.so.1" if os.name != "nt" else "nvcuda.dll")
         launch, copy = lib.cuLaunchKernel, lib.cuMemcpyDtoHAsync_v2
         launch.restype = copy.restype = ctypes.c_int
@@ -814,9 +813,8 @@ class _Primer:
             (ctypes.c_void_p,) + (ctypes.c_uint,) * 7 + (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
         )
         copy.argtypes = (ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p)
-        func_c, params = ctypes.c_void_p(int(func)), ctypes.cast(self._params, ctypes.c_void_p)
-        host, src = self._host.ctypes.data, int(self._dptr)
-        self.compute = lambda stream: launch(func_c, 1, 1, 1, 1, 1, 1, 0, stream, params, None)
+        func_c, host, src = ctypes.c_void_p(int(func)), self._host.ctypes.data, int(self._dptr)
+        self.compute = lambda stream: launch(func_c, 1, 1, 1, 1, 1, 1, 0, stream, None, None)
         self.copy = lambda stream: copy(host, src, 4, stream)
 
     def close(self) -> None:

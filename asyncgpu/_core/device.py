@@ -41,6 +41,7 @@ _now = time.perf_counter_ns
 def _first(item: tuple) -> Any:
     return item[0]
 
+
 if TYPE_CHECKING:
     from .graph import Graph
 
