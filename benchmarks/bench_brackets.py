@@ -1,12 +1,15 @@
-"""Event brackets against CUPTI per position in sequences of launches (issue 13): raw event pair minus CUPTI's span.
+"""Event brackets against CUPTI per position in sequences of launches (issue 13): where a bracket's excess sits.
 
-    PYTHONPATH=$PWD python benchmarks/bench_brackets.py [SEQ,SEQ,...]
+    PYTHONPATH=$PWD python benchmarks/bench_brackets.py [SEQ,SEQ,...] [--unprimed]
 
 Each sequence is launched back to back on one stream of the first GPU inside an events-source scope (no overhead
-subtracted) nested in a CUPTI-source scope, 8 times; per position, the median and range of (event pair - CUPTI)
-in µs. Letters: M memset 40 MB, K inc_loop x50 on 40 MB, C copy 40 MB to pinned host memory, S spin 20 µs,
-B spin 2 ms (a busy stream), m/c a 4 KB memset/copy. ``never``: the launch hold off (see asyncgpu._core.hooks).
-Needs a CUDA GPU and cupti-python.
+subtracted) nested in a CUPTI-source scope, 10 times. Per position: the duration's error (event pair - CUPTI, µs)
+as median [min, max], and the medians of the start's and the end's errors (their common offset is the two
+sources' placement; what matters is which one moves). Letters: M memset 40 MB, K inc_loop x50 on 40 MB, C copy
+40 MB to pinned host memory, S spin 20 µs, B spin 2 ms, c a 4 KB copy, and, untimed (backend calls, no bracket):
+p a 4-byte copy to pinned memory, q the empty kernel ``asyncgpu_prime``. A repetition follows the previous one's
+last launch on the same stream. ``--unprimed``: without asyncgpu's own primers at compute<->copy switches (as
+before they existed). Needs a CUDA GPU and cupti-python.
 """
 
 import asyncio
@@ -18,11 +21,11 @@ import asyncgpu
 from asyncgpu._core import hooks
 
 N = 10_000_000
+SEQS = "S,C,SS,CC,SC,CS,SpC,CqS,KC,CK,MKKKC,pMKKKC,qMKKKC,BMKKKC,BCCC,Sc,cS"
 
 
-async def variant(d, name, fn, reps=8, hold="always"):
-    errs = {}
-    hooks.HOLD = hold
+async def variant(d, name, fn, reps=10):
+    st, en, du = {}, {}, {}
     for _ in range(reps):
         await asyncio.sleep(0.002)
         async with asyncgpu.gpu_timer(d, source="cupti") as tc:
@@ -31,73 +34,47 @@ async def variant(d, name, fn, reps=8, hold="always"):
                 with d.record() as e:
                     await e.wait()
         re, rc = te.records(), tc.records()
-        for i, (r_e, r_c) in enumerate(zip(re, rc)):
-            errs.setdefault(f"{i}{r_e.kind[:2]}", []).append((r_e.duration_ms - r_c.duration_ms) * 1e3)
-    hooks.HOLD = "always"
-    print(
-        f"{name:24s} {hold:6s} "
-        + "  ".join(f"{k} {np.median(v):+6.2f} [{np.min(v):+.1f},{np.max(v):+.1f}]" for k, v in errs.items()),
-        flush=True,
+        assert len(re) == len(rc), (len(re), len(rc))
+        for i, (a, b) in enumerate(zip(re, rc)):
+            k = f"{i}{a.kind[:2]}"
+            st.setdefault(k, []).append((a.start_ns - b.start_ns) / 1e3)
+            en.setdefault(k, []).append((a.end_ns - b.end_ns) / 1e3)
+            du.setdefault(k, []).append((a.duration_ms - b.duration_ms) * 1e3)
+    cells = (
+        f"{k} dur {np.median(v):+5.2f} [{np.min(v):+.1f},{np.max(v):+.1f}] st {np.median(st[k]):+5.2f} "
+        f"en {np.median(en[k]):+5.2f}"
+        for k, v in du.items()
     )
+    print(f"{name:12s} " + "  ".join(cells), flush=True)
 
 
 async def main():
     d = asyncgpu.device(0)
     s = d.stream
-    old = d.alloc(N)
-    oldp = d.alloc_pinned(N)
-    small = d.alloc(1024)
-    smallp = d.alloc_pinned(1024)
-    s.memset(old, 0)
-    s.inc_loop(old, 1)
-    s.copy_to_host(old, oldp)
+    big, big_host = d.alloc(N), d.alloc_pinned(N)
+    small, small_host = d.alloc(1024), d.alloc_pinned(1024)
+    s.memset(big, 0)
+    s.inc_loop(big, 1)
+    s.copy_to_host(big, big_host)
     s.spin_us(1)
     await d.record().wait()
+    bd = d.bd
+    prime = getattr(bd, "prime", None)
     ops = {
-        "M": lambda: s.memset(old, 0),
-        "K": lambda: s.inc_loop(old, 50),
-        "C": lambda: s.copy_to_host(old, oldp),
+        "M": lambda: s.memset(big, 0),
+        "K": lambda: s.inc_loop(big, 50),
+        "C": lambda: s.copy_to_host(big, big_host),
         "S": lambda: s.spin_us(20),
         "B": lambda: s.spin_us(2000),
-        "m": lambda: s.memset(small, 0),
-        "c": lambda: s.copy_to_host(small, smallp),
+        "c": lambda: s.copy_to_host(small, small_host),
+        "p": lambda: prime(s.raw, "copy"),
+        "q": lambda: prime(s.raw, "compute"),
     }
-    seqs = (
-        sys.argv[1].split(",")
-        if len(sys.argv) > 1
-        else [
-            "M",
-            "K",
-            "C",
-            "S",
-            "MKKKC",
-            "KKKKK",
-            "SSSS",
-            "MMM",
-            "CCC",
-            "KC",
-            "CK",
-            "MK",
-            "KM",
-            "SM",
-            "MS",
-            "SC",
-            "CS",
-            "BMKKKC",
-            "BSSSS",
-            "BMMM",
-            "BCCC",
-            "mS",
-            "Sm",
-            "cS",
-            "Sc",
-        ]
-    )
-    for seq in seqs:
-        fn = lambda seq=seq: [ops[c]() for c in seq]
-        await variant(d, seq, fn)
-        if seq.startswith("B") or seq in ("MKKKC", "SSSS"):
-            await variant(d, seq, fn, hold="never")
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    if "--unprimed" in sys.argv:
+        hooks.ENGINE_OF = {}  # no launch kind has a known engine: nothing is primed
+    for seq in (args[0] if args else SEQS).split(","):
+        await variant(d, seq, lambda seq=seq: [ops[c]() for c in seq])
     print("learned pair excess ns:", d.pair_excess_ns(), "bracket overhead:", d.bd.bracket_overhead_ns())
 
 
