@@ -103,6 +103,7 @@ class _Activity:
 # activity's duration and start, then recycle its events. `_HARVEST_LOCK` orders that against `_finish`.
 _HARVEST_EVERY = 256
 _POOL_KEEP = 1024  # free events a device's pools keep when a scope ends (`Device.trim`)
+_TRIM_INLINE = 1024  # releases and surplus events an async scope's exit goes through on the loop's thread
 _UNHARVESTED: dict[Device, deque[_Activity]] = {}  # (entries of closed devices go at a scope's end)
 _HARVESTING: set[Device] = set()  # devices with a harvest callback pending
 _HARVEST_LOCK = threading.Lock()
@@ -186,6 +187,13 @@ def _harvest(dev: Device) -> None:
                     pool.give(start)
     finally:
         _HARVESTING.discard(dev)
+
+
+def _trim_all(devices: list[Device]) -> None:
+    """`Device.trim` each open one of ``devices`` to `_POOL_KEEP` (a worker thread at an async scope's exit)."""
+    for d in devices:
+        if not d.closed:
+            d.trim(_POOL_KEEP)
 
 
 def _retire(dev: Device, chain: _Chain) -> None:
@@ -567,6 +575,13 @@ class Timer:
                 with anyio.CancelScope(shield=True):
                     await anyio.to_thread.run_sync(self._cupti_collect)
             self._finish(fences)
+            heavy = self._trim(at_most=_TRIM_INLINE)
+            if heavy:  # in a worker thread, shielded (it always ends): the loop keeps running meanwhile
+                import anyio
+                import anyio.to_thread
+
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(_trim_all, heavy)
         self._report()
         if fence_error is not None:
             raise fence_error
@@ -597,6 +612,7 @@ class Timer:
         finally:
             self._cupti_collect()
             self._finish(fences)
+            self._trim()
         self._report()
         if fence_error is not None:
             raise fence_error
@@ -838,9 +854,20 @@ class Timer:
         self._acts = []
         self._host_ranges = []
         self._start_marks = {}
-        for d in self.devices:  # a burst of activities grew the pools: they shrink back once it is over
-            if not d.closed:
+
+    def _trim(self, at_most: int | None = None) -> list[Device]:
+        """Shrink the devices' pools back to `_POOL_KEEP` free events (a burst of activities grew them) where that
+        means at most ``at_most`` releases and events to go through (None: any number); returns the devices left
+        for a worker thread (`Device.trim` blocks about 1 µs per event: thousands would stall a loop)."""
+        left = []
+        for d in self.devices:
+            if d.closed:
+                continue
+            if at_most is None or d.trim_backlog(_POOL_KEEP) <= at_most:
                 d.trim(_POOL_KEEP)
+            else:
+                left.append(d)
+        return left
 
     def _apply_cupti(self, acts: list, start_col: np.ndarray, dur_col: np.ndarray, from_cupti: np.ndarray) -> list:
         """CUPTI's device times in place of the events' where CUPTI saw the activity's work: a launch takes its

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import anyio
 import numpy as np
 import pytest
@@ -275,3 +277,23 @@ async def test_a_long_scope_gives_finished_events_back_and_places_them_on_the_ho
     assert (tl.end_ns[order][:-1] <= tl.start_ns[order][1:] + 1).all()  # one stream: one after the other
     assert tl.start_ns.min() >= t._t0_ns and tl.end_ns.max() <= t._t1_ns + 1e6
     assert dev.pool_stats().in_use <= len(dev.kept_events)  # only the chain's reference is kept
+
+
+async def test_an_async_scope_shrinks_big_pools_in_a_worker_thread(monkeypatch):
+    """Thousands of surplus events go back to the system from a worker thread at an async scope's exit (about
+    1 µs each on CUDA: on the loop's thread that would stall it); a few are trimmed at once."""
+    dev = asyncgpu.device("host:0")
+    loop_thread = threading.get_ident()
+    trims = []
+    real = dev.trim
+    monkeypatch.setattr(dev, "trim", lambda keep=256: trims.append(threading.get_ident()) or real(keep))
+    async with asyncgpu.gpu_timer(dev):
+        dev.stream.spin_us(1)
+    assert trims == [loop_thread]
+    for ev in [dev.create_event(timing=False) for _ in range(5_000)]:
+        ev.release()
+    trims.clear()
+    async with asyncgpu.gpu_timer(dev):
+        dev.stream.spin_us(1)
+    assert len(trims) == 1 and trims[0] != loop_thread
+    assert dev.pool_stats(False).free <= 1024

@@ -309,6 +309,11 @@ class Device:
             self.kept_events.pop(id(raw), None)
             self.timing_pool.give(raw)
 
+    def trim_backlog(self, keep: int = 256) -> int:
+        """How many releases and surplus free events a `trim` to ``keep`` would go through (a snapshot). Hot."""
+        surplus = max(self.timing_pool.free_count() - keep, 0) + max(self.plain_pool.free_count() - keep, 0)
+        return len(self._returns) + surplus
+
     def trim(self, keep: int = 256) -> None:
         """Reclaim the released events the device has passed and destroy free events beyond ``keep`` per pool: the
         pools shrink back once a burst of work is over (a finished scope calls this). Any thread; blocks

@@ -127,7 +127,7 @@ HOLD = "always"
 HOLD_USERS = 0
 #: The engine each launch kind runs on: an event bracket whose launch follows the other engine's work on its
 #: stream is primed first (see `launch_now`). Other kinds (graphs, activity blocks) leave the engine unknown.
-ENGINE_OF = {"kernel": "compute", "memset": "compute", "memcpy": "copy"}
+ENGINE_OF: dict[str | None, str] = {"kernel": "compute", "memset": "compute", "memcpy": "copy"}
 _lock = threading.Lock()
 
 

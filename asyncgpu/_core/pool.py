@@ -86,6 +86,10 @@ class EventPool:
             except IndexError:
                 raise PoolExhaustedError(self._exhausted()) from None
 
+    def free_count(self) -> int:
+        """Events ready to be taken now (a snapshot). Hot."""
+        return len(self._free)
+
     def running_low(self) -> bool:
         """Whether fewer events are free than one growth makes (the next takes may create events). Hot."""
         return len(self._free) < self._grow_by
