@@ -61,15 +61,8 @@ class Event:
         """An event that ``raw``'s record on stream ``key`` (record number ``seq``) has just made (`Device.record`:
         the hot path, every field set once)."""
         self = object.__new__(cls)
-        self.device, self.timing, self.raw, self.key, self.seq, self.record_ns, self.tag = (
-            device,
-            timing,
-            raw,
-            key,
-            seq,
-            record_ns,
-            tag,
-        )
+        self.device, self.timing, self.raw = device, timing, raw
+        self.key, self.seq, self.record_ns, self.tag = key, seq, record_ns, tag
         return self
 
     # -- recording ---------------------------------------------------------------------------------------
