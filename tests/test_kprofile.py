@@ -822,3 +822,18 @@ async def test_gpu_two_devices_records_on_each_process():
     assert all(r.aligned and len(r) == 3 * 1024 for r in results.values())
     events = check_layer_trace(trace_dict(t))
     assert {ev["pid"] for ev in events} == {2, 3}
+
+
+def test_host_inc_loop_on_uninitialized_memory_raises_nothing():
+    """As on a GPU, float math on whatever fresh memory holds (here signaling NaNs) raises no warning on the host
+    backend: one did, now and then, under pytest's warnings-as-errors, and poisoned the device."""
+    dev = asyncgpu.device("host:0")
+    a, b = dev.alloc(1024), dev.alloc(1024)
+    for arr in (a, b):
+        arr.live()[:4].view(np.uint32)[:] = 0x7F800001
+    dev.stream.inc_loop(a, 3)
+    prof = KernelProfiler(dev)
+    prof.inc_loop(b, 3)
+    assert len(prof.collect_sync()) == 3
+    prof.close()
+    dev.synchronize()
