@@ -24,7 +24,7 @@ import threading
 import time
 from collections import deque
 from contextvars import ContextVar
-from typing import Any, Callable, Iterable, final
+from typing import Any, Callable, Iterable, Sequence, final
 
 import numpy as np
 
@@ -189,7 +189,7 @@ def _harvest(dev: Device) -> None:
         _HARVESTING.discard(dev)
 
 
-def _trim_all(devices: list[Device]) -> None:
+def _trim_all(devices: Sequence[Device]) -> None:
     """`Device.trim` each open one of ``devices`` to `_POOL_KEEP` (a worker thread at an async scope's exit)."""
     for d in devices:
         if not d.closed:
@@ -612,7 +612,7 @@ class Timer:
         finally:
             self._cupti_collect()
             self._finish(fences)
-            self._trim()
+            _trim_all(self.devices)
         self._report()
         if fence_error is not None:
             raise fence_error
@@ -855,19 +855,13 @@ class Timer:
         self._host_ranges = []
         self._start_marks = {}
 
-    def _trim(self, at_most: int | None = None) -> list[Device]:
+    def _trim(self, at_most: int) -> list[Device]:
         """Shrink the devices' pools back to `_POOL_KEEP` free events (a burst of activities grew them) where that
-        means at most ``at_most`` releases and events to go through (None: any number); returns the devices left
-        for a worker thread (`Device.trim` blocks about 1 µs per event: thousands would stall a loop)."""
-        left = []
-        for d in self.devices:
-            if d.closed:
-                continue
-            if at_most is None or d.trim_backlog(_POOL_KEEP) <= at_most:
-                d.trim(_POOL_KEEP)
-            else:
-                left.append(d)
-        return left
+        means at most ``at_most`` releases and events to go through; returns the devices left for a worker thread
+        (`Device.trim` blocks about 1 µs per event: thousands would stall a loop)."""
+        heavy = [d for d in self.devices if not d.closed and d.trim_backlog(_POOL_KEEP) > at_most]
+        _trim_all([d for d in self.devices if d not in heavy])
+        return heavy
 
     def _apply_cupti(self, acts: list, start_col: np.ndarray, dur_col: np.ndarray, from_cupti: np.ndarray) -> list:
         """CUPTI's device times in place of the events' where CUPTI saw the activity's work: a launch takes its
