@@ -210,10 +210,18 @@ def test_elapsed_before_completion_raises_not_ready(dev):
     end.release()
 
 
+def _settled(dev):
+    """The pool's counters once a growth ahead (on the waiter thread) is over."""
+    deadline = time.monotonic() + 10
+    while (stats := dev.pool_stats()).growing and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return stats
+
+
 def test_pool_recycles_in_steady_state(dev):
     for _ in range(50):
         dev.record().release()
-    created = dev.pool_stats().created
+    created = _settled(dev).created
     for _ in range(2000):
         ev = dev.record()
         ev.wait_sync()

@@ -138,12 +138,11 @@ async def test_launches_wait_for_room_and_the_loop_keeps_ticking(backend):
     stop = threading.Event()
     events = []
 
-    async def ticker():
-        nxt = time.perf_counter_ns() + 1_000_000
+    async def ticker():  # each tick 1 ms after the last: one stall makes one late tick
         while not stop.is_set():
-            await anyio.sleep(max(nxt - time.perf_counter_ns(), 0) / 1e9)
+            nxt = time.perf_counter_ns() + 1_000_000
+            await anyio.sleep(0.001)
             late_ns.append(time.perf_counter_ns() - nxt)
-            nxt += 1_000_000
 
     async def producer():
         for i in range(10_000):
@@ -158,30 +157,30 @@ async def test_launches_wait_for_room_and_the_loop_keeps_ticking(backend):
             ev.release()
         stop.set()
 
-    gc_pauses_ns: list[int] = []  # (a failure says whether the collector's pauses explain a stall)
-
-    def on_gc(phase: str, info: dict) -> None:
-        if phase == "start":
-            gc_pauses_ns.append(-time.perf_counter_ns())
-        elif gc_pauses_ns:
-            gc_pauses_ns[-1] += time.perf_counter_ns()
-
     threading.Timer(0.3, lambda: [r() for r in release]).start()
-    gc.callbacks.append(on_gc)
+    # The collector's pauses are not asyncgpu's (a full collection in a young process took ~20 ms on a GPU host).
+    was_enabled = gc.isenabled()
+    gc.disable()
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(ticker)
             tg.start_soon(producer)
     finally:
-        gc.callbacks.remove(on_gc)
+        if was_enabled:
+            gc.enable()
     late_ms = np.asarray(late_ns[1:]) / 1e6
     assert most_queued[0] <= stream_mod.QUEUE_BOUND
     assert len(late_ms) > 100
-    # Host streams are 8 Python threads that contend for the GIL once released (stalls of tens of ms); the bound
-    # there only says the loop never froze for the hold (300 ms).
-    bound_ms = 2.0 if backend == "cuda" else 250.0
-    gc_ms = max(gc_pauses_ns, default=0) / 1e6
-    assert late_ms.max() < bound_ms, f"the loop stalled {late_ms.max():.1f} ms (longest GC pause {gc_ms:.1f} ms)"
+    worst = f"{late_ms.max():.1f} ms; ticks 2 ms late or more: {np.round(late_ms[late_ms >= 2.0], 1).tolist()}"
+    if backend == "host":
+        # Host streams are 8 Python threads that contend for the GIL once released (stalls of tens of ms): the
+        # bound only says the loop never froze for the hold (300 ms).
+        assert late_ms.max() < 250.0, f"the loop stalled {worst}"
+        return
+    # Every tick within 2 ms but one: on a VM, a loop idle in epoll_wait with its timer due was seen woken 3.5 ms
+    # late (faulthandler's stacks: the loop in select, the waiter thread asleep). Blocking in the driver for the
+    # hold would stall for 300 ms.
+    assert (late_ms >= 2.0).sum() <= 1 and late_ms.max() < 10.0, f"the loop stalled {worst}"
 
 
 def test_a_pool_that_runs_out_reclaims_a_bounded_batch_of_releases(dev):
@@ -263,6 +262,45 @@ async def test_a_failing_callback_is_reported_and_the_waiter_thread_goes_on(monk
         await anyio.sleep(0.01)
     assert len(seen) == 1 and isinstance(seen[0], ZeroDivisionError)
     ev.release()
+
+
+def test_a_pool_running_low_grows_ahead_on_the_waiter_thread(dev, monkeypatch):
+    """Creating events costs tens of µs each on a GPU: once the pool made its first few, a caller that records
+    (a loop's thread) never creates them itself while the waiter thread keeps up: the pool grows ahead there."""
+    creators = []
+    real = dev.bd.create_event
+    monkeypatch.setattr(
+        dev.bd, "create_event", lambda timing: creators.append(threading.current_thread().name) or real(timing)
+    )
+    events = []
+    for _ in range(400):
+        events.append(dev.record(timing=False))
+        time.sleep(0.0002)  # (a caller slower than the waiter thread's growth, as a loop between records is)
+    first = creators[:16]  # the pool's first chunk: made by the first take, as before
+    assert first == ["MainThread"] * 16
+    assert len(creators) >= 400
+    assert set(creators[16:]) == {f"asyncgpu-{dev.name}-waiter"}
+    for ev in events:
+        ev.release()
+
+
+async def test_a_failing_job_is_reported_and_the_waiter_thread_goes_on(monkeypatch):
+    seen = []
+    monkeypatch.setattr("sys.unraisablehook", lambda args: seen.append(args.exc_value))
+    dev = asyncgpu.device("host:0")
+    ran = threading.Event()
+
+    def boom():
+        raise ZeroDivisionError("in a job")
+
+    dev.engine.run_soon(boom)
+    dev.engine.run_soon(ran.set)
+    assert await anyio.to_thread.run_sync(ran.wait, 10)
+    s = dev.stream
+    s.spin_us(1_000)
+    with s.record() as ev:
+        await ev.wait()  # the waiter thread still serves waits
+    assert len(seen) == 1 and isinstance(seen[0], ZeroDivisionError)
 
 
 class _Owner:

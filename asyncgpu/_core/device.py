@@ -105,8 +105,9 @@ class Device:
         self._forked_from = None  # the parent's pid, in a child process after os.fork() (`mark_forked`)
         self._lock = threading.Lock()
         self.engine = Engine(bd)
-        self.timing_pool = EventPool(bd, timing=True, max_events=max_events, reclaim=self._reclaim)
-        self.plain_pool = EventPool(bd, timing=False, max_events=max_events, reclaim=self._reclaim)
+        grow_soon = self.engine.run_soon  # pools grow ahead of need on the waiter thread, not the caller's
+        self.timing_pool = EventPool(bd, timing=True, max_events=max_events, reclaim=self._reclaim, grow_soon=grow_soon)
+        self.plain_pool = EventPool(bd, timing=False, max_events=max_events, reclaim=self._reclaim, grow_soon=grow_soon)
         self._returns = deque()  # released events the device may not have passed yet: (raw, timing, seq)
         self.owned_streams = []
         self.adopted_streams = {}

@@ -157,6 +157,7 @@ class Engine:
         self._per_loop: dict[Any, list[int]] = {}  # loop -> [pending waits of that loop here]
         self.covered_until: dict[Any, int] = {}  #: loop -> until when that loop's poller polls here (ns)
         self._callbacks: deque[Waiter] = deque()  # complete callbacks a poller found: the thread runs them
+        self._jobs: deque[Callable[[], None]] = deque()  # housekeeping handed over by `run_soon`
         device.on_progress = self.kick
 
     # -- called from loops / other threads ----------------------------------------------------------------
@@ -199,11 +200,27 @@ class Engine:
                 cell[0] += 1
                 w.count = cell
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=f"asyncgpu-{self._dev.name}-waiter", daemon=True)
-                self._thread.start()
+                self._start_locked()
             elif self._sleeping and q[0] is w and self._due_ns(qs, w) < self._wake_at_ns:
                 self._cv.notify()
         return w
+
+    def _start_locked(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"asyncgpu-{self._dev.name}-waiter", daemon=True)
+        self._thread.start()
+
+    def run_soon(self, job: Callable[[], None]) -> None:
+        """Run ``job()`` on the waiter thread soon: housekeeping that would stall the caller (a pool growing ahead
+        of need). Any thread; never blocks. A job that raises is reported as unraisable; jobs still queued at
+        `close` are dropped."""
+        with self._lock:
+            if self._closed:
+                return
+            self._jobs.append(job)
+            if self._thread is None:
+                self._start_locked()
+            elif self._sleeping:
+                self._cv.notify()
 
     def _due_ns(self, qs: _Queue, w: Waiter) -> int:
         """When the thread should first look at a new head ``w`` (0: at once). Under the lock."""
@@ -278,6 +295,7 @@ class Engine:
         """Stop the thread. Pending waits fail with `ClosedError`."""
         with self._lock:
             self._closed = True
+            self._jobs.clear()
             self._cv.notify()
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
@@ -433,11 +451,13 @@ class Engine:
             raise
 
     def _step(self) -> bool:
-        callbacks = self._callbacks
+        callbacks, jobs = self._callbacks, self._jobs
         while callbacks:
             _call_back(callbacks.popleft())
+        while jobs:
+            _run_job(jobs.popleft())
         with self._lock:
-            while self._live == 0 and not callbacks:
+            while self._live == 0 and not callbacks and not jobs:
                 self._queues = {k: qs for k, qs in self._queues.items() if qs.estimate_ns}  # what it learned stays
                 self._per_loop.clear()
                 if self._closed:
@@ -450,7 +470,7 @@ class Engine:
                 self._fail_all_locked(ClosedError(f"{self._dev.name} was closed while a task waited on it"))
                 return True
             if not self._live:
-                return True  # (callbacks to run)
+                return True  # (callbacks or jobs to run)
         try:
             fired = self.collect(skip_covered=True)
         except BackendError as err:
@@ -525,7 +545,7 @@ class Engine:
                 if t < wake_at:
                     wake_at = t
             timeout = (wake_at - now) / 1e9
-            if not (arm or early or timeout <= 0 or self._closed or self._callbacks):
+            if not (arm or early or timeout <= 0 or self._closed or self._callbacks or self._jobs):
                 self._sleeping = True
                 self._wake_at_ns = wake_at
                 self._cv.wait(min(timeout, MAX_SLEEP_S))
@@ -683,6 +703,22 @@ def _call_back(w: Waiter) -> None:
                 exc_traceback=exc.__traceback__,
                 err_msg="asyncgpu: a completion callback failed on the waiter thread",
                 object=w.target,
+            )
+        )
+
+
+def _run_job(job: Callable[[], None]) -> None:
+    """Run a `Engine.run_soon` job on the waiter thread; one that raises never stops the thread."""
+    try:
+        job()
+    except Exception as exc:  # noqa: BLE001 - the waiter thread must go on
+        sys.unraisablehook(
+            SimpleNamespace(
+                exc_type=type(exc),
+                exc_value=exc,
+                exc_traceback=exc.__traceback__,
+                err_msg="asyncgpu: a housekeeping job failed on the waiter thread",
+                object=job,
             )
         )
 

@@ -1,9 +1,12 @@
 """A per-device pool of recycled backend events.
 
 Events are created in chunks on demand, up to ``max_events``; in the steady state `take` and `give` only move an
-event between a list and the caller. An event is given back only once the device can no longer touch it (the
-device's queue of releases checks: see `asyncgpu._core.device.Device.recycle`). Thread-safe: `take` and `give`
-may be called from any thread (list append/pop are atomic under the GIL; growth and trims take a lock).
+event between a list and the caller. With ``grow_soon`` (the device's waiter thread), a pool running low grows
+*ahead* of need on that thread: creating an event costs about 7 µs on an H200 host (spikes of hundreds), which a
+loop's thread must not pay in the middle of a burst of records (a chunk of 64 stalls a 1 ms ticker). An event is
+given back only once the device can no longer touch it (the device's queue of releases checks: see
+`asyncgpu._core.device.Device.recycle`). Thread-safe: `take` and `give` may be called from any thread (list
+append/pop are atomic under the GIL; growth and trims take a lock).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .._backends.contract import BackendDevice
-from .._errors import PoolExhaustedError
+from .._errors import BackendError, PoolExhaustedError
 
 __all__ = ["EventPool", "PoolStats"]
 
@@ -30,6 +33,7 @@ class PoolStats:
     taken: int  #: total takes (counted without a lock: a close estimate under concurrent takes)
     grows: int  #: times the pool had to create events
     max_events: int
+    growing: bool = False  #: a growth ahead of need is under way on the waiter thread (``created`` may still rise)
 
 
 class EventPool:
@@ -45,9 +49,13 @@ class EventPool:
         max_events: int,
         grow_by: int = 64,
         reclaim: Callable[[bool], int] | None = None,
+        grow_soon: Callable[[Callable[[], None]], None] | None = None,
     ) -> None:
         self._device = device
         self._reclaim = reclaim
+        self._grow_soon = grow_soon
+        self._low = grow_by // 2  # fewer free than this: grow ahead (with ``grow_soon``)
+        self._growing = False  # a growth ahead is queued or running
         self._timing = timing
         self._max = max_events
         self._grow_by = grow_by
@@ -60,13 +68,41 @@ class EventPool:
 
     def take(self) -> Any:
         """A free backend event (hot). When none is free: reclaims released ones the device has passed, else
-        grows; raises `PoolExhaustedError` at the bound."""
+        grows; raises `PoolExhaustedError` at the bound. Running low, it asks ``grow_soon`` to grow ahead."""
+        free = self._free
         try:
-            raw = self._free.pop()
+            raw = free.pop()
         except IndexError:
             raw = self._refill()
+        if len(free) < self._low and not self._growing and self._grow_soon is not None and self._created < self._max:
+            self._growing = True
+            self._grow_soon(self._grow_ahead)
         self._taken += 1
         return raw
+
+    def _grow_ahead(self) -> None:
+        """On the waiter thread: reclaim what the device passed, and if the pool is still low, create a chunk of
+        events. Under the lock: a take that finds the pool empty meanwhile waits for this chunk rather than
+        making its own. A failing device is left to the takes to report."""
+        try:
+            if self._reclaim is not None:
+                self._reclaim(False)
+            with self._lock:
+                if self._closed or len(self._free) >= self._low:
+                    return
+                fresh: list[Any] = []
+                try:
+                    for _ in range(min(self._grow_by, self._max - self._created)):
+                        fresh.append(self._device.create_event(self._timing))
+                except BackendError:
+                    pass
+                finally:
+                    if fresh:
+                        self._created += len(fresh)
+                        self._grows += 1
+                        self._free.extend(fresh)
+        finally:
+            self._growing = False
 
     def _refill(self) -> Any:
         reclaim = self._reclaim
@@ -137,11 +173,15 @@ class EventPool:
         )
 
     def stats(self) -> PoolStats:
-        free = len(self._free)
-        return PoolStats(self._timing, self._created, free, self._created - free, self._taken, self._grows, self._max)
+        with self._lock:  # (a growth adds to ``created`` and ``free`` together)
+            free, created = len(self._free), self._created
+        return PoolStats(
+            self._timing, created, free, created - free, self._taken, self._grows, self._max, self._growing
+        )
 
     def close(self) -> None:
         """Destroy the free events; events still in use are destroyed as they are given back."""
-        self._closed = True
-        while self._free:
-            self._device.destroy_event(self._free.pop())
+        with self._lock:
+            self._closed = True
+            while self._free:
+                self._device.destroy_event(self._free.pop())
