@@ -31,9 +31,9 @@ def log(*a):
 oc = E.Engine.collect
 
 
-def collect(self, skip_covered=False):
+def collect(self, skip_covered=False, **kw):
     t0 = _now()
-    f = oc(self, skip_covered)
+    f = oc(self, skip_covered, **kw)
     LOG.append(
         (t0, threading.current_thread().name[:14], "collect-T" if skip_covered else "collect-P", len(f), _now() - t0)
     )
