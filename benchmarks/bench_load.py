@@ -440,11 +440,17 @@ async def case_floor(lp, n_total, rate):
         await wait_of(parked[k])
         woke[k] = _now()
 
-    async def start():
+    peak = [_threads(), _ours()]
+
+    async def start():  # (and samples the threads as `case_gpu`'s sampler does: the same load on the loop)
         await lp.sleep0()
         registered[0] = _now()
         instants.extend((rel + registered[0] + START_NS).tolist())
         go.set()
+        while not all(woke):
+            peak[0] = max(peak[0], _threads())
+            peak[1] = max(peak[1], _ours())
+            await lp.sleep(0.005)
 
     th = threading.Thread(target=thread, daemon=True)
     c0 = time.process_time_ns()
@@ -453,7 +459,7 @@ async def case_floor(lp, n_total, rate):
     cpu = time.process_time_ns() - c0
     th.join()
     excess = [w - t for w, t in zip(woke, instants) if t >= registered[0]]
-    return excess, cpu / n_total, (_threads(), _ours()), n_total - len(excess)
+    return excess, cpu / n_total, (peak[0], peak[1]), n_total - len(excess)
 
 
 def run_case(lp_name, route, setups, n, rate, n_streams) -> dict:
