@@ -16,7 +16,7 @@ No Python ever runs on a CUDA driver callback thread. How completions are found 
   completed, in the loop's own thread, without a thread-to-loop hand-over. It lingers while completions
   keep coming (a burst, or completions paced closer than a wake-up), then disarms; the thread takes over again.
   While a poller covers a loop, the thread leaves that loop's heads alone (a thread that keeps waking would
-  contend for the GIL with the very loop that polls).
+  contend for the GIL with the very loop that polls) until the poller disarms and kicks it.
 * Without an estimate (or once a prediction is missed by more than its window), the thread polls that head
   with a back-off of 1/8 of how late it is (8 µs .. `MAX_POLL_NS`): each head has its own schedule, so one
   wait's age or one missed prediction never sets another's latency. Between looks the thread sleeps in a
@@ -67,6 +67,9 @@ INITIAL_DELIVERY_NS = {0: 30_000, 1: 60_000, 2: 20_000}  #: first guesses of the
 MIN_WINDOW_NS = 60_000  #: a prediction is missed once it is late by max(this, twice the spread) for a loop's wait
 #: (whose poller, or the task itself, polls until then: the loop's CPU), max(this, est/4) for a plain thread
 LINGER_NS = 60_000  #: a poller keeps polling this long after the last completion it saw (or was handed)
+#: while a loop's poller covers a head, the waiter thread leaves it this long at most (the poller kicks the thread
+#: when it disarms): a thread that woke every linger would take the GIL from the very loop that polls
+COVERED_NAP_NS = 1_000_000
 MIN_SPIN_WINDOW_NS = 50_000
 SPIN_MARGIN_NS = 20_000
 RESUME_CHUNK = 256  #: waiters resumed per loop iteration when the thread hands a loop a batch
@@ -293,7 +296,7 @@ class Engine:
             return True
 
     def kick(self) -> None:
-        """Look now (called by host streams after they complete an event)."""
+        """Look now (called by host streams after they complete an event, and by a loop's poller as it disarms)."""
         if self._sleeping:
             with self._lock:
                 self._cv.notify()
@@ -527,8 +530,8 @@ class Engine:
                 else:
                     missed = predicted + max(MIN_WINDOW_NS, (est or 0) >> 2)
                 if est is None or now > missed or (kind == KIND_THREAD and w.poll_until_ns < 0):
-                    if covered > now:  # its loop's poller looks at every head anyway (trusted a while only:
-                        t = min(covered, now + MAX_POLL_NS)  # an arm that reached a busy loop late ends at once)
+                    if covered > now:  # its loop's poller looks at it (and kicks this thread when it disarms)
+                        t = now + COVERED_NAP_NS
                     else:
                         late = now - (ready if est is None else predicted)
                         t = now + min(max(late >> 3, MIN_POLL_NS), MAX_POLL_NS)
@@ -549,7 +552,7 @@ class Engine:
                         early.append(w)
                         continue
                     elif covered >= missed:
-                        t = missed
+                        t = now + COVERED_NAP_NS
                     else:  # arm (or extend) the loop's poller to this head's window
                         if arm.get(lid, (0, 0, 0))[2] < missed:
                             arm[lid] = (kind, w.loop, missed)
@@ -677,9 +680,10 @@ class Poller:
                 until = max(until, now + LINGER_NS)
                 engine.dispatch(fired, 0, here=self)
             if now >= until or not engine.pending_for(self.loop):
-                del self.engines[engine]  # (the waiter thread wakes by then: it planned for `until` or sooner)
+                del self.engines[engine]
                 if engine.covered_until.get(lid, 0) <= until:
                     engine.covered_until.pop(lid, None)
+                engine.kick()  # the waiter thread takes the loop's heads back now
             elif until != self.engines[engine]:
                 self.engines[engine] = until
                 engine.covered_until[lid] = until
