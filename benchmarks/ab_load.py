@@ -1,0 +1,122 @@
+"""Waits under load, two variants of the completion engine interleaved in one process (an A/B: machines differ
+more than the variants do, so only a same-process comparison tells).
+
+    PYTHONPATH=$PWD python benchmarks/ab_load.py --variant due [--cases 1000@8k,1000@40k] [--loops asyncio,uvloop]
+    PYTHONPATH=$PWD python benchmarks/ab_load.py --variant gc
+    PYTHONPATH=$PWD python benchmarks/ab_load.py --variant engine:/path/to/engine.py
+
+Variants (A against B):
+* ``due``: a loop's poller queries only the stream heads that are due (`engine.POLL_DUE_ONLY`) / every head;
+* ``gc``: the collector on / off during each case (does it set the tail?);
+* ``engine:PATH``: this tree's waiter-thread planning and hand-over (`Engine._pause`, `Engine.dispatch`, with
+  this module's pollers) / those of the engine module at PATH (e.g. ``git show REV:asyncgpu/_core/engine.py``).
+
+Each case as `bench_load.py` (the same kernels, `%globaltimer` ground truth and the loop's floor, once per case),
+``--reps`` repetitions, the order of A and B alternating; prints per variant the median and every repetition of
+p50 and p99 excess (µs), CPU per wait (µs) and driver queries per wait. Needs a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gc
+import importlib.util
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_load as B  # noqa: E402
+
+import asyncgpu  # noqa: E402
+from asyncgpu._core import engine as E  # noqa: E402
+
+
+def _variants(spec: str) -> tuple[tuple[str, str], object]:
+    """The names of A and B and a function that switches to one (True: A)."""
+    if spec == "due":
+
+        def use_due(a: bool) -> None:
+            E.POLL_DUE_ONLY = a
+
+        return ("due", "all"), use_due
+    if spec == "gc":
+
+        def use_gc(a: bool) -> None:
+            gc.collect()
+            (gc.enable if a else gc.disable)()
+
+        return ("gc", "nogc"), use_gc
+    if spec.startswith("engine:"):
+        path = spec.split(":", 1)[1]
+        name = "asyncgpu._core.engine_b"  # (inside the package: its relative imports resolve)
+        loader_spec = importlib.util.spec_from_file_location(name, path)
+        if loader_spec is None or loader_spec.loader is None:
+            raise SystemExit(f"cannot load an engine module from {path}")
+        other = importlib.util.module_from_spec(loader_spec)
+        sys.modules[name] = other
+        loader_spec.loader.exec_module(other)
+        ours = (E.Engine._pause, E.Engine.dispatch)
+        theirs = (other.Engine._pause, other.Engine.dispatch)
+
+        def use_engine(a: bool) -> None:
+            E.Engine._pause, E.Engine.dispatch = ours if a else theirs
+
+        return ("this", "other"), use_engine
+    raise SystemExit(f"--variant: due, gc or engine:PATH, not {spec!r}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--variant", required=True)
+    p.add_argument("--cases", default="1000@8k,1000@40k,1000@150k,1000@burst,100@burst")
+    p.add_argument("--loops", default="asyncio,uvloop")
+    p.add_argument("--reps", type=int, default=3)
+    args = p.parse_args()
+    (name_a, name_b), use = _variants(args.variant)
+    dev = asyncgpu.devices()[0]
+    queries = [0]
+    query = dev.bd.query
+
+    def counted(raw):
+        queries[0] += 1
+        return query(raw)
+
+    dev.bd.query = counted
+    truth = B.Truth(dev, 20_000)
+    for _ in range(3):
+        truth.offset(3)
+    setups = [(dev, truth, [dev.create_stream() for _ in range(8)])]
+    res = collections.defaultdict(list)
+    print(f"A/B on {dev.description}: {name_a} against {name_b}; command: {' '.join(sys.argv)}", flush=True)
+    for rep in range(args.reps):
+        for lp in args.loops.split(","):
+            for case in args.cases.split(","):
+                n, rate = int(case.split("@")[0]), B.RATES[case.split("@")[1]]
+                if rep == 0:
+                    fl = B.run_case(lp, "floor", setups, n, rate, 8)
+                    res[(lp, case, "floor")].append((fl["p50_us"], fl["p99_us"], fl["cpu_us_per_wait"], 0.0))
+                for a in (True, False) if rep % 2 == 0 else (False, True):
+                    use(a)
+                    queries[0] = 0
+                    r = B.run_case(lp, "asyncgpu", setups, n, rate, 8)
+                    row = (r["p50_us"], r["p99_us"], r["cpu_us_per_wait"], queries[0] / n)
+                    res[(lp, case, name_a if a else name_b)].append(row)
+    use(True)
+    for (lp, case, k), v in sorted(res.items()):
+        a = np.array(v)
+        reps50 = " ".join(f"{x:.0f}" for x in a[:, 0])
+        reps99 = " ".join(f"{x:.0f}" for x in a[:, 1])
+        print(
+            f"{lp:8s} {case:11s} {k:6s} p50 {np.median(a[:, 0]):8.1f} [{reps50}]  p99 {np.median(a[:, 1]):8.1f} "
+            f"[{reps99}]  cpu/wait {np.median(a[:, 2]):6.1f}  queries/wait {np.median(a[:, 3]):5.2f}",
+            flush=True,
+        )
+    truth.close()
+    asyncgpu.close_all()
+
+
+if __name__ == "__main__":
+    main()

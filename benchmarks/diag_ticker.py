@@ -1,0 +1,116 @@
+"""What stalls the loop in the ticker test: the test's workload, with every thread's stack dumped at a late tick.
+
+    PYTHONPATH=$PWD python benchmarks/diag_ticker.py [asyncio|uvloop|trio] [repetitions] [dump file]
+
+As `tests/test_load.py::test_launches_wait_for_room_and_the_loop_keeps_ticking`: 10,000 launches and 1,000 events
+on 8 streams held 300 ms, from a task that awaits room, while a 1 ms ticker runs. Before each tick's sleep,
+`faulthandler.dump_traceback_later` is armed 1.6 ms past the tick's due time: a tick that late dumps the stack of
+every thread from faulthandler's own C thread (no GIL needed, so a thread stuck in the driver or holding the GIL
+shows where it is). Prints per repetition the latest tick, when it came, the longest collector pause and its
+generation. Needs a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import gc
+import sys
+import threading
+import time
+
+import anyio
+import numpy as np
+
+import asyncgpu
+
+DUMP_AFTER_S = 0.0016
+_now = time.perf_counter_ns
+
+
+async def once(rep: int, loop_name: str, out) -> None:
+    dev = asyncgpu.device("cuda:0", streams=8)
+    for s in dev.streams:
+        s.spin_us(0)
+    await anyio.to_thread.run_sync(dev.synchronize)
+    tokens = [dev.bd.hold(s.raw) for s in dev.streams]
+    late: list[tuple[int, int]] = []
+    stop = threading.Event()
+    events = []
+    marks: dict[str, int] = {}
+    pauses: list[list[int]] = []  # [start ns, duration ns, generation]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            pauses.append([_now(), 0, info["generation"]])
+        elif pauses:
+            pauses[-1][1] = _now() - pauses[-1][0]
+
+    async def ticker() -> None:
+        while not stop.is_set():
+            due = _now() + 1_000_000
+            faulthandler.dump_traceback_later(0.001 + DUMP_AFTER_S, file=out)
+            await anyio.sleep(0.001)
+            faulthandler.cancel_dump_traceback_later()
+            late.append((_now() - due, _now()))
+
+    async def producer() -> None:
+        marks["start"] = _now()
+        for i in range(10_000):
+            s = dev.streams[i % 8]
+            await s.room()
+            s.spin_us(0)
+            if i % 10 == 0:
+                events.append(s.record(timing=False))
+        marks["launched"] = _now()
+        for ev in events:
+            await ev.wait()
+            ev.release()
+        marks["waited"] = _now()
+        stop.set()
+
+    def release() -> None:
+        marks["released"] = _now()
+        for t in tokens:
+            dev.bd.release(t)
+
+    out.write(f"\n===== {loop_name} rep {rep}\n")
+    out.flush()
+    threading.Timer(0.3, release).start()
+    gc.callbacks.append(on_gc)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ticker)
+            tg.start_soon(producer)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        gc.callbacks.remove(on_gc)
+    ms = np.array([x[0] for x in late[1:]]) / 1e6
+    worst = int(np.argmax(ms)) + 1
+    t0 = marks["start"]
+    at = {k: round((v - t0) / 1e6, 1) for k, v in marks.items()}
+    longest = max(pauses, key=lambda g: g[1], default=[t0, 0, None])
+    msg = (
+        f"{loop_name} rep {rep}: latest tick {ms.max():.3f} ms at {(late[worst][1] - t0) / 1e6:.1f} ms; p99 "
+        f"{np.percentile(ms, 99):.3f}; ticks 1.5 ms late or more: {int((ms >= 1.5).sum())}; marks (ms) {at}; "
+        f"longest collection {longest[1] / 1e6:.2f} ms (generation {longest[2]}) at {(longest[0] - t0) / 1e6:.1f} ms"
+    )
+    print(msg, flush=True)
+    out.write(msg + "\n")
+    out.flush()
+
+
+def main() -> None:
+    loop_name = sys.argv[1] if len(sys.argv) > 1 else "asyncio"
+    reps = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+    path = sys.argv[3] if len(sys.argv) > 3 else f"ticker-dumps-{loop_name}.txt"
+    backend, options = {"asyncio": ("asyncio", {}), "uvloop": ("asyncio", {"use_uvloop": True}), "trio": ("trio", {})}[
+        loop_name
+    ]
+    with open(path, "a") as out:
+        for rep in range(reps):
+            anyio.run(once, rep, loop_name, out, backend=backend, backend_options=options)
+    asyncgpu.close_all()
+
+
+if __name__ == "__main__":
+    main()
