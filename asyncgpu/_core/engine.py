@@ -717,15 +717,7 @@ def _call_back(w: Waiter) -> None:
     try:
         w.target(w.raw)
     except Exception as exc:  # noqa: BLE001 - the waiter thread must go on
-        sys.unraisablehook(
-            SimpleNamespace(
-                exc_type=type(exc),
-                exc_value=exc,
-                exc_traceback=exc.__traceback__,
-                err_msg="asyncgpu: a completion callback failed on the waiter thread",
-                object=w.target,
-            )
-        )
+        _unraisable(exc, "asyncgpu: a completion callback failed on the waiter thread", w.target)
 
 
 def _run_job(job: Callable[[], None]) -> None:
@@ -733,15 +725,13 @@ def _run_job(job: Callable[[], None]) -> None:
     try:
         job()
     except Exception as exc:  # noqa: BLE001 - the waiter thread must go on
-        sys.unraisablehook(
-            SimpleNamespace(
-                exc_type=type(exc),
-                exc_value=exc,
-                exc_traceback=exc.__traceback__,
-                err_msg="asyncgpu: a housekeeping job failed on the waiter thread",
-                object=job,
-            )
-        )
+        _unraisable(exc, "asyncgpu: a housekeeping job failed on the waiter thread", job)
+
+
+def _unraisable(exc: BaseException, msg: str, obj: Any) -> None:
+    sys.unraisablehook(
+        SimpleNamespace(exc_type=type(exc), exc_value=exc, exc_traceback=exc.__traceback__, err_msg=msg, object=obj)
+    )
 
 
 def _resume(kind: int, waiters: list[Waiter], then: Callable[[], None] | None, start: int = 0) -> None:
