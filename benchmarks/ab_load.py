@@ -8,6 +8,7 @@ more than the variants do, so only a same-process comparison tells).
 Variants (A against B):
 * ``due``: a loop's poller queries only the stream heads that are due (`engine.POLL_DUE_ONLY`) / every head;
 * ``gc``: the collector on / off during each case (does it set the tail?);
+* ``chunk``: a look pops at most `engine.COLLECT_LIMIT` completed waits (a burst handed over in parts) / all;
 * ``engine:PATH``: this tree's waiter-thread planning and hand-over (`Engine._pause`, `Engine.dispatch`, with
   this module's pollers) / those of the engine module at PATH (e.g. ``git show REV:asyncgpu/_core/engine.py``).
 
@@ -42,6 +43,13 @@ def _variants(spec: str) -> tuple[tuple[str, str], object]:
             E.POLL_DUE_ONLY = a
 
         return ("due", "all"), use_due
+    if spec == "chunk":
+        limit = E.COLLECT_LIMIT
+
+        def use_chunk(a: bool) -> None:
+            E.COLLECT_LIMIT = limit if a else 0
+
+        return ("chunk", "whole"), use_chunk
     if spec == "gc":
 
         def use_gc(a: bool) -> None:
@@ -65,7 +73,7 @@ def _variants(spec: str) -> tuple[tuple[str, str], object]:
             E.Engine._pause, E.Engine.dispatch = ours if a else theirs
 
         return ("this", "other"), use_engine
-    raise SystemExit(f"--variant: due, gc or engine:PATH, not {spec!r}")
+    raise SystemExit(f"--variant: due, chunk, gc or engine:PATH, not {spec!r}")
 
 
 def main() -> None:

@@ -355,3 +355,36 @@ def test_completions_behind_a_done_head_cost_few_queries(n):
                     eng._live = n
                     eng._pop_done(again, query, [])
                     assert len(asked) == 2 and again.waits[0].seq == done
+
+
+@pytest.mark.parametrize("n", [255, 256, 257, 1000])
+def test_a_look_pops_a_bounded_part_of_a_burst_and_the_next_the_rest(n):
+    """`Engine.collect(limit=...)` pops at most about ``limit`` completed waits (the rest stay at their heads,
+    in order) and the next looks pop the rest: a burst's first waits are handed over sooner."""
+
+    class Dev:  # every event complete
+        name, on_progress = "fake:0", None
+
+        @staticmethod
+        def query(raw: object) -> bool:
+            return True
+
+    eng = engine_mod.Engine(Dev())
+    eng._thread = threading.current_thread()  # (no waiter thread: this test collects)
+    try:
+        waiters = [
+            eng.add([i], i % 4, i // 4, "t", 0, engine_mod.KIND_THREAD, None, threading.Lock()) for i in range(n)
+        ]
+        seen = []
+        while len(seen) < n:
+            got = eng.collect(limit=256)
+            assert got and len(got) <= 256
+            seen += got
+        assert sorted(id(w) for w in seen) == sorted(id(w) for w in waiters)
+        per_stream = {}
+        for w in seen:
+            per_stream.setdefault(w.key, []).append(w.seq)
+        assert all(seqs == sorted(seqs) for seqs in per_stream.values())  # each stream in record order
+        assert eng.pending == 0 and eng.collect(limit=256) == []
+    finally:
+        eng._thread = None

@@ -25,7 +25,9 @@ No Python ever runs on a CUDA driver callback thread. How completions are found 
 * Completions the thread finds are delivered in one batch per loop, through the loop's thread-safe entry point
   (asyncio/uvloop ``call_soon_threadsafe``; trio ``TrioToken.run_sync_soon`` + ``reschedule``), which also arms
   the loop's poller for a short linger (more of the burst may follow). A large batch is resumed
-  `RESUME_CHUNK` waiters per loop iteration, so the loop's timers and other tasks run between the chunks.
+  `RESUME_CHUNK` waiters per loop iteration, so the loop's timers and other tasks run between the chunks; and a
+  look pops at most `COLLECT_LIMIT` waits, so a burst's first part is handed over before the rest is popped (the
+  loop's poller, armed by that hand-over, pops the rest between its iterations).
 * A plain thread blocked in a wait (``Event.wait_sync(timeout_s=...)``, a channel's ``get_sync``) is woken by
   releasing the lock it blocks on; it is woken *early*, shortly before the predicted completion, and finishes
   with the driver's own wait or polls.
@@ -73,6 +75,9 @@ COVERED_NAP_NS = 1_000_000
 MIN_SPIN_WINDOW_NS = 50_000
 SPIN_MARGIN_NS = 20_000
 RESUME_CHUNK = 256  #: waiters resumed per loop iteration when the thread hands a loop a batch
+#: a look pops at most about this many completed waits (whole streams' runs, the last one cut): a burst's first
+#: waits are handed over while the rest still wait to be popped (0: no limit; benchmarks compare the two)
+COLLECT_LIMIT = 256
 #: a loop's poller queries a head whose completion the engine predicts only from (twice its spread + this) before
 #: the prediction on, or once `MAX_POLL_NS` passed since its last look: a query costs 0.4-2.5 µs of the loop's
 #: time (one H200 host: 1,000 waits at 8k/s, 44 -> 27 queries a wait, p99 399 -> 260 µs on asyncio)
@@ -324,18 +329,21 @@ class Engine:
         return self._delivery_ns[kind]
 
     # -- finding completions ------------------------------------------------------------------------------
-    def collect(self, skip_covered: bool = False, due_only: bool = False) -> list[Waiter]:
+    def collect(self, skip_covered: bool = False, due_only: bool = False, limit: int = 0) -> list[Waiter]:
         """Query the head of every stream with pending waits and pop what completed (any thread). Returns the
         waiters to resume (not yet resumed). ``skip_covered``: leave the heads of loops whose poller covers them
         (the waiter thread). ``due_only`` (a loop's poller): leave a head predicted to complete later than
-        (twice its spread + `DUE_MARGIN_NS`) from now, unless it was last looked at `MAX_POLL_NS` ago. Raises
-        `BackendError` when the device failed."""
+        (twice its spread + `DUE_MARGIN_NS`) from now, unless it was last looked at `MAX_POLL_NS` ago.
+        ``limit``: stop once that many are popped (the rest stay at their streams' heads for the next look).
+        Raises `BackendError` when the device failed."""
         fired: list[Waiter] = []
         query = self._dev.query
         now = _now()
         covered = self.covered_until if skip_covered else None
         with self._lock:
             for qs in self._queues.values():
+                if limit and len(fired) >= limit:
+                    break
                 q = qs.waits
                 while q:
                     w = q[0]
@@ -357,16 +365,17 @@ class Engine:
                     q.popleft()
                     self._learn(qs, w, now)
                     self._fire_locked(w, fired)
-                    self._pop_done(qs, query, fired)
+                    self._pop_done(qs, query, fired, limit - len(fired) if limit else -1)
                     break
         return fired
 
-    def _pop_done(self, qs: _Queue, query: Callable[[Any], bool], fired: list[Waiter]) -> None:
+    def _pop_done(self, qs: _Queue, query: Callable[[Any], bool], fired: list[Waiter], most: int = -1) -> None:
         """Pop the waits at the front of ``qs`` that are complete, knowing the one just popped before them was:
         events of one stream complete in record order. The first guess is as many as last time (``qs.run``):
         paced completions cost about two queries per look (that one is done, the next is not), a burst three
         (the newest is done); a wrong guess costs a gallop and a binary search, O(log k) queries for k done. A
         wait whose event was released or re-recorded says nothing of its place: the search stops before it.
+        ``most`` >= 0: pop at most that many (what was found done stays the next guess).
         Under the lock."""
         q = qs.waits
         n = len(q)
@@ -409,6 +418,9 @@ class Engine:
         done = lo
         if done:
             qs.run = done
+        if 0 <= most < done:  # (``most``: how many more to pop at most; -1 all: the rest stay at the head)
+            done = most
+            qs.looked_ns = 0  # (a poller looks at this head next time, due or not)
         popleft, append = q.popleft, fired.append
         gone = 0
         for _ in range(done):
@@ -492,12 +504,14 @@ class Engine:
             if not self._live:
                 return True  # (callbacks or jobs to run)
         try:
-            fired = self.collect(skip_covered=True)
+            fired = self.collect(skip_covered=True, limit=COLLECT_LIMIT)
         except BackendError as err:
             self._fail_all(err)
             return True
         if fired:
             self.dispatch(fired, LINGER_NS)
+            if COLLECT_LIMIT and len(fired) >= COLLECT_LIMIT:
+                return True  # more may be done: look again at once (a loop handed the first part polls the rest)
         self._pause()
         return True
 
@@ -672,7 +686,7 @@ class Poller:
         lid = self.loop
         for engine, until in list(self.engines.items()):
             try:
-                fired = engine.collect(due_only=POLL_DUE_ONLY)
+                fired = engine.collect(due_only=POLL_DUE_ONLY, limit=COLLECT_LIMIT)
             except BackendError:
                 fired = []  # the waiter thread fails every wait of the device
             now = _now()
