@@ -381,6 +381,9 @@ class Engine:
         n = len(q)
         if not n:
             return
+        if most == 0:  # (the look's limit is reached: the next look starts here)
+            qs.looked_ns = 0
+            return
         g = min(qs.run, n)
         lo, hi = 0, n  # q[:lo] are done; q[hi:] are not (or cannot tell); n: the end, unknown
         if _tells(q[g - 1]):
