@@ -531,7 +531,9 @@ def _report(out: _Out, args: argparse.Namespace) -> int:
         parts.append(timeline_table(tl, order=args.order, limit=args.timeline))
     parts += [activity_table(tl), device_table(tl), balance_renderable(tl)]
     for part in parts:
-        out.out.print(part, crop=False)  # tables fit the width already; not cropping keeps long timelines fast
+        # Tables fit the width already: not cropping keeps long timelines fast, and a long (plain) one printed with
+        # soft wrap gets its rows by chunks rather than by lines (1 M rows: 0.7 s instead of 2.3).
+        out.out.print(part, crop=False, soft_wrap=bool(getattr(part, "plain", False)))
         out.out.print()
     _print_footer(out.out, tl)
     if tl.error:

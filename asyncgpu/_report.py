@@ -221,7 +221,12 @@ class FitTable:
         shown, widths = self.layout(options.max_width)
         caption = self._caption(shown, options.max_width)
         if self.plain:
-            yield from self._lines(shown, widths, caption, options.max_width, isinstance(console, _UncroppedConsole))
+            # A console that will not crop: `render`'s, or one printing with ``soft_wrap=True`` (which turns the
+            # cropping pass off, and says so as no_wrap with overflow "ignore"). Either way the text is the same.
+            uncropped = isinstance(console, _UncroppedConsole) or (
+                bool(options.no_wrap) and options.overflow == "ignore"
+            )
+            yield from self._lines(shown, widths, caption, options.max_width, uncropped)
             return
         table = Table(
             title=Text(self.title, style="table.title"),

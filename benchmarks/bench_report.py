@@ -11,6 +11,8 @@ streams per device). Reported, median of ``--repeat`` runs, seconds for:
   without rich's cropping pass, every line fitting already);
 - ``rich.print``: the same through a rich `Console` writing to /dev/null (what ``rich.print(t.report(...))``
   does: rich crops every line to the console's width itself, a pass that no renderable can skip);
+- ``console.print(soft_wrap=True)``: that console printing with soft wrap, which skips the cropping pass (the
+  report then hands over its rows by chunks);
 - ``rich's pass alone``: that console printing the report's text already cut into segments, one per line and a
   shared new line (no build, no formatting): the least ``rich.print`` of that many lines can cost, whatever the
   renderable.
@@ -52,9 +54,9 @@ def timed(fn: Callable[[], Any], repeat: int) -> float:
     return statistics.median(times)
 
 
-def rich_print(renderable: Any) -> None:
+def rich_print(renderable: Any, soft_wrap: bool = False) -> None:
     with open(os.devnull, "w", encoding="utf-8") as f:
-        Console(file=f, width=100, color_system=None).print(renderable)
+        Console(file=f, width=100, color_system=None).print(renderable, soft_wrap=soft_wrap)
 
 
 class Prebuilt:
@@ -91,12 +93,14 @@ def main(argv: list[str] | None = None) -> None:
     shown = sum(" │ " in line for line in text.splitlines())
     as_text = timed(lambda: str(timeline_report(tl, order="time", limit=None)), args.repeat)
     printed = timed(lambda: rich_print(timeline_report(tl, order="time", limit=None)), args.repeat)
+    soft = timed(lambda: rich_print(timeline_report(tl, order="time", limit=None), soft_wrap=True), args.repeat)
     prebuilt = Prebuilt(text)
     floor = timed(lambda: rich_print(prebuilt), args.repeat)
     lines.append(f"# {len(tl):,} activities on {len(tl.devices)} device(s); the text has {shown:,} table rows")
     lines.append(f"build           {build:8.3f} s")
     lines.append(f"str()           {as_text:8.3f} s   ({as_text / len(tl) * 1e6:.2f} µs per activity)")
     lines.append(f"rich.print      {printed:8.3f} s   ({printed / len(tl) * 1e6:.2f} µs per activity)")
+    lines.append(f"console.print(soft_wrap=True) {soft:6.3f} s   (no cropping pass: the report's lines fit already)")
     lines.append(f"rich's pass alone {floor:6.3f} s   (the same lines prebuilt, a segment each: the least possible)")
     if args.rich_table:
         n = min(args.rich_table, len(tl))
@@ -111,9 +115,10 @@ def main(argv: list[str] | None = None) -> None:
             f"rich Table, {n:,} rows: {laid_out:.3f} s ({laid_out / n * 1e3:.3f} ms per row; "
             f"{laid_out / n * len(tl):,.0f} s for all {len(tl):,} by extrapolation)"
         )
-    verdict = (
-        "met" if max(as_text, printed) <= 2 else ("met by str(), MISSED by rich.print" if as_text <= 2 else "MISSED")
-    )
+    fast = [name for name, t in (("str()", as_text), ("soft wrap", soft), ("rich.print", printed)) if t <= 2]
+    verdict = "met by " + ", ".join(fast) if fast else "MISSED"
+    if printed > 2:
+        verdict += "; MISSED by plain rich.print (its cropping pass)"
     lines.append(f"target: a full report of {len(tl):,} activities in <= 2 s: {verdict}")
     out = "\n".join(lines) + "\n"
     print(out, end="")
