@@ -20,6 +20,8 @@ from .._errors import BackendError, PoolExhaustedError
 
 __all__ = ["EventPool", "PoolStats"]
 
+_AHEAD_STEP = 8  #: events a growth ahead creates per hold of the pool's lock
+
 
 @dataclass(frozen=True)
 class PoolStats:
@@ -82,25 +84,32 @@ class EventPool:
 
     def _grow_ahead(self) -> None:
         """On the waiter thread: reclaim what the device passed, and if the pool is still low, create a chunk of
-        events. Under the lock: a take that finds the pool empty meanwhile waits for this chunk rather than
-        making its own. A failing device is left to the takes to report."""
+        events, `_AHEAD_STEP` at a time under the lock: a take that finds the pool empty meanwhile waits for the
+        next few rather than make its own chunk. A failing device is left to the takes to report."""
         try:
             if self._reclaim is not None:
                 self._reclaim(False)
-            with self._lock:
-                if self._closed or len(self._free) >= self._low:
-                    return
-                fresh: list[Any] = []
-                try:
-                    for _ in range(min(self._grow_by, self._max - self._created)):
-                        fresh.append(self._device.create_event(self._timing))
-                except BackendError:
-                    pass
-                finally:
-                    if fresh:
-                        self._created += len(fresh)
-                        self._grows += 1
-                        self._free.extend(fresh)
+            if len(self._free) >= self._low:
+                return
+            left, counted = self._grow_by, False
+            while left > 0:
+                with self._lock:
+                    n = min(_AHEAD_STEP, left, self._max - self._created)
+                    if self._closed or n <= 0:
+                        return
+                    fresh: list[Any] = []
+                    try:
+                        for _ in range(n):
+                            fresh.append(self._device.create_event(self._timing))
+                    except BackendError:
+                        return
+                    finally:
+                        if fresh:
+                            self._created += len(fresh)
+                            self._free.extend(fresh)
+                            self._grows += not counted  # (one growth, however many steps)
+                            counted = True
+                    left -= n
         finally:
             self._growing = False
 
