@@ -388,3 +388,42 @@ def test_a_look_pops_a_bounded_part_of_a_burst_and_the_next_the_rest(n):
         assert eng.pending == 0 and eng.collect(limit=256) == []
     finally:
         eng._thread = None
+
+
+def test_a_pollers_look_skips_a_head_not_due_yet_and_looks_again_within_max_poll():
+    """`Engine.collect(due_only=True)` (a loop's poller) does not query a head predicted to complete well after now
+    (each query costs the loop's thread 0.4-4 µs), looks at it once it is due, and at the latest `MAX_POLL_NS` after
+    its last look whatever the prediction says (a stale estimate costs at most that)."""
+
+    asked = []
+
+    class Dev:
+        name, on_progress = "fake:0", None
+
+        @staticmethod
+        def query(raw: list) -> bool:
+            asked.append(raw[0])
+            return False
+
+    eng = engine_mod.Engine(Dev())
+    eng._thread = threading.current_thread()  # (no waiter thread: this test collects)
+    try:
+        now = time.perf_counter_ns()
+        eng.add(["far"], 1, 1, "t", now, engine_mod.KIND_THREAD, None, threading.Lock())
+        qs = eng._queues[1]
+        qs.estimate_ns["t"], qs.spread_ns["t"] = 50_000_000, 0  # predicted 50 ms after its record
+        qs.last_done_ns = now
+        eng.collect(due_only=True)
+        assert asked == ["far"]  # never looked at: looked once
+        eng.collect(due_only=True)
+        assert asked == ["far"]  # looked at just now and not due: left alone
+        qs.looked_ns -= engine_mod.MAX_POLL_NS
+        eng.collect(due_only=True)
+        assert asked == ["far", "far"]  # not looked at for MAX_POLL_NS: looked again
+        eng.collect()
+        assert asked == ["far", "far", "far"]  # the waiter thread's look queries every head
+        qs.estimate_ns["t"] = 1_000  # due now
+        eng.collect(due_only=True)
+        assert asked == ["far"] * 4
+    finally:
+        eng._thread = None
