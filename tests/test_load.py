@@ -427,3 +427,32 @@ def test_a_pollers_look_skips_a_head_not_due_yet_and_looks_again_within_max_poll
         assert asked == ["far"] * 4
     finally:
         eng._thread = None
+
+
+def test_the_waiter_thread_naps_while_a_loops_poller_covers_its_heads():
+    """While a loop's poller covers a head (it polls it between the loop's iterations), the waiter thread plans its
+    next look `COVERED_NAP_NS` ahead, not at the poller's linger: a thread that kept waking would take the GIL from
+    the loop that polls. (The poller kicks the thread when it disarms.)"""
+
+    class Dev:
+        name, on_progress = "fake:0", None
+
+        @staticmethod
+        def query(raw: object) -> bool:
+            return False
+
+    eng = engine_mod.Engine(Dev())
+    eng._thread = threading.current_thread()  # (no waiter thread: this test plans)
+    loop = object()
+    try:
+        eng.add(["pending"], 1, 1, "t", time.perf_counter_ns(), engine_mod.KIND_ASYNCIO, loop, None)
+        eng.covered_until[loop] = time.perf_counter_ns() + engine_mod.LINGER_NS
+        before = time.perf_counter_ns()
+        eng._pause()  # (sleeps until its planned look, at most the nap)
+        assert eng._wake_at_ns - before >= engine_mod.COVERED_NAP_NS - 100_000
+        eng.covered_until.clear()  # not covered: the thread's own back-off, well under the nap
+        before = time.perf_counter_ns()
+        eng._pause()
+        assert eng._wake_at_ns - before <= engine_mod.MAX_POLL_NS + 100_000
+    finally:
+        eng._thread = None
