@@ -7,6 +7,7 @@ left behind, the loop keeps running while launches wait for room.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import threading
 import time
@@ -357,21 +358,31 @@ def test_completions_behind_a_done_head_cost_few_queries(n):
                     assert len(asked) == 2 and again.waits[0].seq == done
 
 
+class _Device:
+    """A device whose events answer ``query``: an engine to drive by hand (`_engine`)."""
+
+    name, on_progress = "fake:0", None
+
+    def __init__(self, query) -> None:
+        self.query = query
+
+
+@contextlib.contextmanager
+def _engine(query):
+    """An `Engine` over a fake device, with no waiter thread: the test calls collect and _pause itself."""
+    eng = engine_mod.Engine(_Device(query))
+    eng._thread = threading.current_thread()
+    try:
+        yield eng
+    finally:
+        eng._thread = None
+
+
 @pytest.mark.parametrize("n", [255, 256, 257, 1000])
 def test_a_look_pops_a_bounded_part_of_a_burst_and_the_next_the_rest(n):
     """`Engine.collect(limit=...)` pops at most about ``limit`` completed waits (the rest stay at their heads,
     in order) and the next looks pop the rest: a burst's first waits are handed over sooner."""
-
-    class Dev:  # every event complete
-        name, on_progress = "fake:0", None
-
-        @staticmethod
-        def query(raw: object) -> bool:
-            return True
-
-    eng = engine_mod.Engine(Dev())
-    eng._thread = threading.current_thread()  # (no waiter thread: this test collects)
-    try:
+    with _engine(lambda raw: True) as eng:  # every event complete
         waiters = [
             eng.add([i], i % 4, i // 4, "t", 0, engine_mod.KIND_THREAD, None, threading.Lock()) for i in range(n)
         ]
@@ -386,8 +397,6 @@ def test_a_look_pops_a_bounded_part_of_a_burst_and_the_next_the_rest(n):
             per_stream.setdefault(w.key, []).append(w.seq)
         assert all(seqs == sorted(seqs) for seqs in per_stream.values())  # each stream in record order
         assert eng.pending == 0 and eng.collect(limit=256) == []
-    finally:
-        eng._thread = None
 
 
 def test_a_pollers_look_skips_a_head_not_due_yet_and_looks_again_within_max_poll():
@@ -395,19 +404,8 @@ def test_a_pollers_look_skips_a_head_not_due_yet_and_looks_again_within_max_poll
     (each query costs the loop's thread 0.4-4 µs), looks at it once it is due, and at the latest `MAX_POLL_NS` after
     its last look whatever the prediction says (a stale estimate costs at most that)."""
 
-    asked = []
-
-    class Dev:
-        name, on_progress = "fake:0", None
-
-        @staticmethod
-        def query(raw: list) -> bool:
-            asked.append(raw[0])
-            return False
-
-    eng = engine_mod.Engine(Dev())
-    eng._thread = threading.current_thread()  # (no waiter thread: this test collects)
-    try:
+    asked: list = []
+    with _engine(lambda raw: asked.append(raw[0]) or False) as eng:
         now = time.perf_counter_ns()
         eng.add(["far"], 1, 1, "t", now, engine_mod.KIND_THREAD, None, threading.Lock())
         qs = eng._queues[1]
@@ -425,8 +423,6 @@ def test_a_pollers_look_skips_a_head_not_due_yet_and_looks_again_within_max_poll
         qs.estimate_ns["t"] = 1_000  # due now
         eng.collect(due_only=True)
         assert asked == ["far"] * 4
-    finally:
-        eng._thread = None
 
 
 def test_the_waiter_thread_naps_while_a_loops_poller_covers_its_heads():
@@ -434,17 +430,8 @@ def test_the_waiter_thread_naps_while_a_loops_poller_covers_its_heads():
     next look `COVERED_NAP_NS` ahead, not at the poller's linger: a thread that kept waking would take the GIL from
     the loop that polls. (The poller kicks the thread when it disarms.)"""
 
-    class Dev:
-        name, on_progress = "fake:0", None
-
-        @staticmethod
-        def query(raw: object) -> bool:
-            return False
-
-    eng = engine_mod.Engine(Dev())
-    eng._thread = threading.current_thread()  # (no waiter thread: this test plans)
     loop = object()
-    try:
+    with _engine(lambda raw: False) as eng:
         eng.add(["pending"], 1, 1, "t", time.perf_counter_ns(), engine_mod.KIND_ASYNCIO, loop, None)
         eng.covered_until[loop] = time.perf_counter_ns() + engine_mod.LINGER_NS
         before = time.perf_counter_ns()
@@ -454,5 +441,3 @@ def test_the_waiter_thread_naps_while_a_loops_poller_covers_its_heads():
         before = time.perf_counter_ns()
         eng._pause()
         assert eng._wake_at_ns - before <= engine_mod.MAX_POLL_NS + 100_000
-    finally:
-        eng._thread = None
