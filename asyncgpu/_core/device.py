@@ -63,6 +63,7 @@ class Device:
     _closed: bool
     _forked_from: int | None
     _lock: threading.Lock
+    _reclaim_lock: threading.Lock
     engine: Engine
     timing_pool: EventPool
     plain_pool: EventPool
@@ -104,6 +105,7 @@ class Device:
         self._closed = False
         self._forked_from = None  # the parent's pid, in a child process after os.fork() (`mark_forked`)
         self._lock = threading.Lock()
+        self._reclaim_lock = threading.Lock()  # one `_reclaim` at a time
         self.engine = Engine(bd)
         grow_soon = self.engine.run_soon  # pools grow ahead of need on the waiter thread, not the caller's
         self.timing_pool = EventPool(bd, timing=True, max_events=max_events, reclaim=self._reclaim, grow_soon=grow_soon)
@@ -232,7 +234,18 @@ class Device:
         """Give the recorded timing event ``raw`` back to its pool once the device has passed it."""
         self._returns.append((raw, True, 0))
 
-    def _reclaim(self, everything: bool = False) -> int:
+    def _reclaim(self, everything: bool = False, wait: bool = True) -> int:
+        """`_reclaim_now` once no other reclaim is under way (reclaims take turns: none then holds events another
+        has taken off the queue and not given back yet, which `pool_stats` would count in use). ``wait`` False (a
+        pool growing ahead, on the waiter thread): 0 at once if another reclaim is under way. Any thread."""
+        if not self._reclaim_lock.acquire(blocking=wait):
+            return 0
+        try:
+            return self._reclaim_now(everything)
+        finally:
+            self._reclaim_lock.release()
+
+    def _reclaim_now(self, everything: bool) -> int:
         """Give back to their pools the released events the device has passed, oldest first: up to the first
         one still pending, or (``everything``: a pool at its bound, a trim) all of them. Returns how many. A pool
         that runs out looks at the oldest `RECLAIM_BATCH` only: a take on a loop's thread never pays for a whole

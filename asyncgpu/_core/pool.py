@@ -12,6 +12,7 @@ append/pop are atomic under the GIL; growth and trims take a lock).
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -21,6 +22,7 @@ from .._errors import BackendError, PoolExhaustedError
 __all__ = ["EventPool", "PoolStats"]
 
 _AHEAD_STEP = 8  #: events a growth ahead creates per hold of the pool's lock
+_AHEAD_PAUSE_S = 20e-6  #: and the pause after each step
 
 
 @dataclass(frozen=True)
@@ -39,9 +41,9 @@ class PoolStats:
 
 
 class EventPool:
-    """Recycled events of one kind (timing or not) of one device. ``reclaim(everything)``: gives back released
-    events the device has passed (the device's queue of releases); called before the pool grows, and with
-    ``everything=True`` when it is at its bound."""
+    """Recycled events of one kind (timing or not) of one device. ``reclaim(everything, wait)``: gives back
+    released events the device has passed (the device's queue of releases); called before the pool grows, and
+    with ``everything=True`` when it is at its bound (``wait`` False: not if another reclaim is under way)."""
 
     def __init__(
         self,
@@ -50,7 +52,7 @@ class EventPool:
         timing: bool,
         max_events: int,
         grow_by: int = 64,
-        reclaim: Callable[[bool], int] | None = None,
+        reclaim: Callable[[bool, bool], int] | None = None,
         grow_soon: Callable[[Callable[[], None]], None] | None = None,
     ) -> None:
         self._device = device
@@ -88,7 +90,7 @@ class EventPool:
         next few rather than make its own chunk. A failing device is left to the takes to report."""
         try:
             if self._reclaim is not None:
-                self._reclaim(False)
+                self._reclaim(False, False)  # (skipped if a take is reclaiming meanwhile)
             if len(self._free) >= self._low:
                 return
             left, counted = self._grow_by, False
@@ -110,12 +112,13 @@ class EventPool:
                             self._grows += not counted  # (one growth, however many steps)
                             counted = True
                     left -= n
+                time.sleep(_AHEAD_PAUSE_S)  # (the GIL to the others between steps: host events hold it throughout)
         finally:
             self._growing = False
 
     def _refill(self) -> Any:
         reclaim = self._reclaim
-        if reclaim is not None and reclaim(False):
+        if reclaim is not None and reclaim(False, True):
             try:
                 return self._free.pop()
             except IndexError:
@@ -125,7 +128,7 @@ class EventPool:
         except PoolExhaustedError:
             if reclaim is None:
                 raise
-            reclaim(True)
+            reclaim(True, True)
             try:
                 return self._free.pop()
             except IndexError:
