@@ -114,6 +114,16 @@ def test_a_forked_child_gets_a_clear_error_and_a_fresh_worker():
     ev.release()
 
 
+def test_a_forked_child_never_waits_on_a_lock_a_parents_thread_held_at_the_fork():
+    """The pools' reclaim lock held by a parent's thread (the waiter thread growing a pool ahead) when the process
+    forks stays held in the child: the child's `pool_stats` does not wait on it."""
+    dev = asyncgpu.device("host:0")
+    dev.record().release()
+    with dev._reclaim_lock:  # as if the waiter thread were reclaiming at the fork
+        out = _in_child(lambda: {"pool_stats": _outcome(lambda: dev.pool_stats().in_use >= 0)})
+    assert out["pool_stats"] == "ok True"
+
+
 def test_a_forked_child_of_a_process_that_initialized_cuda_is_told_to_spawn():
     """The CUDA backend's part, without a GPU: a backend that had initialized the driver says so in the child."""
     backend = CudaBackend()

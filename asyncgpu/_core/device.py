@@ -237,8 +237,9 @@ class Device:
     def _reclaim(self, everything: bool = False, wait: bool = True) -> int:
         """`_reclaim_now` once no other reclaim is under way (reclaims take turns: none then holds events another
         has taken off the queue and not given back yet, which `pool_stats` would count in use). ``wait`` False (a
-        pool growing ahead, on the waiter thread): 0 at once if another reclaim is under way. Any thread."""
-        if not self._reclaim_lock.acquire(blocking=wait):
+        pool growing ahead, on the waiter thread): 0 at once if another reclaim is under way. Any thread; 0 in a
+        child process after ``os.fork()`` (a parent's thread may have held the lock at the fork: never wait)."""
+        if self._forked_from is not None or not self._reclaim_lock.acquire(blocking=wait):
             return 0
         try:
             return self._reclaim_now(everything)
