@@ -22,6 +22,9 @@ class BackendDevice(ABC):
     index: int
     backend: str
     description: str  #: human-readable model, e.g. ``"NVIDIA H200"``
+    #: Whether creating an event costs enough (CUDA: ~7 µs, spikes of hundreds) that the pools create them ahead of
+    #: need on the waiter thread rather than on the thread that takes one (host events: 2 µs, made where needed).
+    grows_ahead: bool = False
 
     #: Called by the backend (from any thread, never a CUDA driver thread) after it completes an event, so a
     #: sleeping completion engine can look at once. The core installs it; ``None`` means nobody listens.

@@ -161,6 +161,7 @@ def _ctypes_hot_paths(drv: _Driver) -> tuple:
 
 class CudaDevice(BackendDevice):
     backend = "cuda"
+    grows_ahead = True
 
     def __init__(self, drv: _Driver, index: int) -> None:
         from cuda.core import Device

@@ -107,7 +107,7 @@ class Device:
         self._lock = threading.Lock()
         self._reclaim_lock = threading.Lock()  # one `_reclaim` at a time
         self.engine = Engine(bd)
-        grow_soon = self.engine.run_soon  # pools grow ahead of need on the waiter thread, not the caller's
+        grow_soon = self.engine.run_soon if bd.grows_ahead else None  # (costly events: made on the waiter thread)
         self.timing_pool = EventPool(bd, timing=True, max_events=max_events, reclaim=self._reclaim, grow_soon=grow_soon)
         self.plain_pool = EventPool(bd, timing=False, max_events=max_events, reclaim=self._reclaim, grow_soon=grow_soon)
         self._returns = deque()  # released events the device may not have passed yet: (raw, timing, seq)
