@@ -9,6 +9,9 @@ Variants (A against B):
 * ``due``: a loop's poller queries only the stream heads that are due (`engine.POLL_DUE_ONLY`) / every head;
 * ``gc``: the collector on / off during each case (does it set the tail?);
 * ``chunk``: a look pops at most `engine.COLLECT_LIMIT` completed waits (a burst handed over in parts) / all;
+* ``oracle``: the driver queries of the case's own events answered from the pinned `%globaltimer` stamps their
+  kernels write (a pinned-word read, no driver call: what a GPU-written completion word per stream would at best
+  give) / the driver's ``cuEventQuery``;
 * ``engine:PATH``: this tree's waiter-thread planning and hand-over (`Engine._pause`, `Engine.dispatch`, with
   this module's pollers) / those of the engine module at PATH (e.g. ``git show REV:asyncgpu/_core/engine.py``).
 
@@ -57,6 +60,20 @@ def _variants(spec: str) -> tuple[tuple[str, str], object]:
             (gc.enable if a else gc.disable)()
 
         return ("gc", "nogc"), use_gc
+    if spec == "oracle":
+        state = {"on": True, "map": {}}
+
+        def on_events(truth, evs, burst, sidx):
+            m = state["map"] = {}
+            for i, (j, ev) in enumerate(evs):
+                m[id(ev.raw)] = (truth.stamps, sidx[i] if burst else j)
+
+        B.ON_EVENTS = on_events
+
+        def use_oracle(a: bool) -> None:
+            state["on"] = a
+
+        return ("oracle", "driver"), (use_oracle, state)
     if spec.startswith("engine:"):
         path = spec.split(":", 1)[1]
         name = "asyncgpu._core.engine_b"  # (inside the package: its relative imports resolve)
@@ -84,6 +101,9 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=3)
     args = p.parse_args()
     (name_a, name_b), use = _variants(args.variant)
+    oracle = None
+    if isinstance(use, tuple):
+        use, oracle = use
     dev = asyncgpu.devices()[0]
     queries = [0]
     query = dev.bd.query
@@ -91,6 +111,16 @@ def main() -> None:
     def counted(raw):
         queries[0] += 1
         return query(raw)
+
+    if oracle is not None:
+
+        def counted(raw):  # noqa: F811 - the oracle's form
+            queries[0] += 1
+            if oracle["on"]:
+                hit = oracle["map"].get(id(raw))
+                if hit is not None:
+                    return hit[0][hit[1]] != 0
+            return query(raw)
 
     dev.bd.query = counted
     truth = B.Truth(dev, 20_000)

@@ -313,6 +313,9 @@ def plan(n: int, rate: float | None, n_streams: int, lead_ns: int) -> tuple[np.n
     return streams, rel + lead_ns
 
 
+#: ``f(truth, [(stamp index, event)], burst, stream index of each wait)`` called once a case's events are recorded
+#: (`ab_load.py`'s oracle variant)
+ON_EVENTS = None
 START_NS = 2_000_000  # the first completion comes this long after every wait is registered
 
 
@@ -350,6 +353,8 @@ async def case_gpu(lp, route, setups, n, rate, n_streams):
                 s.launch(truth.pace, truth.one, base_ptr, np.uint64(rel[i]), np.uint64(truth.dptr + 8 * i), name="pace")
                 evs.append((i, s.record(timing=False)))
         per_dev.append((truth, v, evs, burst))
+        if ON_EVENTS is not None:
+            ON_EVENTS(truth, evs, burst, [int(x) for x in sidx])
         items += [(di, j, ev) for j, ev in evs]
     woke = [0] * len(items)
     registered = [0]
