@@ -12,6 +12,8 @@ Variants (A against B):
 * ``oracle``: the driver queries of the case's own events answered from the pinned `%globaltimer` stamps their
   kernels write (a pinned-word read, no driver call: what a GPU-written completion word per stream would at best
   give) / the driver's ``cuEventQuery``;
+* ``forget``: the engine keeps what it learned in the cases before (as a long-lived process does) / forgets it
+  before each case (the per-stream estimates and spreads, the loops' delivery delays: a fresh process);
 * ``engine:PATH``: this tree's waiter-thread planning and hand-over (`Engine._pause`, `Engine.dispatch`, with
   this module's pollers) / those of the engine module at PATH (e.g. ``git show REV:asyncgpu/_core/engine.py``).
 
@@ -74,6 +76,13 @@ def _variants(spec: str) -> tuple[tuple[str, str], object]:
             state["on"] = a
 
         return ("oracle", "driver"), (use_oracle, state)
+    if spec == "forget":
+        state = {"on": False}
+
+        def use_forget(a: bool) -> None:
+            state["on"] = not a
+
+        return ("keep", "forget"), (use_forget, state)
     if spec.startswith("engine:"):
         path = spec.split(":", 1)[1]
         name = "asyncgpu._core.engine_b"  # (inside the package: its relative imports resolve)
@@ -101,9 +110,13 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=3)
     args = p.parse_args()
     (name_a, name_b), use = _variants(args.variant)
-    oracle = None
+    oracle = forget = None
     if isinstance(use, tuple):
-        use, oracle = use
+        use, extra = use
+        if args.variant == "forget":
+            forget = extra
+        else:
+            oracle = extra
     dev = asyncgpu.devices()[0]
     queries = [0]
     query = dev.bd.query
@@ -139,6 +152,10 @@ def main() -> None:
                 for a in (True, False) if rep % 2 == 0 else (False, True):
                     use(a)
                     queries[0] = 0
+                    if forget is not None and forget["on"]:
+                        with dev.engine._lock:
+                            dev.engine._queues.clear()
+                            dev.engine._delivery_ns = dict(E.INITIAL_DELIVERY_NS)
                     r = B.run_case(lp, "asyncgpu", setups, n, rate, 8)
                     row = (r["p50_us"], r["p99_us"], r["cpu_us_per_wait"], queries[0] / n)
                     res[(lp, case, name_a if a else name_b)].append(row)

@@ -468,6 +468,10 @@ async def case_floor(lp, n_total, rate):
 
 
 def run_case(lp_name, route, setups, n, rate, n_streams) -> dict:
+    # A full collection first: otherwise one of 20-30 ms (a young process's generation 2) lands in whichever case
+    # the allocations before it happen to reach it, and moving a wait's allocations moved it between cases (a
+    # floor burst read 20-30 ms in three of three runs of one tree, 2 ms in the other's).
+    gc.collect()
     lp = LOOPS[lp_name]()
     t0 = time.perf_counter()
     if route == "floor":

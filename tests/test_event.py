@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import inspect
 import threading
 import time
 
@@ -196,6 +197,33 @@ async def test_unrecorded_wait_raises(dev):
     ev.record()
     await ev.wait()
     ev.release()
+
+
+async def test_wait_checks_at_the_call_and_returns_the_waiting_coroutine(dev):
+    # `wait()` is a plain method that returns the coroutine (one frame less at every wake): what it refuses, it
+    # refuses at the call, and nothing is left un-awaited; what it returns is awaited, gathered or made a task.
+    ev = dev.create_event()
+    with pytest.raises(NotRecordedError):
+        ev.wait()
+    ev.record()
+    coro = ev.wait()
+    assert inspect.iscoroutine(coro)
+    await coro
+    dev.stream.spin_us(2_000)
+    ev.record()
+    assert not ev.query()
+    out = []
+
+    async def one():
+        out.append(await ev.wait())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(one)
+        tg.start_soon(ev.wait)  # (anyio's and trio's start_soon take the method itself)
+    assert out == [None] and ev.query()
+    ev.release()
+    with pytest.raises(ReleasedError):
+        ev.wait()
 
 
 def test_elapsed_before_completion_raises_not_ready(dev):
