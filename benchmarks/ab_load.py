@@ -12,6 +12,8 @@ Variants (A against B):
 * ``oracle``: the driver queries of the case's own events answered from the pinned `%globaltimer` stamps their
   kernels write (a pinned-word read, no driver call: what a GPU-written completion word per stream would at best
   give) / the driver's ``cuEventQuery``;
+* ``triotask``: a trio run's poller passes run in a system task (`Poller`) / each pass schedules the next with
+  ``TrioToken.run_sync_soon``, as before 2026-11-24 (asyncio is the same in both);
 * ``forget``: the engine keeps what it learned in the cases before (as a long-lived process does) / forgets it
   before each case (the per-stream estimates and spreads, the loops' delivery delays: a fresh process);
 * ``engine:PATH``: this tree's waiter-thread planning and hand-over (`Engine._pause`, `Engine.dispatch`, with
@@ -76,6 +78,22 @@ def _variants(spec: str) -> tuple[tuple[str, str], object]:
             state["on"] = a
 
         return ("oracle", "driver"), (use_oracle, state)
+    if spec == "triotask":
+        task_arm = E.Poller.arm
+
+        def soon_arm(self, engine, until_ns, sent_ns):
+            engine.learn_delivery(self.kind, sent_ns)
+            if until_ns > self.engines.get(engine, 0):
+                self.engines[engine] = until_ns
+                engine.covered_until[self.loop] = until_ns
+            if not self.scheduled:
+                self.scheduled = True
+                self.run()
+
+        def use_triotask(a: bool) -> None:
+            E.Poller.arm = task_arm if a else soon_arm
+
+        return ("task", "soon"), use_triotask
     if spec == "forget":
         state = {"on": False}
 

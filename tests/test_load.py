@@ -451,3 +451,52 @@ def test_the_waiter_thread_naps_while_a_loops_poller_covers_its_heads():
         before = time.perf_counter_ns()
         eng._pause()
         assert eng._wake_at_ns - before <= engine_mod.MAX_POLL_NS + 100_000
+
+
+def test_a_trio_runs_poller_is_a_task_that_parks_and_ends_with_the_run(monkeypatch):
+    """On trio the poller's passes run in a system task of the run, with a checkpoint between passes, never through
+    `TrioToken.run_sync_soon` (trio's only sync "call soon": a socket write and a wake of the I/O manager at every
+    call). The task parks while disarmed, serves the next arm, and ends with the run, leaving no poller and no
+    covered loop."""
+    trio = pytest.importorskip("trio")
+    dev = asyncgpu.device("host:0")
+    looks, runs = [0], [0]
+    look, run = engine_mod.Poller.look, engine_mod.Poller.run
+
+    def counted_look(self):
+        looks[0] += 1
+        return look(self)
+
+    def counted_run(self):  # the asyncio form: one pass, then the next through the loop's scheduler
+        runs[0] += 1
+        return run(self)
+
+    monkeypatch.setattr(engine_mod.Poller, "look", counted_look)
+    monkeypatch.setattr(engine_mod.Poller, "run", counted_run)
+    parked: list[bool] = []
+
+    async def main():
+        token = trio.lowlevel.current_trio_token()
+        for _ in range(30):  # learn the duration: the engine arms the run's poller before each completion
+            dev.stream.spin_us(1_000)
+            with dev.record() as ev:
+                await ev.wait()
+        for _ in range(2):  # two armed periods: the parked task serves the second
+            evs = []
+            for _ in range(100):
+                dev.stream.spin_us(50)
+                evs.append(dev.record())
+            async with trio.open_nursery() as nursery:
+                for ev in evs:
+                    nursery.start_soon(ev.wait)
+            for ev in evs:
+                ev.release()
+            await trio.sleep(0.01)  # longer than a poller lingers
+            poller = engine_mod._POLLERS.get(id(token))
+            parked.append(poller is not None and poller.task is not None and poller.parked)
+
+    trio.run(main)
+    assert looks[0] > 100 and runs[0] == 0, (looks[0], runs[0])
+    assert parked == [True, True], "the poller's task parks between arms"
+    assert not engine_mod._POLLERS, "the run's end ends its poller"
+    assert not dev.engine.covered_until and dev.engine.pending == 0

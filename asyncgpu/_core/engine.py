@@ -664,16 +664,23 @@ class Engine:
 
 
 class Poller:
-    """One event loop's poller: while armed for some engines, it runs between the loop's iterations (rescheduling
-    itself with the loop's ``call_soon``), queries those devices' stream heads and resumes what completed,
-    lingering `LINGER_NS` after each completion it sees. Lives in its loop's thread only; made by `loops`."""
+    """One event loop's poller: while armed for some engines, it runs between the loop's iterations, queries those
+    devices' stream heads and resumes what completed, lingering `LINGER_NS` after each completion it sees. Lives
+    in its loop's thread only; made by `_arm`.
 
-    __slots__ = ("kind", "loop", "engines", "scheduled", "schedule", "__weakref__")
+    asyncio (uvloop): each pass reschedules the next with the loop's ``call_soon``. trio: the passes run in a system
+    task of the run (``asyncgpu-poller``) that checkpoints between passes and parks while disarmed. trio's only
+    sync "call soon" is the thread-safe ``TrioToken.run_sync_soon``, a socket write and a wake-up through the I/O
+    manager per call: too dear for a pass every loop iteration."""
+
+    __slots__ = ("kind", "loop", "engines", "scheduled", "schedule", "task", "parked", "__weakref__")
 
     def __init__(self, kind: int, loop: Any, schedule: Callable[[Callable[[], None]], None]) -> None:
         self.kind, self.loop, self.schedule = kind, loop, schedule
         self.engines: dict[Engine, int] = {}  # engine -> polls until (ns)
-        self.scheduled = False
+        self.scheduled = False  # passes are under way (asyncio: one is scheduled; trio: the task is not parked)
+        self.task: Any = None  # trio: the system task that runs the passes
+        self.parked = False  # trio: that task waits for the next `arm`
 
     def arm(self, engine: Engine, until_ns: int, sent_ns: int) -> None:
         engine.learn_delivery(self.kind, sent_ns)
@@ -682,10 +689,27 @@ class Poller:
             engine.covered_until[self.loop] = until_ns
         if not self.scheduled:
             self.scheduled = True
-            self.run()
+            if self.kind == KIND_TRIO:
+                self._wake_trio_task()
+            else:
+                self.run()
 
     def run(self) -> None:
-        """One pass over the armed engines (in the loop's thread); reschedules itself while any stays armed."""
+        """One pass (asyncio), then the next at the loop's next iteration while any engine stays armed."""
+        if self.look():
+            self.scheduled = True
+            try:
+                self.schedule(self.run)
+            except RuntimeError:  # the loop is closing: nobody is left to resume
+                self.disarm()
+        else:
+            self.scheduled = False
+            if _POLLERS.get(id(self.loop)) is self:
+                del _POLLERS[id(self.loop)]
+
+    def look(self) -> bool:
+        """One pass over the armed engines (in the loop's thread): resume what completed, disarm the engines whose
+        window passed or that have no wait of this loop left. True while any stays armed."""
         lid = self.loop
         for engine, until in list(self.engines.items()):
             try:
@@ -704,15 +728,49 @@ class Poller:
             elif until != self.engines[engine]:
                 self.engines[engine] = until
                 engine.covered_until[lid] = until
-        if self.engines:
-            self.scheduled = True
+        return bool(self.engines)
+
+    def disarm(self) -> None:
+        """Stop covering this loop's heads (its loop closes): the waiter thread looks at them again."""
+        self.scheduled = False
+        for engine in list(self.engines):
+            engine.covered_until.pop(self.loop, None)
+            engine.kick()
+        self.engines.clear()
+
+    def _wake_trio_task(self) -> None:
+        lowlevel = sys.modules["trio"].lowlevel
+        if self.task is None:
             try:
-                self.schedule(self.run)
-            except RuntimeError:  # the loop is closing: nobody is left to resume
-                self.scheduled = False
-                self.engines.clear()
-        else:
-            self.scheduled = False
+                lowlevel.spawn_system_task(self._trio_passes, name="asyncgpu-poller")
+            except RuntimeError:  # the run is ending: nobody is left to resume
+                self.disarm()
+        elif self.parked:
+            self.parked = False
+            lowlevel.reschedule(self.task)
+
+    async def _trio_passes(self) -> None:
+        """The trio run's poller task: passes between the run's scheduling batches while armed, parked between
+        arms; cancelled (with the run's other system tasks) when the run ends."""
+        lowlevel = sys.modules["trio"].lowlevel
+        self.task = lowlevel.current_task()
+        try:
+            while True:
+                try:
+                    armed = self.look()
+                except Exception as exc:  # noqa: BLE001 - an error here would end the user's trio run
+                    _unraisable(exc, "asyncgpu: a trio poller's pass failed", self)
+                    self.disarm()
+                    armed = False
+                if armed:
+                    await lowlevel.checkpoint()
+                else:
+                    self.scheduled = False
+                    self.parked = True
+                    await lowlevel.wait_task_rescheduled(lambda _: lowlevel.Abort.SUCCEEDED)
+        finally:
+            self.task = None
+            self.disarm()
             if _POLLERS.get(id(self.loop)) is self:
                 del _POLLERS[id(self.loop)]
 

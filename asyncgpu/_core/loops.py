@@ -121,11 +121,12 @@ def resolve_here(kind: int, target: Any, err: BaseException | None, value: Any =
                 target.set_result(value)
             else:
                 target.set_exception(fresh_error(err))
-    else:
-        import outcome
-        import trio
-
-        trio.lowlevel.reschedule(target, outcome.Value(value) if err is None else outcome.Error(fresh_error(err)))
+    else:  # (trio runs the caller, so trio and its outcome are imported: no import statement per wake)
+        modules = sys.modules
+        outcome = modules["outcome"]
+        modules["trio"].lowlevel.reschedule(
+            target, outcome.Value(value) if err is None else outcome.Error(fresh_error(err))
+        )
 
 
 class Parked:
