@@ -79,19 +79,13 @@ def _variants(spec: str) -> tuple[tuple[str, str], object]:
 
         return ("oracle", "driver"), (use_oracle, state)
     if spec == "triotask":
-        task_arm = E.Poller.arm
+        task_wake = E.Poller._wake_trio_task
 
-        def soon_arm(self, engine, until_ns, sent_ns):
-            engine.learn_delivery(self.kind, sent_ns)
-            if until_ns > self.engines.get(engine, 0):
-                self.engines[engine] = until_ns
-                engine.covered_until[self.loop] = until_ns
-            if not self.scheduled:
-                self.scheduled = True
-                self.run()
+        def soon_wake(self) -> None:  # the pass at once, the next through the token (`Poller.run`'s asyncio form)
+            self.run()
 
         def use_triotask(a: bool) -> None:
-            E.Poller.arm = task_arm if a else soon_arm
+            E.Poller._wake_trio_task = task_wake if a else soon_wake
 
         return ("task", "soon"), use_triotask
     if spec == "forget":
