@@ -500,3 +500,28 @@ def test_a_trio_runs_poller_is_a_task_that_parks_and_ends_with_the_run(monkeypat
     assert parked == [True, True], "the poller's task parks between arms"
     assert not engine_mod._POLLERS, "the run's end ends its poller"
     assert not dev.engine.covered_until and dev.engine.pending == 0
+
+    had_poller: list[bool] = []
+
+    async def ends_while_armed():  # a run that fails right after 100 waits are withdrawn
+        evs = []
+        for _ in range(100):
+            dev.stream.spin_us(200)
+            evs.append(dev.record())
+        try:
+            async with trio.open_nursery() as nursery:
+                for ev in evs:
+                    nursery.start_soon(ev.wait)
+                await trio.sleep(0.002)
+                had_poller.append(bool(engine_mod._POLLERS))  # (its task, armed or parked)
+                nursery.cancel_scope.cancel()  # the waits withdrawn
+            raise KeyError("the user's error")
+        finally:
+            for ev in evs:
+                ev.release()
+
+    with pytest.raises(KeyError, match="the user's error"):
+        trio.run(ends_while_armed)
+    assert had_poller == [True]
+    assert not engine_mod._POLLERS and not dev.engine.covered_until and dev.engine.pending == 0
+    dev.synchronize()

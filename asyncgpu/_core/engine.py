@@ -749,6 +749,12 @@ class Poller:
             self.parked = False
             lowlevel.reschedule(self.task)
 
+    def _unpark(self, _: Any) -> Any:
+        """trio's abort of the parked task (the run ends): it is rescheduled with the cancellation, so no `arm` may
+        reschedule it again."""
+        self.parked = False
+        return sys.modules["trio"].lowlevel.Abort.SUCCEEDED
+
     async def _trio_passes(self) -> None:
         """The trio run's poller task: passes between the run's scheduling batches while armed, parked between
         arms; cancelled (with the run's other system tasks) when the run ends."""
@@ -767,7 +773,7 @@ class Poller:
                 else:
                     self.scheduled = False
                     self.parked = True
-                    await lowlevel.wait_task_rescheduled(lambda _: lowlevel.Abort.SUCCEEDED)
+                    await lowlevel.wait_task_rescheduled(self._unpark)
         finally:
             self.task = None
             self.disarm()
