@@ -8,6 +8,8 @@
 
     ev = dev.record()             # a pooled event after the work enqueued so far
     await ev.wait()               # resumes when the GPU has passed it; the loop keeps running
+    await dev.run(step, batch)    # step(stream, batch) on the device's own worker thread: one per GPU
+    host = await dev.aalloc_pinned(n)   # blocking calls have awaitable forms: an `a` in front of the name
 
 The top level holds what most programs use. Specialist parts are public submodules: `asyncgpu.kernel`
 (in-kernel records), `asyncgpu.ranks` (gather across ranks), `asyncgpu.errors` (every exception) and

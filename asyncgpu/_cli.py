@@ -174,16 +174,22 @@ def _check_memory(devs: list[Any], n: int) -> None:
 
 
 async def _demo_device(dev: Any, n: int, t0_s: float, out: _Out) -> np.ndarray:
-    """The workload on one device, all enqueued at once; each step's end is awaited in turn to show progress."""
+    """The workload on one device, enqueued at once; each step's end is awaited in turn to show progress.
+
+    Nothing here holds the loop's thread, so every device's task starts its work at once (one task per device):
+    the kernels are compiled and loaded on the device's worker thread (``prepare``), and the page-locked buffer
+    for the result is pinned there too, while the device runs (pinning 40 MB holds a thread ~20 ms: done in the
+    task, before its first launch, it would start the devices one after another)."""
     stream = dev.stream
-    a = dev.alloc(n, np.float32)
-    host = dev.alloc_pinned(n, np.float32)
+    a = dev.alloc(n, np.float32)  # (from the device's memory pool, in stream order: microseconds)
+    await dev.prepare()  # (the built-in kernels, and those the timing and the clock launch by themselves)
     steps = []
     stream.memset(a, 0)
     steps.append(("memset", dev.record(timing=False)))
     for iterations in DEMO_ITERATIONS:
         stream.inc_loop(a, iterations)
         steps.append((f"inc_loop x{iterations}", dev.record(timing=False)))
+    host = await dev.aalloc_pinned(n, np.float32)
     stream.copy_to_host(a, host)
     steps.append(("copy back", dev.record(timing=False)))
     for what, done in steps:

@@ -13,6 +13,7 @@ Every message names the fix. Errors raised by a backend (a CUDA driver error, a 
     ├── ReleasedError                     an event (or handoff) used after it went back to its pool
     ├── ClosedError                       a device worker, channel or graph used after close
     ├── PoolExhaustedError                the event pool reached its bound
+    ├── QueueFullError                    a launch from an event loop's thread onto a full stream
     ├── ScopeError                        a timing scope, capture or block misused
     ├── ClockError                        a device clock could not be aligned to the host clock
     ├── SourceError                       a timing source (CUPTI) cannot be used here
@@ -47,6 +48,7 @@ __all__ = [
     "NotRecordedError",
     "NotReadyError",
     "PoolExhaustedError",
+    "QueueFullError",
     "ReleasedError",
     "ScopeError",
     "TimingDisabledError",
@@ -93,6 +95,12 @@ class ClosedError(AsyncGPUError):
 
 class PoolExhaustedError(AsyncGPUError):
     """The per-device event pool reached its bound: release events sooner or raise ``max_events``."""
+
+
+class QueueFullError(AsyncGPUError):
+    """A launch or record from an event loop's thread found its stream's queue full: the driver would block the
+    loop's thread until the device drains (for ever behind held work). Nothing was enqueued or taken: ``await
+    stream.room()`` and launch again."""
 
 
 class ScopeError(AsyncGPUError):

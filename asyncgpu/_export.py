@@ -9,7 +9,9 @@ protobuf format (`asyncgpu._perfetto`, through the ``perfetto`` package: ``pip i
 any other path gets the Chrome Trace Event Format (JSON), laid out as follows (``ts``/``dur`` in µs with 3
 decimals, counted from ``origin_ns``: whole ns at any absolute time)::
 
-    pid 1            "host"                      one track per host thread: scopes and t.activity() blocks
+    pid 1            "host"                      one track per host thread: scopes and t.activity() blocks;
+                                                 "host issue": where each activity was issued (a zero-length
+                                                 slice), a flow arrow from there to the activity's slice
     pid device_pid(d)        "<device> <description>"    one track per stream of device d; "(NOT aligned...)" when its
                                                  clock is not on the host time base; counters
     otherData        the metadata of `asyncgpu._tracebase` (origin_ns, tables, clocks, scopes, unfinished rows,
@@ -41,7 +43,18 @@ from ._perfetto import NATIVE_SUFFIXES, read_perfetto, write_perfetto
 from ._records import KIND_CODES, KINDS, CollectiveMark, DeviceClock, HostRange, Timeline
 from ._trace import HOST_PID, device_pid
 from ._trace import lanes as nesting_lanes
-from ._tracebase import TRACE_VERSION, draw_counters, drawn, open_for_writing, origin_ns, scope_info, timeline_from
+from ._tracebase import (
+    ISSUE_TRACK,
+    TRACE_VERSION,
+    draw_counters,
+    drawn,
+    host_key,
+    issued_rows,
+    open_for_writing,
+    origin_ns,
+    scope_info,
+    timeline_from,
+)
 from ._tracebase import trace_meta as _trace_meta
 
 __all__ = ["read_trace", "to_csv", "to_json", "trace_dict", "write_trace"]
@@ -95,6 +108,10 @@ def _trace_chunks(tl: Timeline) -> Iterator[str]:
             meta.append(_thread_meta(device_pid(d), len(tid_stream), label if lane == 0 else f"{label} ({lane + 1})"))
             tid_stream.append(st)
     host_events, host_meta = _host_events(tl, origin, len(tid_stream))
+    row_tid = np.zeros(len(tl), np.int64)
+    row_tid[done] = tids
+    issue_events, issue_meta = _issue_events(tl, origin, len(tid_stream) + len(host_meta), row_tid)
+    host_meta += issue_meta
     other = _trace_meta(tl, origin, HOST_PID, [device_pid(d) for d in range(len(tl.devices))])
     yield '{"displayTimeUnit":"ns","otherData":' + json.dumps(other, allow_nan=False) + ',"traceEvents":[\n'
     yield ",\n".join(json.dumps(m) for m in meta + host_meta)
@@ -118,7 +135,8 @@ def _trace_chunks(tl: Timeline) -> Iterator[str]:
         ((e_ns - s_ns) / 1e3).tolist(),
     )
     yield from host_events
-    canvas = _JsonCanvas(origin, len(tid_stream) + len(host_meta))
+    yield from issue_events
+    canvas = _JsonCanvas(origin, len(tid_stream) + len(host_meta), len(tl))
     for layer in tl.layers:
         layer.draw(tl, canvas)
     draw_counters(tl, canvas)
@@ -129,14 +147,15 @@ def _trace_chunks(tl: Timeline) -> Iterator[str]:
 
 class _JsonCanvas:
     """The `asyncgpu._trace.Canvas` of a JSON trace: Trace Event Format events, on tracks numbered from
-    ``first_tid`` (a track gets a tid, and more for its lanes, only once it has events)."""
+    ``first_tid`` (a track gets a tid, and more for its lanes, only once it has events), flows numbered after
+    ``first_flow`` (the issue arrows' ids come first)."""
 
-    def __init__(self, origin_ns: int, first_tid: int) -> None:
+    def __init__(self, origin_ns: int, first_tid: int, first_flow: int = 0) -> None:
         self._origin, self._next_tid = origin_ns, first_tid
         self._tracks: list[tuple[int, str]] = []  # (pid, name)
         self._items: list[list[tuple]] = []  # per track: slices and instants, as given
         self._counters: list[dict] = []
-        self._flows = 0
+        self._flows = first_flow
 
     def track(self, name: str, device: int | None, parent: int | None = None) -> int:
         self._tracks.append((HOST_PID if device is None else device_pid(device), name))
@@ -280,6 +299,48 @@ def _host_events(tl: Timeline, origin_ns: int, first_tid: int) -> tuple[Iterator
     return events, meta
 
 
+def _issue_events(
+    tl: Timeline, origin_ns: int, first_tid: int, row_tid: np.ndarray
+) -> tuple[Iterator[str], list[dict]]:
+    """Where each drawn row with an issue time was issued: a zero-length slice on the "host issue" track of its
+    host process, in time order, with a flow (``s``) from it to the row's slice (``f``, bound to the slice that
+    encloses its start: ``bp: "e"``). ``row_tid``: the tid of each drawn row's slice. Flow id: the row + 1."""
+    rows = issued_rows(tl)
+    keys = {key: k for k, key in enumerate(dict.fromkeys(host_key(d) for d in tl.devices))}
+    dev_key = np.array([keys[host_key(d)] for d in tl.devices] or [0], np.int64)
+    key_col = dev_key[tl.device[rows]]
+    used = sorted(set(key_col.tolist()))
+    tid_of = np.zeros(max(len(keys), 1), np.int64)
+    meta: list[dict] = []
+    for key, k in keys.items():
+        if k in used:
+            tid_of[k] = first_tid + len(meta)
+            meta.append(_thread_meta(HOST_PID, int(tid_of[k]), f"{key}/{ISSUE_TRACK}" if key else ISSUE_TRACK))
+    rows = rows[np.argsort(tl.issued_ns[rows], kind="stable")]
+    at = (np.rint(tl.issued_ns[rows] - origin_ns) / 1e3).tolist()
+    tid = tid_of[dev_key[tl.device[rows]]].tolist()
+    names = np.array([json.dumps(nm) for nm in tl.names] or ['""'], dtype=object)[tl.name[rows]].tolist()
+    flow = (rows + 1).tolist()
+    start = (np.rint(tl.start_ns[rows] - origin_ns) / 1e3).tolist()
+    pid = [device_pid(int(d)) for d in tl.device[rows].tolist()]
+    events = _format(
+        ',\n{"name":%s,"cat":"issue","ph":"X","pid":' + str(HOST_PID) + ',"tid":%d,"ts":%.3f,"dur":0}'
+        ',\n{"name":"issue","cat":"issue","ph":"s","id":%d,"pid":' + str(HOST_PID) + ',"tid":%d,"ts":%.3f}'
+        ',\n{"name":"issue","cat":"issue","ph":"f","bp":"e","id":%d,"pid":%d,"tid":%d,"ts":%.3f}',
+        names,
+        tid,
+        at,
+        flow,
+        tid,
+        at,
+        flow,
+        pid,
+        row_tid[rows].tolist(),
+        start,
+    )
+    return events, meta
+
+
 def _process_meta(pid: int, name: str, sort_index: int) -> list[dict]:
     return [
         {"ph": "M", "pid": pid, "tid": 0, "ts": 0, "name": "process_name", "args": {"name": name}},
@@ -329,6 +390,7 @@ def _from_trace(events: list, meta: dict) -> Timeline:
     stream_code = {(device_pid(d), label): i for i, (d, label) in enumerate(streams)}
     name_code = {nm: i for i, nm in enumerate(meta["names"])}
     xs = [e for e in events if e["ph"] == "X" and "row" in e.get("args", {})]
+    issues = [e for e in events if e["ph"] == "s" and e.get("cat") == "issue"]
     host = sorted((e for e in xs if e["pid"] == HOST_PID), key=lambda e: e["args"]["row"])
     dev = [e for e in xs if e["pid"] != HOST_PID]
     s_ns = np.rint(np.fromiter((e["ts"] for e in dev), np.float64, len(dev)) * 1e3)
@@ -352,6 +414,10 @@ def _from_trace(events: list, meta: dict) -> Timeline:
             )
             for e in host
         ],
+        (
+            np.fromiter((e["id"] - 1 for e in issues), np.int64, len(issues)),
+            origin + np.rint(np.fromiter((e["ts"] for e in issues), np.float64, len(issues)) * 1e3),
+        ),
     )
 
 
@@ -359,7 +425,8 @@ def _from_trace(events: list, meta: dict) -> Timeline:
 def to_json(source: Source, path: str | os.PathLike | None = None) -> str | None:
     """The records as JSON: the scope's metadata (label, scope start/end in host ns, devices and their clocks,
     scopes, host ranges) and ``records``, one object per activity (times in ns, ``start_ms`` from the scope's
-    start; null when unfinished). Returns the text when ``path`` is None, else writes it there."""
+    start; null when unfinished; ``issued_ns``, when the host issued it, null when not known). Returns the text
+    when ``path`` is None, else writes it there."""
     tl = _merged(source)
     head = {
         "asyncgpu_records_version": 1,
@@ -371,7 +438,8 @@ def to_json(source: Source, path: str | os.PathLike | None = None) -> str | None
     }
     body = _records_text(
         tl,
-        '{"device":%s,"stream":%s,"name":%s,"kind":%s,"start_ns":%s,"end_ns":%s,"duration_ns":%s,"start_ms":%s},\n',
+        '{"device":%s,"stream":%s,"name":%s,"kind":%s,"start_ns":%s,"end_ns":%s,"duration_ns":%s,"start_ms":%s,'
+        '"issued_ns":%s},\n',
         json.dumps,
         "null",
     )[:-2]
@@ -380,15 +448,17 @@ def to_json(source: Source, path: str | os.PathLike | None = None) -> str | None
 
 def to_csv(source: Source, path: str | os.PathLike | None = None) -> str | None:
     """The records as CSV: a header and one line per activity (device, stream, name, kind, start_ns, end_ns,
-    duration_ns in host ns, start_ms from the scope's start; empty when unfinished). Returns the text when
-    ``path`` is None, else writes it there."""
-    text = _records_text(_merged(source), "%s,%s,%s,%s,%s,%s,%s,%s\n", _csv_field, "")
-    return _deliver("device,stream,name,kind,start_ns,end_ns,duration_ns,start_ms\n" + text, path, "the CSV")
+    duration_ns in host ns, start_ms from the scope's start, empty when unfinished; issued_ns, empty when not
+    known). Returns the text when ``path`` is None, else writes it there."""
+    text = _records_text(_merged(source), "%s,%s,%s,%s,%s,%s,%s,%s,%s\n", _csv_field, "")
+    header = "device,stream,name,kind,start_ns,end_ns,duration_ns,start_ms,issued_ns\n"
+    return _deliver(header + text, path, "the CSV")
 
 
 def _records_text(tl: Timeline, template: str, quote: Callable[[str], str], null: str) -> str:
     """One ``template`` per row, filled with device, stream, name, kind (each ``quote``-d), start_ns, end_ns,
-    duration_ns (whole ns) and start_ms (6 decimals); ``null`` where a time is NaN (unfinished)."""
+    duration_ns (whole ns), start_ms (6 decimals) and issued_ns (whole ns); ``null`` where a time is NaN
+    (unfinished, or not known)."""
 
     def strings(values: np.ndarray, fmt: str) -> list[str]:
         out = ((fmt + "\n") * len(values) % tuple(values.tolist())).split("\n")[:-1]
@@ -410,6 +480,7 @@ def _records_text(tl: Timeline, template: str, quote: Callable[[str], str], null
             strings(tl.end_ns, "%.0f"),
             strings(tl.duration_ns, "%.0f"),
             strings(tl.start_ms(), "%.6f"),
+            strings(tl.issued_ns, "%.0f"),
         )
     )
 
@@ -477,6 +548,7 @@ def _merged(source: Source) -> Timeline:
         start_ns=np.concatenate([tl.start_ns for tl in tls]),
         end_ns=np.concatenate([tl.end_ns for tl in tls]),
         duration_ns=np.concatenate([tl.duration_ns for tl in tls]),
+        issued_ns=np.concatenate([tl.issued_ns for tl in tls]),
         scope_start_ns=min(tl.scope_start_ns for tl in tls),
         scope_end_ns=max(tl.scope_end_ns for tl in tls),
         clocks=tuple(_worst(cs) for cs in clocks.values()),

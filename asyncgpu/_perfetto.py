@@ -5,7 +5,9 @@ streaming; `read_perfetto` reads one back (numpy only: no package needed to read
 Tracks (``TrackDescriptor``)::
 
     process "host" (pid 1)          a track per host thread (scopes, activity blocks; "MainThread (2)" where
-                                    blocks overlap without nesting); "asyncgpu": the metadata instants
+                                    blocks overlap without nesting); "asyncgpu": the metadata instants; "host
+                                    issue": an instant where each activity was issued, with a flow arrow to
+                                    its slice (`asyncgpu._tracebase`)
     process "r<k> host"             the same per rank, for a timeline merged by `asyncgpu.ranks.gather`
     process "<device> <descr>"      a track per stream (and lane); its description says how the device's clock
                                     was placed; counters "utilisation" (%) and "activities in flight"
@@ -50,7 +52,19 @@ import numpy as np
 from ._records import KIND_CODES, KINDS, HostRange, Timeline
 from ._trace import HOST_PID, device_pid, in_order
 from ._trace import lanes as nesting_lanes
-from ._tracebase import draw_counters, drawn, open_for_writing, origin_ns, row_windows, timeline_from, trace_meta
+from ._tracebase import (
+    ISSUE_TRACK,
+    draw_counters,
+    drawn,
+    host_key,
+    issue_flow,
+    issued_rows,
+    open_for_writing,
+    origin_ns,
+    row_windows,
+    timeline_from,
+    trace_meta,
+)
 
 __all__ = ["NATIVE_SUFFIXES", "read_perfetto", "write_perfetto"]
 
@@ -118,6 +132,8 @@ class _Writer:
         self.device_uuids = [next(self._uuids) for _ in tl.devices]
         self.stream_uuids: list[list[int]] = []  # per stream, a track per lane
         self.meta_uuid = 0
+        self.device_key = [host_key(d) for d in tl.devices]  # the host process each device's work came from
+        self.issue: dict[str, tuple[int, bool]] = {}  # host process -> its "host issue" track, rows in time order
 
     # the plan
     def _child(self, parent: int, name: str, rank: int | None = None) -> int:
@@ -173,6 +189,7 @@ class _Writer:
                 s, e, _ = self._stream_rows(st)
                 self._stream_track(st, int(nesting_lanes(s, e).max(initial=0)))
         host = self._host_plan()
+        self._issue_plan()
         canvas = _ProtoCanvas(self)
         for layer in tl.layers:
             layer.draw(tl, canvas)
@@ -191,6 +208,7 @@ class _Writer:
                 self._stream(st, stream)
         for uuids, rows in host.values():
             self._host_thread(uuids, rows)
+        self._issue_tracks()
         canvas.write()
 
     def _descriptors(self) -> None:
@@ -282,6 +300,7 @@ class _Writer:
         meta["tracks"] = {
             "streams": [[u, st] for st, uuids in enumerate(self.stream_uuids) for u in uuids],
             "threads": [[u, thread] for thread, (uuids, _) in host.items() for u in uuids],
+            "issue": [[u, key] for key, (u, _) in self.issue.items()],
         }
 
         def instant(name: str, annotations: Mapping[str, Any]) -> None:
@@ -346,7 +365,7 @@ class _Writer:
             tl.kind[rows] + 1,
             self._args(rows, s, e),
             None,
-            None,
+            self._flow_in(rows),
             before=stream.before,
         )
 
@@ -359,7 +378,69 @@ class _Writer:
         for lane, uuid in enumerate(self.stream_uuids[st]):
             sel = np.flatnonzero(lanes == lane)
             r, ls, le = rows[sel], s[sel], e[sel]
-            self._sequence(uuid, interned, ls, le, tl.name[r] + 1, tl.kind[r] + 1, self._args(r, ls, le))
+            args = self._args(r, ls, le)
+            self._sequence(uuid, interned, ls, le, tl.name[r] + 1, tl.kind[r] + 1, args, None, self._flow_in(r))
+
+    def _flow_in(self, rows: np.ndarray) -> np.ndarray:
+        """The issue arrow each of ``rows`` (drawn) ends, by flow id (0: none, no issue time)."""
+        return np.where(np.isfinite(self.tl.issued_ns[rows]), issue_flow(rows), np.uint64(0))
+
+    def _issue_windows(self) -> Iterator[dict[str, np.ndarray]]:
+        """Per window of rows, the rows that get an issue arrow, by host process (in row order)."""
+        keys = list(dict.fromkeys(self.device_key))
+        code = np.array([keys.index(k) for k in self.device_key] or [0], np.int64)
+        for w in row_windows(self.tl):
+            rows = issued_rows(self.tl, w)
+            of = code[self.tl.device[rows]]
+            yield {key: rows[of == k] for k, key in enumerate(keys) if (of == k).any()}
+
+    def _issue_plan(self) -> None:
+        """A "host issue" track per host process whose rows have issue times, and whether those rows come in
+        time order (then they are written a window at a time, unsorted): one pass over the rows."""
+        last: dict[str, float] = {}
+        ordered: dict[str, bool] = {}
+        for parts in self._issue_windows():
+            for key, rows in parts.items():
+                at = self.tl.issued_ns[rows]
+                ordered[key] = ordered.get(key, True) and bool(at[0] >= last.get(key, -math.inf))
+                ordered[key] &= bool(np.all(np.diff(at) >= 0))
+                last[key] = float(at[-1])
+        for key in dict.fromkeys(self.device_key):
+            if key in ordered:
+                process, short = self._host_process(f"{key}/{ISSUE_TRACK}" if key else ISSUE_TRACK)
+                self.issue[key] = (self._child(process, short), ordered[key])
+
+    def _issue_tracks(self) -> None:
+        """The instants of the "host issue" tracks, each with its arrow's flow id: a sequence per track, written
+        a window at a time where its rows come in time order, else sorted whole at the end (one pass)."""
+        state: dict[str, tuple[int, int]] = {}  # host process -> (sequence, time of its last event)
+        unordered: dict[str, list[np.ndarray]] = {key: [] for key, (_, ok) in self.issue.items() if not ok}
+        for parts in self._issue_windows():
+            for key, rows in parts.items():
+                if key in unordered:
+                    unordered[key].append(rows)
+                else:
+                    state[key] = self._issue_events(key, rows, state.get(key))
+        for key, chunks in unordered.items():
+            rows = np.concatenate(chunks)
+            self._issue_events(key, rows[np.argsort(self.tl.issued_ns[rows], kind="stable")], None)
+
+    def _issue_events(self, key: str, rows: np.ndarray, seq: tuple[int, int] | None) -> tuple[int, int]:
+        """Instants where ``rows`` (in time order) were issued, on ``key``'s track: its sequence is started when
+        ``seq`` is None. Returns the sequence and the time of its last event."""
+        tl = self.tl
+        at = np.rint(tl.issued_ns[rows]).astype(np.int64)
+        if seq is None:
+            seq = (next(self._seqs), int(at[0]))
+            names = {k + 1: tl.names[k] for k in range(len(tl.names))}
+            self._header(seq[0], self.issue[key][0], seq[1], self._interned(names, {1: "issue"}, {}))
+        n = len(rows)
+        flows = issue_flow(rows)
+        kinds = np.full(n, _INSTANT, np.uint8)
+        last = self._events(
+            seq[0], at, kinds, np.arange(n), tl.name[rows] + 1, np.ones(n, np.int64), [], flows, None, before=seq[1]
+        )
+        return seq[0], last
 
     def _host_thread(self, uuids: list[int], idx: np.ndarray) -> None:
         """The host ranges of one thread (``idx``: their indices), a sequence per lane."""
@@ -533,7 +614,7 @@ class _ProtoCanvas:
         self.counters: list[tuple[int | None, str, np.ndarray, np.ndarray, str]] = []
         self.uuids: list[list[int]] = []  # per track: a uuid per lane
         self.counter_uuids: list[int] = []
-        self._flows = 0
+        self._flows = len(writer.tl)  # (the issue arrows' ids come first)
 
     def track(self, name: str, device: int | None, parent: int | None = None) -> int:
         self.tracks.append((device, name, parent))
@@ -1080,7 +1161,18 @@ def _read(data: bytes) -> Timeline:
         e_ns[on].astype(np.float64),
         dur,
         [ranges[i] for i in np.argsort(row[b][host], kind="stable").tolist()],
+        _issued(meta, te, typ, track, when[packet]),
     )
+
+
+def _issued(
+    meta: Mapping[str, Any], te: dict[int, _Field], typ: np.ndarray, track: np.ndarray, when: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(rows, issue times)`` from the instants of the "host issue" tracks: each one's flow id is its row + 1."""
+    issue = np.array([u for u, _ in meta["tracks"].get("issue", ())], np.int64)
+    flows = te.get(47, _NO_FIELD)  # flow_ids
+    on = np.isin(track[flows.msg], issue) & (typ[flows.msg] == _INSTANT)
+    return flows.value[on].astype(np.int64) - 1, when[flows.msg[on]].astype(np.float64)
 
 
 def _unnamed(seq: np.ndarray) -> dict[int, str]:

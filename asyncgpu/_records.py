@@ -10,13 +10,15 @@ A timeline is plain data: everything reports, exports and `gather` need is a typ
 the scope, collective marks, the scopes merged into it, the layers drawn on its trace), so none of them needs
 the live scope that made it. This module is the bottom layer: it imports nothing of asyncgpu.
 
-A row costs 35 bytes (codes: int16 device, int32 stream, int32 name, int8 kind; float64 start, end, duration).
-Unfinished activities have NaN times. Names, streams and devices are stored once, in the tables.
+A row costs 43 bytes (codes: int16 device, int32 stream, int32 name, int8 kind; float64 start, end, duration,
+issued). Unfinished activities have NaN start, end and duration; an activity whose issue time is not known (a
+trace written before asyncgpu recorded it, rows added by CUPTI for work launched by others) has a NaN issue
+time. Names, streams and devices are stored once, in the tables.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -39,6 +41,7 @@ class ActivityRecord:
     duration_ms: float | None  #: None if the device had not finished it when the scope ended
     start_ns: int | None = None  #: absolute start, host time base (see `DeviceClock.aligned`)
     end_ns: int | None = None  #: absolute end, host time base
+    issued_ns: int | None = None  #: when the host had issued it (host ``perf_counter_ns``); None if not known
 
     @property
     def complete(self) -> bool:
@@ -128,8 +131,17 @@ class Timeline:
     layers: tuple[Any, ...] = ()  #: finished trace layers (in-kernel records, handoffs): see `asyncgpu._trace`
     source: str = "events"  #: where the durations come from: ``"events"`` (held event pairs) or ``"cupti"``
     source_note: str = ""  #: why ``source="auto"`` fell back to events, or what CUPTI could not attribute
+    #: float64 per row: host time (``perf_counter_ns``, the clock of ``start_ns``) when the host had issued the
+    #: activity: a launch once its call returned, a ``t.activity()`` block at its entry, a graph's part when the
+    #: replay was launched. NaN where not known. Empty (the default) means NaN for every row.
+    issued_ns: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def __post_init__(self) -> None:
+        rows = len(self.start_ns)
+        if len(self.issued_ns) != rows:
+            if len(self.issued_ns):
+                raise ValueError(f"column issued_ns has {len(self.issued_ns)} rows, start_ns has {rows}")
+            self.issued_ns = np.full(rows, np.nan)
         n = len(self.devices)
         if len(self.clocks) < n:  # the one rule for a device without clock information
             self.clocks = tuple(self.clocks) + tuple(no_clock(d) for d in self.devices[len(self.clocks) :])
@@ -155,10 +167,12 @@ class Timeline:
         scope_start_ns: int | None = None,
         scope_end_ns: int | None = None,
         clocks: Sequence[DeviceClock] | None = None,
+        issued_ns: Any = None,
         **kw: Any,
     ) -> Timeline:
         """A timeline from plain arrays (synthetic data, traces read back, other tools). ``kind`` may hold kind
-        names or codes; missing columns default to name 0, kind ``user``, one stream ``s0`` per device."""
+        names or codes; missing columns default to name 0, kind ``user``, one stream ``s0`` per device, issue
+        times unknown (NaN)."""
         for what, seq in (("devices", devices), ("names", names)):
             if isinstance(seq, (str, bytes)):
                 raise TypeError(f"{what} is a sequence of names ({what}=[{seq!r}] for one), not the string {seq!r}")
@@ -182,6 +196,7 @@ class Timeline:
             )
         nm = np.zeros(n, dtype=np.int32) if name is None else np.asarray(name, dtype=np.int32)
         dur = end - start if duration_ns is None else np.asarray(duration_ns, dtype=np.float64)
+        issued = np.full(n, np.nan) if issued_ns is None else np.asarray(issued_ns, dtype=np.float64)
         for col, arr in (
             ("device", dev),
             ("end_ns", end),
@@ -189,6 +204,7 @@ class Timeline:
             ("kind", kd),
             ("name", nm),
             ("duration_ns", dur),
+            ("issued_ns", issued),
         ):
             if len(arr) != n:
                 raise ValueError(f"column {col} has {len(arr)} rows, start_ns has {n}")
@@ -215,6 +231,7 @@ class Timeline:
             s0,
             s1,
             tuple(clocks),
+            issued_ns=issued,
             **kw,
         )
 
@@ -227,7 +244,16 @@ class Timeline:
         """Bytes held by the columns."""
         return sum(
             a.nbytes
-            for a in (self.device, self.stream, self.name, self.kind, self.start_ns, self.end_ns, self.duration_ns)
+            for a in (
+                self.device,
+                self.stream,
+                self.name,
+                self.kind,
+                self.start_ns,
+                self.end_ns,
+                self.duration_ns,
+                self.issued_ns,
+            )
         )
 
     @property
@@ -248,7 +274,7 @@ class Timeline:
         return (self.start_ns - self.scope_start_ns) / 1e6
 
     def row(self, i: int) -> ActivityRecord:
-        s, d, e = self.start_ns[i], self.duration_ns[i], self.end_ns[i]
+        s, d, e, issued = self.start_ns[i], self.duration_ns[i], self.end_ns[i], self.issued_ns[i]
         done = np.isfinite(s) and np.isfinite(d)
         return ActivityRecord(
             self.devices[self.device[i]],
@@ -259,6 +285,7 @@ class Timeline:
             d / 1e6 if done else None,
             int(s) if done else None,
             int(e) if done else None,
+            int(issued) if np.isfinite(issued) else None,
         )
 
     def __iter__(self) -> Iterator[ActivityRecord]:
@@ -302,6 +329,9 @@ class Timeline:
             self.marks,
             self.scopes,
             self.layers,
+            self.source,
+            self.source_note,
+            self.issued_ns[m],
         )
 
     def time_order(self) -> np.ndarray:

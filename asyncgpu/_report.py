@@ -17,9 +17,9 @@ every line (1.8 s for a million lines handed to it ready-made, which no renderab
 from __future__ import annotations
 
 import io
-import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from rich.cells import cell_len
@@ -32,7 +32,16 @@ from rich.table import Table
 from rich.text import Text
 
 from ._records import KINDS, ActivityRecord, Timeline
-from ._summary import ActivitySummary, BalanceReport, DeviceSummary, activity_summary, balance, device_summary
+from ._summary import (
+    ActivitySummary,
+    BalanceReport,
+    DeviceSummary,
+    activity_summary,
+    balance,
+    bar,
+    device_summary,
+    ms,
+)
 
 __all__ = [
     "PLAIN_ROWS",
@@ -52,16 +61,11 @@ __all__ = [
     "timeline_table",
 ]
 
-_EIGHTHS = " ▏▎▍▌▋▊▉"
 PLAIN_ROWS = 500  #: a `FitTable` of more rows than this is drawn as plain lines (its text does not wrap)
 _CHUNK_ROWS = 4096  # rows per %-format call of the plain lines
 _FAST_MS = 1e9  #: `ms_strings` writes the digits of smaller values with numpy (exact: the float error stays < 1e-4 µs)
 _POWERS_OF_TEN = 10 ** np.arange(1, 13, dtype=np.int64)
 _NEW_LINE = Segment.line()
-
-
-def ms(value: float | None) -> str:
-    return "—" if value is None or math.isnan(value) else f"{value:,.3f}"
 
 
 def ms_strings(values: np.ndarray) -> list[str]:
@@ -429,46 +433,11 @@ def device_table(source: Timeline | DeviceSummary) -> FitTable:
     return table
 
 
-def bar(value: float, top: float, width: int) -> str:
-    """``value`` of ``top`` as a bar of ``width`` full blocks, in eighths of a block (at least one if > 0)."""
-    if top <= 0 or value <= 0:
-        return ""
-    eighths = max(1, round(value / top * width * 8))
-    return "█" * (eighths // 8) + _EIGHTHS[eighths % 8].strip()
-
-
-def balance_renderable(source: Timeline | DeviceSummary | BalanceReport, bar_width: int = 20) -> Group:
-    """Busy time per device as a bar chart (``bar_width`` blocks for the busiest), how long each device waited
-    for the straggler, the suggested split of the work and its predicted makespan, and the report's notes."""
-    b = source if isinstance(source, BalanceReport) else balance(source)
-    top = max((r.busy_ms for r in b.rows), default=0.0)
-    split = [number("units"), number("suggested")] if b.units_given else [number("share")]
-    columns = [
-        Column("device"),
-        number("busy (ms)"),
-        Column("", wrap=False, drop=2, min_width=bar_width),
-        number("wait (ms)", drop=1),
-        *split,
-        Column(""),
-    ]
-    table = FitTable("balance: busy time per device", columns)
-    for r in b.rows:
-        cells = [f"{r.units:,}", f"{r.suggested_units:,}"] if b.units_given else [f"{r.share:.1%}"]
-        table.add_row(r.device, ms(r.busy_ms), bar(r.busy_ms, top, bar_width), ms(r.wait_ms), *cells, r.note)
-    lines = [
-        f"imbalance {b.imbalance:.3f} = max busy {ms(b.makespan_ms)} ms / mean busy {ms(b.mean_busy_ms)} ms; "
-        f"straggler {b.straggler}"
-        if b.imbalance is not None
-        else "imbalance —: no device has busy time"
-    ]
-    what = "split" if b.units_given else "shares (one unit of work per device assumed)"
-    if b.predicted_makespan_ms is not None:
-        lines.append(
-            f"makespan (busy): {ms(b.makespan_ms)} ms now, {ms(b.predicted_makespan_ms)} ms predicted "
-            f"with the suggested {what}"
-        )
-    lines += [f"note: {n}" for n in b.notes]
-    return Group(table, Text("\n".join(lines)))
+def balance_renderable(source: Timeline | DeviceSummary | BalanceReport, work_units: Any = None) -> BalanceReport:
+    """The balance as a renderable: the `BalanceReport` itself (it draws its table and verdict; see
+    `BalanceReport.__rich_console__`), made from a timeline or a device summary (with ``work_units``, as in
+    `balance`) when one is given."""
+    return source if isinstance(source, BalanceReport) else balance(source, work_units)
 
 
 class Report(Group):
@@ -479,18 +448,19 @@ class Report(Group):
         return render(self)
 
 
-def timeline_report(tl: Timeline, limit: int | None = 50, order: str = "issue") -> Report:
+def timeline_report(tl: Timeline, limit: int | None = 50, order: str = "issue", work_units: Any = None) -> Report:
     """The report of a finished scope's timeline, as one renderable: its activities in ``order`` (``issue`` or
     ``time``; the first ``limit``, 50 by default, and a line saying how many more; None: all of them), totals per
-    activity, totals per device, the balance, and a footer (host time in the scope's body and waiting at its
-    exit, CPU time, unfinished activities, the error, unaligned clocks). More than `PLAIN_ROWS` activities are
-    listed as plain lines: a million in 0.65 s as text (``str``), 3.5 s through ``rich.print``."""
+    activity, totals per device, the balance (``work_units`` as in `balance`), and a footer (host time in the
+    scope's body and waiting at its exit, CPU time, unfinished activities, the error, unaligned clocks). More
+    than `PLAIN_ROWS` activities are listed as plain lines: a million in 0.65 s as text (``str``), 3.5 s through
+    ``rich.print``. Bad ``work_units`` raise as `balance` does, before anything is drawn."""
     ds = device_summary(tl)
     parts: list[RenderableType] = [
         timeline_table(tl, order=order, limit=limit),
         activity_table(tl),
         device_table(ds),
-        balance_renderable(balance(ds)),
+        balance(ds, work_units),
         _footer(tl),
     ]
     return Report(*[r for part in parts[:-1] for r in (part, Text(""))], parts[-1])

@@ -53,6 +53,7 @@ _CUPTI_USERS = 0  # open scopes using CUPTI
 _ROUTER = cupti.Router(cupti.TIMER)  # external id -> activity (or a graph replay's records) until released
 _BLOCKS = threading.local()  # .stack: the activity blocks open on this thread (CUPTI source only)
 _PAIRED_KINDS = ("kernel", "memset", "memcpy")  # one launch, one CUPTI record: what teaches a device its pair excess
+_NAN = float("nan")
 
 
 class _Activity:
@@ -72,6 +73,7 @@ class _Activity:
         "cupti",
         "held",
         "replay",
+        "issued_ns",
     )
     device: Device
     stream: Stream
@@ -88,6 +90,7 @@ class _Activity:
     cupti: list | None  # CUPTI records routed here: (kind, start_ns, end_ns, device, stream, name)
     held: bool  # the launch was held until its bracket was enqueued (`asyncgpu._core.hooks.launch_now`)
     replay: tuple[_ReplayRecords, tuple[int, int], int] | None  # a graph replay: records, nodes, count
+    issued_ns: float  # host perf_counter_ns when the host had issued it (`Timeline.issued_ns`); NaN: not yet
 
     def __init__(self, device: Device, stream: Stream, name: str, kind: str, start_raw: Any, refs: int) -> None:
         self.device, self.stream, self.name, self.kind = device, stream, name, kind
@@ -95,6 +98,7 @@ class _Activity:
         self.nvtx_id = self.placed = self.parent = self.cupti = self.replay = None
         self.ext = 0
         self.held = False
+        self.issued_ns = _NAN
 
 
 # Finished activities give their events back before their scope ends (a long scope would otherwise hold two events
@@ -236,6 +240,8 @@ def _begin(stream: Stream, name: str, kind: str, owners: list, block: bool = Fal
 
 
 def _end(act: _Activity, block: bool = False) -> None:
+    if not block:  # a launch is issued once its call returned (a held one cannot start before: see `launch_now`)
+        act.issued_ns = time.perf_counter_ns()
     if act.ext:
         cupti.pop(cupti.TIMER)
         if block:
@@ -327,6 +333,7 @@ class _Observer:
             return False
         act = _Activity(stream.device, stream, name, kind, start_raw, len(owners))
         act.end_raw = end_raw
+        act.issued_ns = time.perf_counter_ns()  # (the replay was launched just before its parts are adopted)
         target = _ROUTER.targets.get(replay.token_of(self) or 0) if replay is not None else None
         if isinstance(target, _ReplayRecords):
             target.refs += 1
@@ -388,7 +395,11 @@ class _ActivityBlock:
             if timer not in owners and kind in timer._kinds:
                 owners.append(timer)
         if owners:
-            self._act = _begin(self._stream, self._name, self._kind, owners, block=True)
+            stream = self._stream
+            if stream.ops - stream.done_ops >= hooks.QUEUE_LIMIT:
+                stream.check_room()  # (a full stream, in a loop's thread: `QueueFullError`, nothing begun)
+            act = self._act = _begin(stream, self._name, self._kind, owners, block=True)
+            act.issued_ns = self._t0_ns  # a block is issued when it is entered (its work follows inside)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -574,7 +585,15 @@ class Timer:
 
                 with anyio.CancelScope(shield=True):
                     await anyio.to_thread.run_sync(self._cupti_collect)
-            self._finish(fences)
+            try:  # placing the events may calibrate clocks: in worker threads first, all devices at once, shielded
+                import anyio
+
+                from ._core.device import refresh_clocks
+
+                with anyio.CancelScope(shield=True):
+                    await refresh_clocks(self.devices, self._max_clock_age_s)
+            finally:
+                self._finish(fences)
             heavy = self._trim(at_most=_TRIM_INLINE)
             if heavy:  # in a worker thread, shielded (it always ends): the loop keeps running meanwhile
                 import anyio
@@ -743,6 +762,7 @@ class Timer:
         kind_col = np.empty(n, np.int8)
         start_col = np.full(n, np.nan)
         dur_col = np.full(n, np.nan)
+        issued_col = np.fromiter((a.issued_ns for a in acts), np.float64, n)
         chain_ns: dict[_Chain, float] = {}  # the host time of each chain's reference event
         with _HARVEST_LOCK:  # (waiter threads harvest finished activities meanwhile)
             for i, act in enumerate(acts):
@@ -810,6 +830,7 @@ class Timer:
                     dur_col,
                     from_cupti,
                 )
+                issued_col = np.concatenate([issued_col, np.full(len(extra), np.nan)])  # (launched by others)
         for d, code in dev_codes.items():
             placements[d].trim_columns((device_col == code) & ~from_cupti, kind_col, start_col, dur_col)
         with self._layer_lock:
@@ -844,6 +865,7 @@ class Timer:
             finished,
             self.source,
             self.source_note,
+            issued_col,
         )
         ends = self._timeline.end_ns
         spans = {}
@@ -973,15 +995,16 @@ class Timer:
 
         return balance(self.timeline, work_units)
 
-    def report(self, *, order: str = "issue", limit: int | None = 50) -> Any:
+    def report(self, *, order: str = "issue", limit: int | None = 50, work_units: Any = None) -> Any:
         """The report as a rich renderable: the timeline in ``order`` (``"issue"`` or ``"time"``; the first
         ``limit`` activities, 50 by default, then a line saying how many more; None for all, drawn as plain lines
-        beyond 500), the summaries, the balance and a footer. ``rich.print(t)`` prints ``t.report()``."""
+        beyond 500), the summaries, the balance (``work_units`` as in `balance`: the re-split in whole units) and a
+        footer. ``rich.print(t)`` prints ``t.report()``."""
         from ._report import timeline_report
 
         if limit is not None:
             limit = whole("limit", limit, hint="activities shown; None: all")
-        return timeline_report(self.timeline, limit=limit, order=order)
+        return timeline_report(self.timeline, limit=limit, order=order, work_units=work_units)
 
     def __rich_console__(self, console: Any, options: Any) -> Any:
         yield self.report() if self._timeline is not None else str(self)
@@ -1188,7 +1211,6 @@ def _release_activity(act: _Activity) -> None:
 
 
 async def _synchronize_all(devices: tuple) -> None:
-    import anyio.to_thread
-
+    """`Device.asynchronize` each device in turn (their waits overlap: the later ones are mostly done by then)."""
     for d in devices:
-        await anyio.to_thread.run_sync(d.synchronize, abandon_on_cancel=True)
+        await d.asynchronize()

@@ -7,6 +7,11 @@ version, ``origin_ns`` (host ``perf_counter_ns``; JSON times count from it), the
 devices with their clocks, the scopes, the stream and name tables, the unfinished rows (no times: not drawn),
 host/wait/CPU times, the timing source, collective marks, and each layer's data (``layers``).
 
+Issue arrows: each drawn row with an issue time (`Timeline.issued_ns`) gets a flow arrow from the "host issue"
+track of its host process (one per process: the timeline holds no issuing thread per row), at the issue time,
+to its slice; flow ids `issue_flow` are the row plus one, and the layers' flows are numbered after them. The
+issue time of an unfinished row (not drawn) travels in the metadata (``unfinished_issued_ns``).
+
 Counters, per device, in buckets of the trace's span (at most `COUNTER_BUCKETS`, each at least a µs):
 ``utilisation`` (%: the time the device was busy, overlapping streams counted once) and ``activities in
 flight`` (the mean number of its activities running). Neither is recorded as such: both are functions of the
@@ -21,6 +26,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+import re
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Iterator, Mapping, Sequence
@@ -32,11 +38,15 @@ from ._trace import Canvas, layer_from_data
 
 __all__ = [
     "COUNTER_BUCKETS",
+    "ISSUE_TRACK",
     "ROW_WINDOW",
     "TRACE_VERSION",
     "draw_counters",
     "drawn",
     "drawn_span",
+    "host_key",
+    "issue_flow",
+    "issued_rows",
     "open_for_writing",
     "origin_ns",
     "row_windows",
@@ -48,6 +58,8 @@ __all__ = [
 TRACE_VERSION = 1
 COUNTER_BUCKETS = 1000
 ROW_WINDOW = 1 << 17  #: timeline rows a pass over a large timeline looks at at once
+ISSUE_TRACK = "host issue"  #: the host track the issue arrows start from (``r1/host issue`` for rank 1's)
+_RANK_DEVICE = re.compile(r"^(r\d+)/")
 
 
 def row_windows(tl: Timeline) -> Iterator[slice]:
@@ -83,10 +95,32 @@ def _window_spans(tl: Timeline) -> list[tuple[slice, float, float, int]]:
 
 
 def origin_ns(tl: Timeline) -> int:
-    """The earliest time of the trace (scope starts, host ranges, the starts of the drawn rows), whole ns."""
+    """The earliest time of the trace (scope starts, host ranges, the starts and issue times of the drawn rows),
+    whole ns."""
     lo, _, _ = drawn_span(tl)
+    for w in row_windows(tl):
+        issued = tl.issued_ns[w][issued_rows(tl, w) - w.start]
+        lo = min(lo, float(issued.min(initial=math.inf)))
     candidates = [tl.scope_start_ns] + [r.start_ns for r in tl.host_ranges]
     return int(min(candidates + ([math.floor(lo)] if math.isfinite(lo) else [])))
+
+
+def issued_rows(tl: Timeline, rows: slice = slice(None)) -> np.ndarray:
+    """Of ``rows`` (a window), the indices of the drawn rows with an issue time: the rows that get an arrow."""
+    start = rows.start or 0
+    return start + np.flatnonzero(drawn(tl, rows) & np.isfinite(tl.issued_ns[rows]))
+
+
+def issue_flow(rows: np.ndarray) -> np.ndarray:
+    """The flow id of each row's issue arrow (uint64; the canvases number the layers' flows after ``len(tl)``)."""
+    return np.asarray(rows, np.uint64) + np.uint64(1)
+
+
+def host_key(device: str) -> str:
+    """The host process a device's work was issued from: ``""``, or ``r1`` for a device ``r1/cuda:0`` of a merged
+    gather."""
+    m = _RANK_DEVICE.match(device)
+    return m.group(1) if m else ""
 
 
 def scope_info(tl: Timeline) -> dict:
@@ -156,6 +190,7 @@ def trace_meta(tl: Timeline, origin: int, host_pid: int, device_pids: Sequence[i
         "unfinished": np.column_stack(
             [unfinished, tl.stream[unfinished], tl.name[unfinished], tl.kind[unfinished]]
         ).tolist(),
+        "unfinished_issued_ns": [None if not math.isfinite(x) else round(x) for x in tl.issued_ns[unfinished].tolist()],
         "layers": [layer.to_data() for layer in tl.layers],
     }
 
@@ -170,9 +205,11 @@ def timeline_from(
     end_ns: np.ndarray,
     duration_ns: np.ndarray,
     host_ranges: Sequence[HostRange],
+    issued: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> Timeline:
     """The `Timeline` a trace holds: ``meta`` (`trace_meta`) and, per drawn row ``rows[i]``, its stream, name
-    and kind codes and its times (ns); the unfinished rows come from ``meta``. Raises `ValueError` when rows are
+    and kind codes and its times (ns); ``issued``: ``(rows, issue times in ns)`` of the drawn rows that have one
+    (the issue arrows' starts); the unfinished rows come from ``meta``. Raises `ValueError` when rows are
     missing or repeated, `KeyError` / `TypeError` / `IndexError` for malformed metadata."""
     n = int(meta["rows"])
     unfinished = np.array(meta["unfinished"], np.int64).reshape(-1, 4)
@@ -187,6 +224,10 @@ def timeline_from(
     start[rows], end[rows], dur[rows] = start_ns, end_ns, duration_ns
     u = unfinished[:, 0]
     stream_col[u], name_col[u], kind_col[u] = unfinished[:, 1], unfinished[:, 2], unfinished[:, 3]
+    issued_col = np.full(n, np.nan)
+    if issued is not None:
+        issued_col[issued[0]] = issued[1]
+    issued_col[u] = [math.nan if x is None else x for x in meta.get("unfinished_issued_ns", [None] * len(u))]
     devices = meta["devices"]
     scopes = meta["scopes"]
     return Timeline(
@@ -227,6 +268,7 @@ def timeline_from(
         marks=tuple(CollectiveMark(str(n), int(t), int(r), str(th)) for n, t, r, th in meta.get("marks", ())),
         scopes=tuple(ScopeInfo(**sc) for sc in scopes) if len(scopes) > 1 else (),
         layers=tuple(layer_from_data(data) for data in meta.get("layers", ())),
+        issued_ns=issued_col,
     )
 
 

@@ -18,6 +18,7 @@ from ._errors import NoDeviceError as NoDeviceError
 from ._errors import NotReadyError as NotReadyError
 from ._errors import NotRecordedError as NotRecordedError
 from ._errors import PoolExhaustedError as PoolExhaustedError
+from ._errors import QueueFullError as QueueFullError
 from ._errors import ReleasedError as ReleasedError
 from ._errors import ScopeError as ScopeError
 from ._errors import SourceError as SourceError
@@ -41,6 +42,7 @@ __all__ = [
     "NotReadyError",
     "NotRecordedError",
     "PoolExhaustedError",
+    "QueueFullError",
     "ReleasedError",
     "ScopeError",
     "TimingDisabledError",

@@ -147,6 +147,8 @@ def overlap(recs, a: int, b: int) -> float:
 
 
 async def run_device(d, ws_kernel, blocks: int, tiles: int, work: int, inc_n: int) -> dict:
+    # loaded on the device's worker thread: the devices' tasks never wait for each other's module loads
+    await d.prepare("inc_loop", "inc_loop_profiled", *([ws_kernel] if ws_kernel is not None else []))
     n = blocks * tiles * TILE
     x = d.alloc(n, np.float32)
     d.stream.memset(x, 0)

@@ -3,10 +3,11 @@
     python examples/torch_cupy_two_gpus.py     (a CUDA GPU, torch and cupy; with one GPU it runs on it alone)
     asyncgpu bench examples/torch_cupy_two_gpus.py:matmul --devices 0,1 -n 200
 
-1. One task per GPU inside one `gpu_timer` scope: a torch matmul on asyncgpu's stream s0 (handed to torch as an
-   ``ExternalStream``), a CuPy FFT on s1 (``cupy.cuda.Stream.from_external``), then a reduction on torch's own stream,
-   adopted with ``device.adopt_stream`` and ordered after the matmul with an asyncgpu event. The scope reports
-   every activity on one timeline, with the balance between the GPUs.
+1. One task per GPU inside one `gpu_timer` scope, each launching from its device's own worker thread
+   (``await dev.run(launch, t)``): a torch matmul on asyncgpu's stream s0 (handed to torch as an ``ExternalStream``),
+   a CuPy FFT on s1 (``cupy.cuda.Stream.from_external``), then a reduction on torch's own stream, adopted with
+   ``device.adopt_stream`` and ordered after the matmul with an asyncgpu event. The scope reports every activity on
+   one timeline, with the balance between the GPUs.
 2. ``asyncgpu.benchmark(matmul, devices=...)``: the same matmul on every GPU at once, on asyncgpu's streams, then
    on torch's own streams (adopted), with the TFLOP/s of the median.
 3. ``asyncgpu.kernel_history()``: what asyncgpu itself launched (its built-in kernels), with grid, block, duration.
@@ -60,11 +61,14 @@ def matmul(stream):
         return x @ x
 
 
-async def one_gpu(t, dev, out):
+def launch(ours, t):
+    """Everything one GPU launches, called on its device's worker thread (``await dev.run(launch, t)``: ``ours`` is
+    the device's stream s0): torch's and CuPy's Python-side launch costs of the two GPUs overlap wherever the GIL
+    is released (torch's C++ dispatch, the driver calls), instead of queueing on the loop's thread."""
     import cupy
     import torch
 
-    ours, other = dev.streams[0], dev.streams[1]
+    dev, other = ours.device, ours.device.streams[1]
     with t.activity("torch matmul", stream=ours):
         y = matmul(ours)
     with t.activity("cupy fft", stream=other):
@@ -78,10 +82,16 @@ async def one_gpu(t, dev, out):
     with t.activity("torch reduce (torch's stream)", stream=theirs):
         with torch.cuda.stream(torch_stream):
             total = y.float().abs().sum()
-    with theirs.record() as done, other.record() as fft_done:
+    return torch_stream, theirs, total, spectrum
+
+
+async def one_gpu(t, dev, out):
+    torch_stream, theirs, total, spectrum = await dev.run(launch, t)
+    with theirs.record() as done, dev.streams[1].record() as fft_done:
         await done.wait()  # the loop keeps running while this GPU works
         await fft_done.wait()
     out[dev.name] = (float(total), float(abs(spectrum[0])))
+    del torch_stream  # (kept alive until asyncgpu's last record on it has run)
 
 
 async def timeline(devs):

@@ -15,7 +15,8 @@ import asyncgpu
 
 
 async def step(timer, dev, n):
-    a = dev.alloc(n, np.float32)
+    a = dev.alloc(n, np.float32)  # from the device's memory pool, in stream order: microseconds
+    await dev.prepare("inc_loop")  # compile and load it on the device's worker thread, not the loop's
     dev.stream.memset(a, 0)
     with timer.activity("forward", device=dev):
         dev.stream.inc_loop(a, 200)

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The whole GPU check in one call on the device machine (see README "Developing"): GPU tests on every GPU and on
 # one, the demo, the examples, the benchmarks. Everything goes to $OUT/all.txt (JSON results next to it); the
-# tail of each step is printed, the benchmark tables last.
-#   carry: [".whl"]   (made by ../shared/device/fetch-wheels.sh: nvtx, pytest-asyncio, trio, outcome, sniffio)
-#   (add cupti-python==13.0.1 perfetto protobuf to fetch-wheels.sh for the CUPTI tests and the native traces)
-#   SKIP_WAIT_BENCH=1, SKIP_ACCURACY=1, SKIP_LOAD_BENCH=1: leave out the longest benchmarks
+# tail of each step is printed, and a table of every step last (step, exit code, seconds, key figure). Exits 1
+# when a step failed.
+#   carry: [".whl"]   (made by ../shared/device/fetch-wheels.sh: nvtx, pytest-asyncio, trio, cupti-python, perfetto…)
+#   ONLY=REGEX: run only the steps whose name matches (e.g. ONLY='demo|workers|balance')
+#   SKIP=REGEX: leave out the steps whose name matches (e.g. SKIP='bench_wait|bench_load|accuracy')
+#   extra arguments go to the pytest steps
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -13,37 +15,71 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 else
   export PYTHONPATH=$PWD
 fi
-export PYTHONUNBUFFERED=1 COLUMNS=110
+export PYTHONUNBUFFERED=1 COLUMNS=110 NCCL_NVLS_ENABLE=0 NCCL_CUMEM_ENABLE=0
 ALL="$OUT/all.txt"
+NGPU=$(nvidia-smi -L | wc -l)
+TABLE=()
+FAILED=0
 step() {  # step NAME LIMIT_S TAIL_LINES COMMAND...: run with a time limit, log all, print the tail and the exit code
   local name=$1 limit=$2 lines=$3; shift 3
+  if [ -n "${ONLY:-}" ] && ! [[ $name =~ $ONLY ]]; then return; fi
+  if [ -n "${SKIP:-}" ] && [[ $name =~ $SKIP ]]; then return; fi
   echo "== [$name]" >> "$ALL"
+  local t0=$SECONDS
   timeout "$limit" "$@" > /tmp/step.txt 2>&1; local rc=$?
   cat /tmp/step.txt >> "$ALL"
-  echo "-- [$name] exit $rc"; tail -n "$lines" /tmp/step.txt
+  echo "-- [$name] exit $rc ($((SECONDS - t0)) s)"; tail -n "$lines" /tmp/step.txt
+  local key; key=$(grep -E "^(KEY|[0-9]+ (passed|failed))|passed|failed" /tmp/step.txt | tail -n 1 | cut -c1-90)
+  TABLE+=("$(printf '%-44s %4s %5ss  %s' "$name" "$rc" "$((SECONDS - t0))" "$key")")
+  [ "$rc" -ne 0 ] && FAILED=1
 }
 nvidia-smi -L | tee -a "$ALL"
 python3 -c "from importlib.metadata import version as v; print({p: v(p) for p in ('cuda-core', 'cuda-bindings', 'anyio', 'numpy', 'trio', 'nvtx', 'torch', 'cupy-cuda12x')})" 2>&1 | tee -a "$ALL"
+git log -1 --format='commit %h %s' 2>/dev/null | tee -a "$ALL"
 step "pytest, every GPU" 420 6 python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=60 tests "$@"
-grep -E "^(FAILED|ERROR)" "$ALL" | head -20
 step "pytest -m gpu, one GPU" 150 2 env CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -p no:cacheprovider -m gpu tests "$@"
+step "pytest orchestration (queue, workers, balance)" 240 4 python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=60 tests/test_load.py tests/test_workers.py tests/test_summary.py tests/test_cli.py "$@"
+demo_offsets() {  # the demo on the first N GPUs: each device's first start, from the scope's start (ms)
+  python3 -m asyncgpu demo --devices "$1" --no-trace --format json -q > "$OUT/demo$1.json" || return 1
+  python3 - "$OUT/demo$1.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+rows = d["device_summary"]["rows"]
+first = [r["first_start_ms"] for r in rows]
+last = [r["last_end_ms"] for r in rows]
+print("first starts (ms):", [round(x, 3) for x in first], "last ends:", [round(x, 3) for x in last])
+print(f"KEY spread of first starts {1000 * (max(first) - min(first)):.0f} us over {len(rows)} GPUs; overlap "
+      f"{'yes' if max(first) < min(last) else 'NO'}")
+PY
+}
+for n in 2 4 8; do
+  [ "$NGPU" -ge "$n" ] && step "demo start offsets, $n GPUs" 90 3 demo_offsets "$n"
+done
 step "demo" 60 3 python3 -m asyncgpu demo --trace /tmp/demo.pftrace
 step "report of the demo's trace" 30 3 python3 -m asyncgpu report /tmp/demo.pftrace
 step "demo at 80 columns, piped (progress on stderr)" 60 40 env COLUMNS=80 python3 -m asyncgpu demo --no-trace
 step "demo, Ctrl-C after 3 s (expect: one line, exit 130)" 30 3 bash -c 'timeout --preserve-status -s INT 3 python3 -m asyncgpu demo --elements 500000000 --no-trace -q; echo "exit $?"'
 step "devices" 30 6 python3 -m asyncgpu devices
 step "examples/two_gpus.py + framework_streams.py" 90 2 bash -c "python3 examples/two_gpus.py && python3 examples/framework_streams.py"
-step "examples/kernel_stages.py (issue 5)" 90 4 python3 examples/kernel_stages.py --trace /tmp/kstages.pftrace
-step "examples/torch_cupy_two_gpus.py (issue 6)" 90 4 python3 examples/torch_cupy_two_gpus.py
-step "examples/handoff_two_gpus.py (issue 4)" 90 5 python3 examples/handoff_two_gpus.py --trace /tmp/handoff.pftrace
+step "examples/kernel_stages.py" 90 4 python3 examples/kernel_stages.py --trace /tmp/kstages.pftrace
+step "examples/torch_cupy_two_gpus.py" 90 4 python3 examples/torch_cupy_two_gpus.py
+step "examples/handoff_two_gpus.py" 90 5 python3 examples/handoff_two_gpus.py --trace /tmp/handoff.pftrace
 if [ -f examples/gather_ranks.py ] && command -v torchrun >/dev/null; then
-  step "torchrun examples/gather_ranks.py (issue 7)" 120 25 torchrun --standalone --nproc-per-node "$(nvidia-smi -L | wc -l)" examples/gather_ranks.py --trace /tmp/gather.pftrace
+  step "torchrun examples/gather_ranks.py" 120 25 torchrun --standalone --nproc-per-node "$NGPU" examples/gather_ranks.py --trace /tmp/gather.pftrace
 fi
+for n in 2 4 8; do
+  [ "$NGPU" -ge "$n" ] && step "bench_workers, $n GPUs" 240 14 python3 benchmarks/bench_workers.py --devices "$n" --out "$OUT/workers$n.json"
+  [ "$NGPU" -ge "$n" ] && step "bench_balance, $n GPUs" 240 14 python3 benchmarks/bench_balance.py --devices "$n" --out "$OUT/balance$n.json"
+done
+[ "$NGPU" -ge 2 ] && step "dev/diag_handoff (trio handoff)" 120 8 python3 dev/diag_handoff.py --items 200
 step "bench_clock" 90 12 python3 benchmarks/bench_clock.py --out "$OUT/clock.json"
 step "bench_kprofile" 120 14 python3 benchmarks/bench_kprofile.py --out "$OUT/kprofile.json"
 step "bench_peers" 120 12 python3 benchmarks/bench_peers.py --out "$OUT/peers.json"
 step "bench_handoff" 150 16 python3 benchmarks/bench_handoff.py --out "$OUT/handoff.json"
-[ -z "${SKIP_ACCURACY:-}" ] && step "bench_accuracy" 120 10 python3 benchmarks/bench_accuracy.py --out "$OUT/accuracy.json"
-[ -z "${SKIP_WAIT_BENCH:-}" ] && step "bench_wait" 300 30 python3 benchmarks/bench_wait.py --out "$OUT/bench_wait.json"
-[ -z "${SKIP_LOAD_BENCH:-}" ] && step "bench_load" 400 32 python3 benchmarks/bench_load.py --queue --cost --ticker --out "$OUT/bench_load.json"
-exit 0
+step "bench_accuracy" 120 10 python3 benchmarks/bench_accuracy.py --out "$OUT/accuracy.json"
+step "bench_wait" 300 30 python3 benchmarks/bench_wait.py --out "$OUT/bench_wait.json"
+step "bench_load" 400 32 python3 benchmarks/bench_load.py --queue --cost --ticker --out "$OUT/bench_load.json"
+echo
+echo "== steps ($NGPU GPU(s)): name, exit code, seconds, key figure"
+printf '%s\n' "${TABLE[@]}" | tee -a "$ALL"
+exit $FAILED

@@ -103,3 +103,16 @@ def test_cuda_imports_live_in_one_module():
         if p.name != "cuda.py" and ("from cuda" in p.read_text() or "import cuda" in p.read_text())
     ]
     assert offenders == []
+
+
+def test_blocking_device_calls_have_awaitable_forms_named_by_one_rule():
+    """``await x.verb()`` is async, ``x.verb_sync()`` blocks; a blocking method older than that rule keeps its name
+    and its async form is the same name with an ``a`` in front (``close``/``aclose``), taking the same arguments."""
+    device = asyncgpu.Device
+    for blocking in ("alloc", "alloc_pinned", "synchronize", "clock", "close"):
+        sync, async_ = getattr(device, blocking), getattr(device, "a" + blocking)
+        assert not inspect.iscoroutinefunction(sync) and inspect.iscoroutinefunction(async_), blocking
+        assert inspect.signature(sync).parameters.keys() == inspect.signature(async_).parameters.keys(), blocking
+    for new in ("run", "prepare"):  # async calls without a blocking form: a plain verb
+        assert inspect.iscoroutinefunction(getattr(device, new)) and not hasattr(device, f"{new}_sync")
+    assert list(inspect.signature(device.run).parameters) == ["self", "fn", "args", "stream", "abandon_on_cancel"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import os
@@ -62,7 +63,7 @@ def assert_same(a: Timeline, b: Timeline) -> None:
     for col in ("device", "stream", "kind"):
         np.testing.assert_array_equal(getattr(a, col), getattr(b, col))
     assert [a.names[i] for i in a.name] == [b.names[i] for i in b.name]
-    for col in ("start_ns", "end_ns", "duration_ns"):
+    for col in ("start_ns", "end_ns", "duration_ns", "issued_ns"):
         np.testing.assert_allclose(getattr(a, col), getattr(b, col), rtol=0, atol=1.0, err_msg=col)
     assert (a.scope_start_ns, a.scope_end_ns, a.error, a.cancelled) == (
         b.scope_start_ns,
@@ -166,8 +167,10 @@ async def test_trace_of_host_scopes(two_devs, tmp_path):
     doc = json.loads(path.read_text())
     procs = check_trace(doc)
     assert sorted(procs.values()) == sorted(["host"] + [f"{d.name} {d.description}" for d in two_devs])
-    names = sorted(e["name"] for e in doc["traceEvents"] if e["ph"] == "X")
+    names = sorted(e["name"] for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] != "issue")
     assert names == sorted([f"step {i}" for i in range(4)] * 2 + ["spin"] * 4 + ["host scope"])
+    issued = sorted(e["name"] for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "issue")
+    assert issued == sorted([f"step {i}" for i in range(4)] + ["spin"] * 4)  # each activity's issue, once
     assert_same(read_trace(path), t.timeline)
     write_trace([t, t2], path)  # several scopes in one trace
     doc = json.loads(path.read_text())
@@ -241,6 +244,7 @@ def test_csv_and_json_records():
         "end_ns": "5000000000700",
         "duration_ns": "500",
         "start_ms": "0.000200",
+        "issued_ns": "",  # (synthetic: not known)
     }
     assert rows[5]["start_ns"] == rows[5]["duration_ns"] == rows[5]["start_ms"] == ""
     doc = json.loads(to_json(tl))
@@ -257,8 +261,15 @@ def test_csv_and_json_records():
         "end_ns": 5000000003000,
         "duration_ns": 2000,
         "start_ms": 0.001,
+        "issued_ns": None,  # (synthetic: not known)
     }
     assert recs[5]["start_ns"] is None and recs[5]["duration_ns"] is None
+    issued = with_issue_times(tl)
+    assert [r["issued_ns"] for r in csv.DictReader(io.StringIO(to_csv(issued)))][4:6] == [
+        "5000000000950",
+        "5000000001234",
+    ]
+    assert json.loads(to_json(issued))["records"][3]["issued_ns"] is None
 
 
 def test_files_and_text_agree(tmp_path):
@@ -284,7 +295,7 @@ def test_empty_timeline(tmp_path):
     assert [e for e in doc["traceEvents"] if e["ph"] == "X"] == []
     write_trace(tl, tmp_path / "e.json")
     assert_same(read_trace(tmp_path / "e.json"), tl)
-    assert to_csv(tl) == "device,stream,name,kind,start_ns,end_ns,duration_ns,start_ms\n"
+    assert to_csv(tl) == "device,stream,name,kind,start_ns,end_ns,duration_ns,start_ms,issued_ns\n"
     assert json.loads(to_json(tl))["records"] == []
 
 
@@ -405,3 +416,89 @@ def test_json_counters_per_device():
     }
     util = [e["args"]["%"] for e in counters if e["pid"] == 3 and e["name"] == "utilisation"]
     assert util == [0.0, 95.975, 100.0, 4.025, 0.0]  # cuda:1: one activity over 2 µs, in 1 µs buckets
+
+
+# -- issue times: arrows from the host, and back ---------------------------------------------------------------
+def with_issue_times(tl: Timeline) -> Timeline:
+    """``synthetic()`` with issue times: every row but row 3 (no arrow), the unfinished row 5 included."""
+    issued = tl.start_ns - 50.5
+    issued[3] = np.nan
+    issued[5] = tl.scope_start_ns + 1234
+    return dataclasses.replace(tl, issued_ns=issued)
+
+
+def test_json_trace_draws_an_arrow_from_the_host_issue_track_to_each_issued_slice(tmp_path):
+    tl = with_issue_times(synthetic())
+    doc = trace_dict(tl)
+    check_trace(doc)
+    events = doc["traceEvents"]
+    threads = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    issues = [e for e in events if e["ph"] == "X" and e["cat"] == "issue"]
+    starts = {e["id"]: e for e in events if e["ph"] == "s" and e["cat"] == "issue"}
+    ends = {e["id"]: e for e in events if e["ph"] == "f" and e["cat"] == "issue"}
+    arrows = [0, 1, 2, 4, 6]  # drawn rows with an issue time (3 has none, 5 is unfinished)
+    assert sorted(starts) == sorted(ends) == [r + 1 for r in arrows] and len(issues) == len(arrows)
+    assert {threads[e["tid"]] for e in issues} == {"host issue"} and all(e["dur"] == 0 for e in issues)
+    slices = {e["args"]["row"]: e for e in events if e["ph"] == "X" and e["pid"] != 1 and "row" in e["args"]}
+    origin = doc["otherData"]["origin_ns"]
+    for r in arrows:
+        s, f = starts[r + 1], ends[r + 1]
+        assert s["tid"] == issues[0]["tid"] and s["ts"] == pytest.approx((tl.issued_ns[r] - origin) / 1e3, abs=1e-3)
+        assert f["bp"] == "e" and (f["pid"], f["tid"], f["ts"]) == (slices[r]["pid"], slices[r]["tid"], slices[r]["ts"])
+    back = read_trace_via(tmp_path, tl, ".json")
+    assert_same(back, tl)
+    assert back.issued_ns[5] == tl.issued_ns[5] and np.isnan(back.issued_ns[3])  # unfinished: via the metadata
+    assert back.records()[0].issued_ns == round(tl.issued_ns[0])
+
+
+def read_trace_via(tmp_path, tl: Timeline, suffix: str) -> Timeline:
+    write_trace(tl, tmp_path / f"issued{suffix}")
+    return read_trace(tmp_path / f"issued{suffix}")
+
+
+def test_a_trace_without_issue_times_has_no_arrows_and_reads_back_unknown(tmp_path):
+    doc = trace_dict(synthetic())
+    assert not [e for e in doc["traceEvents"] if e.get("cat") == "issue"]
+    assert np.isnan(read_trace_via(tmp_path, synthetic(), ".json").issued_ns).all()
+
+
+def test_issue_times_travel_through_the_rank_payload_and_the_merge():
+    import asyncgpu
+    from asyncgpu.ranks.merge import Merger, merged_from_payload, merged_to_payload
+    from asyncgpu.ranks.wire import Marks, payload_to_timeline, timeline_to_payload, unpack
+
+    start = 1e12 + np.arange(20) * 1e4
+    issued = start - 3e3
+    issued[7] = np.nan
+    tl = Timeline.from_arrays(
+        label="s", devices=["host:0", "host:1"], device=np.arange(20) % 2, start_ns=start, end_ns=start + 5e3
+    )
+    marks = Marks.from_tuples([])
+    info = {"host": "h", "pid": 1, "backend": "host", "asyncgpu_version": asyncgpu.__version__}
+    bare = timeline_to_payload(tl, marks, {**info, "rank": 0})  # no issue times: no column (35 bytes a row)
+    assert "issued_ns" not in unpack(bare)[1]
+    assert np.isnan(payload_to_timeline(*unpack(bare))[0].issued_ns).all()
+    tl = dataclasses.replace(tl, issued_ns=issued)
+    payload = timeline_to_payload(tl, marks, {**info, "rank": 1})
+    assert payload.size - bare.size >= 8 * len(tl)
+    back = payload_to_timeline(*unpack(payload))[0]
+    np.testing.assert_array_equal(back.issued_ns, issued)
+    merger = Merger([20, 20], root=0)
+    merger.add(bare, (0, 0.0, 0.0, 0))
+    merger.add(payload, (7_000, 10.0, 20.0, 4))
+    rt = merger.result()
+    merged = rt.timeline.issued_ns
+    assert np.isnan(merged[:20]).all()
+    np.testing.assert_array_equal(merged[20:], issued - 7_000)  # moved onto the root's clock, as every time
+    np.testing.assert_array_equal(rt.rank(1).issued_ns, issued - 7_000)
+    again = merged_from_payload(merged_to_payload(rt))
+    np.testing.assert_array_equal(again.timeline.issued_ns, merged)
+    rows = rt.balance().devices
+    assert [r.launch_bound_ms for r in rows[:2]] == [None, None]  # rank 0 sent no issue times
+    # rank 1 (its scope starts first, 7 µs before rank 0's): each device's activities are 20 µs apart, 5 µs long,
+    # issued 3 µs before they start: of each 15 µs gap, 12 µs launch-bound and 3 µs dependency. host:0: 9 gaps;
+    # host:1: 9 gaps and the leading 10 µs (7 + 3), less the gap before row 7, which has no issue time
+    assert [(r.launch_bound_ms, r.dependency_ms) for r in rows[2:]] == [
+        (pytest.approx(0.108), pytest.approx(0.027)),
+        (pytest.approx(0.103), pytest.approx(0.027)),
+    ]

@@ -20,7 +20,7 @@ import asyncgpu
 from asyncgpu._core import device as device_mod
 from asyncgpu._core import engine as engine_mod
 from asyncgpu._core import stream as stream_mod
-from asyncgpu.errors import BlockingCallWarning
+from asyncgpu.errors import BlockingCallWarning, QueueFullError
 
 pytestmark = pytest.mark.anyio
 
@@ -197,18 +197,30 @@ def test_a_pool_that_runs_out_reclaims_a_bounded_batch_of_releases(dev):
     assert dev._reclaim(everything=True) == 2 * batch
 
 
-async def test_launching_past_the_bound_from_a_loop_warns_and_names_room():
+async def test_launching_past_the_bound_from_a_loop_raises_names_room_and_takes_nothing():
     dev = asyncgpu.device("host:0")
     s = dev.stream
     release = _hold(dev, s)
+    launched = 0
     try:
-        with pytest.warns(BlockingCallWarning, match=r"await stream\.room\(\)"):
-            for _ in range(stream_mod.QUEUE_BOUND + 3 * stream_mod.CHECK_EVERY):
+        with pytest.raises(QueueFullError, match=r"await stream\.room\(\)"):
+            for _ in range(2 * stream_mod.QUEUE_BOUND):
                 s.spin_us(0)
+                launched += 1
+        assert stream_mod.QUEUE_LIMIT - 8 <= launched <= stream_mod.QUEUE_LIMIT
+        in_use = dev.pool_stats().in_use
+        with pytest.raises(QueueFullError):
+            dev.record()  # a timing record takes a slot: refused before an event is taken
+        with pytest.raises(QueueFullError):
+            dev.create_event().record(s).release()
+        assert dev.pool_stats().in_use == in_use
+        with dev.record(timing=False):  # takes no slot: allowed
+            pass
     finally:
         release()
-    await anyio.to_thread.run_sync(dev.synchronize)
-    assert s.queued() == 0
+    await s.room()
+    assert s.queued() <= stream_mod.QUEUE_BOUND
+    s.spin_us(0)
 
 
 def test_a_plain_thread_launches_past_the_bound_without_a_warning(recwarn):
@@ -227,8 +239,8 @@ async def test_room_is_cancellable():
     dev = asyncgpu.device("host:0")
     s = dev.stream
     release = _hold(dev, s)
-    with pytest.warns(BlockingCallWarning):
-        for _ in range(stream_mod.QUEUE_BOUND + 3 * stream_mod.CHECK_EVERY):
+    with pytest.raises(QueueFullError):
+        for _ in range(2 * stream_mod.QUEUE_BOUND):
             s.spin_us(0)
     with anyio.move_on_after(0.05) as scope:
         await s.room()
@@ -237,6 +249,62 @@ async def test_room_is_cancellable():
     release()
     await s.room()  # the device drains: room again
     assert s.queued() <= stream_mod.QUEUE_BOUND
+
+
+@pytest.mark.parametrize("backend", ["host", pytest.param("cuda", marks=pytest.mark.gpu)])
+async def test_ten_thousand_records_behind_held_streams_never_hang_and_lose_nothing(backend):
+    """10,000 timing records from a task onto 8 held streams, without awaiting room first: each record either
+    succeeds or raises `QueueFullError` naming the fix, taking nothing; the task that then awaits room goes on,
+    the loop keeps ticking, and once the device drains every event is back in its pool."""
+    dev = asyncgpu.device(f"{backend}:0", streams=8)
+    await anyio.to_thread.run_sync(dev.synchronize)
+    in_use_before = dev.pool_stats().in_use
+    release = [_hold(dev, s) for s in dev.streams]
+    late_ns: list[int] = []
+    refused = [0]
+    stop = threading.Event()
+    events = []
+
+    async def ticker():
+        while not stop.is_set():
+            nxt = time.perf_counter_ns() + 1_000_000
+            await anyio.sleep(0.001)
+            late_ns.append(time.perf_counter_ns() - nxt)
+
+    async def producer():
+        for i in range(10_000):
+            s = dev.streams[i % 8]
+            while True:
+                try:
+                    events.append(dev.record(s))
+                    break
+                except QueueFullError as exc:
+                    assert "await stream.room()" in str(exc)
+                    refused[0] += 1
+                    await s.room()
+        for ev in events:
+            await ev.wait()
+            ev.release()
+        stop.set()
+
+    threading.Timer(0.3, lambda: [r() for r in release]).start()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(ticker)
+                tg.start_soon(producer)
+    finally:
+        if was_enabled:
+            gc.enable()
+    assert refused[0] >= 1  # the streams did fill: 10,000 records behind the hold are more than 8 bounds
+    assert len(events) == 10_000
+    assert dev.pool_stats().in_use == in_use_before
+    late_ms = np.asarray(late_ns[1:]) / 1e6
+    assert len(late_ms) > 50
+    if backend == "cuda":  # (host streams are Python threads contending for the GIL: see the test above)
+        assert (late_ms >= 2.0).sum() <= 1 and late_ms.max() < 10.0, f"the loop stalled {late_ms.max():.1f} ms"
 
 
 async def test_a_failing_callback_is_reported_and_the_waiter_thread_goes_on(monkeypatch):
@@ -525,3 +593,33 @@ def test_a_trio_runs_poller_is_a_task_that_parks_and_ends_with_the_run(monkeypat
     assert had_poller == [True]
     assert not engine_mod._POLLERS and not dev.engine.covered_until and dev.engine.pending == 0
     dev.synchronize()
+
+
+async def test_a_timed_launch_onto_a_full_stream_raises_and_its_scope_keeps_everything_else():
+    """In a `gpu_timer` scope, a launch that finds its stream full raises before its brackets are taken: the
+    scope records exactly the launches that went through, and every event comes back."""
+    dev = asyncgpu.device("host:0")
+    s = dev.stream
+    in_use = dev.pool_stats().in_use
+    release = _hold(dev, s)
+    launched = 0
+    try:
+        async with asyncgpu.gpu_timer(dev, synchronize=False) as t:
+            with pytest.raises(QueueFullError):
+                for _ in range(stream_mod.QUEUE_LIMIT):
+                    s.spin_us(0)
+                    launched += 1
+            with pytest.raises(QueueFullError):
+                with t.activity("block", device=dev):
+                    pass
+            release()
+            await s.room()
+            s.spin_us(0)
+            launched += 1
+            with dev.record() as ev:
+                await ev.wait()
+    finally:
+        release()
+    assert len(t.timeline) == launched
+    assert np.isfinite(t.timeline.duration_ns).all()
+    assert dev.pool_stats().in_use == in_use

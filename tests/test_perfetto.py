@@ -27,7 +27,7 @@ from asyncgpu._records import HostRange, Timeline
 from asyncgpu._trace import layer_from_data
 from asyncgpu.kernel import KernelProfiler
 
-from .test_export import assert_same, synthetic
+from .test_export import assert_same, synthetic, with_issue_times
 
 HAVE_PERFETTO = importlib.util.find_spec("perfetto") is not None
 needs_perfetto = pytest.mark.skipif(
@@ -147,7 +147,7 @@ def parse(path: Path) -> Parsed:
             assert stack, f"an END with no open slice on {track}"
             stack.pop().end_ns = ns
         elif typ == pb.TrackEvent.TYPE_INSTANT:
-            instants.append(Slice(track, name, cat, ns, ns, len(stack), stack[-1] if stack else None, args))
+            instants.append(Slice(track, name, cat, ns, ns, len(stack), stack[-1] if stack else None, args, out, into))
         else:
             assert typ == pb.TrackEvent.TYPE_COUNTER and tracks[track].HasField("counter")
             counters[track].append((ns, value))
@@ -412,7 +412,7 @@ def test_handoffs_flow_from_producer_to_consumer_and_come_back(tmp_path, suffix)
         return
     p = parse(path)
     starts = {f: s for s in p.slices for f in s.flow_out}
-    ends = {f: s for s in p.slices for f in s.flow_in}
+    ends = {f: s for s in p.slices for f in s.flow_in if f > len(t.timeline)}  # (ids up to len: issue arrows)
     assert len(starts) == 5 and set(starts) == set(ends)
     procs = p.processes()
     for f, s in starts.items():
@@ -452,6 +452,52 @@ def test_a_merged_gather_has_a_host_process_per_rank(tmp_path):
     marks = [s for s in p.slices if s.category == "collective"]
     assert len(marks) == 4 and {p.path(s.track) for s in marks} == {"r0 host / main", "r1 host / main"}
     assert_same(read_trace(path), result.timeline)
+
+
+@needs_perfetto
+def test_issue_arrows_start_on_the_host_issue_track_and_end_on_their_slices(tmp_path):
+    tl = with_issue_times(synthetic())
+    write_trace(tl, tmp_path / "i.pftrace")
+    p = parse(tmp_path / "i.pftrace")
+    issues = [i for i in p.instants if p.path(i.track) == "host / host issue"]
+    arrows = [0, 1, 2, 4, 6]  # drawn rows with an issue time (3 has none, 5 is unfinished)
+    assert sorted(f for i in issues for f in i.flow_out) == [r + 1 for r in arrows]
+    assert [i.start_ns for i in issues] == sorted(round(tl.issued_ns[r]) for r in arrows)  # in time order
+    assert {i.category for i in issues} == {"issue"} and issues[0].name in tl.names
+    ends = {f: s for s in p.slices for f in s.flow_in}
+    assert sorted(ends) == [r + 1 for r in arrows]
+    for r in arrows:
+        assert ends[r + 1].args["row"] == r and ends[r + 1].start_ns == round(tl.start_ns[r])
+    back = read_trace(tmp_path / "i.pftrace")
+    assert_same(back, tl)
+    assert back.issued_ns[5] == tl.issued_ns[5] and np.isnan(back.issued_ns[3])
+    assert_same(back, read_trace_json(tmp_path, tl))
+
+
+@needs_perfetto
+def test_issue_arrows_of_a_merged_gather_start_in_each_ranks_host_process(tmp_path):
+    from asyncgpu.ranks.merge import Merger
+    from asyncgpu.ranks.wire import Marks, timeline_to_payload
+
+    merger = Merger([6, 6], root=0)
+    for rank in range(2):
+        start = 1e12 + np.arange(6) * 1e4
+        tl = Timeline.from_arrays(
+            label="s",
+            devices=["host:0", "host:1"],
+            device=np.arange(6) % 2,
+            start_ns=start,
+            end_ns=start + 5e3,
+            issued_ns=start - 1e3 * (1 + rank),
+        )
+        info = {"rank": rank, "host": "h", "pid": 1, "backend": "host", "asyncgpu_version": asyncgpu.__version__}
+        merger.add(timeline_to_payload(tl, Marks.from_tuples([]), info), (0, 0.0, 0.0, 0))
+    result = merger.result()
+    result.write_trace(tmp_path / "r.pftrace")
+    p = parse(tmp_path / "r.pftrace")
+    tracks = {p.path(i.track): len([j for j in p.instants if j.track == i.track]) for i in p.instants if i.flow_out}
+    assert tracks == {"r0 host / host issue": 6, "r1 host / host issue": 6}
+    assert_same(read_trace(tmp_path / "r.pftrace"), result.timeline)
 
 
 # -- what the file costs -----------------------------------------------------------------------------------------------

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import io
+import json
 import re
+import sys
 import time
+from pathlib import Path
 
+import anyio
 import numpy as np
 import pytest
 from rich.console import Console
@@ -136,13 +141,22 @@ busy: time with an activity running (overlaps once); sum: durations added up; ma
 gap: before the first, between, or after the last activity
 
 balance: busy time per device
- device ┃ busy (ms) ┃                      ┃ wait (ms) ┃ share ┃
-━━━━━━━━╇━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━╇━━━━━━━╇━━━━━━━━━━━
- cuda:0 │     6.500 │ █████████████████▍   │     1.400 │ 53.6% │
- cuda:1 │     7.500 │ ████████████████████ │     0.000 │ 46.4% │ straggler
+        ┃       ┃                      ┃       ┃       ┃       ┃       ┃ predicted ┃
+ device ┃  busy ┃                      ┃ start ┃   end ┃  wait ┃ share ┃       end ┃
+━━━━━━━━╇━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━━╇━━━━━━━╇━━━━━━━╇━━━━━━━━━━━╇━━━━━━━━━━━
+ cuda:0 │ 6.500 │ █████████████████▍   │ 0.100 │ 6.600 │ 1.400 │ 54.9% │     7.236 │
+ cuda:1 │ 7.500 │ ████████████████████ │ 0.200 │ 8.000 │ 0.000 │ 45.1% │     7.236 │ straggler
+times in ms from the scope's start; wait: until the last device's end; predicted end: with the
+suggested split
+verdict: cuda:1 bounds the makespan: busy 7.50 ms of its 8.00 ms; the suggested split predicts 7.24
+ms.
+critical path over the 8.000 ms makespan (cuda:1): cuda:1 7.500 ms (94%), unknown 0.500 ms (6%)
 imbalance 1.071 = max busy 7.500 ms / mean busy 7.000 ms; straggler cuda:1
-makespan (busy): 7.500 ms now, 6.964 ms predicted with the suggested shares (one unit of work per
-device assumed)
+makespan (wall): 8.000 ms now, 7.236 ms predicted with the suggested shares (one unit of work per
+device assumed); busy 7.500 ms now, 7.136 ms predicted
+note: no issue times (Timeline.issued_ns is NaN: synthetic data, or a trace of an older asyncgpu):
+idle time is not split into launch-bound and dependency, and the model keeps each device's start as
+measured
 
 scope 'step': host 1.250 ms in the scope's body + 7.750 ms waiting for the devices at its exit, CPU
 3.500 ms; durations from held CUDA event pairs
@@ -150,12 +164,22 @@ scope 'step': host 1.250 ms in the scope's body + 7.750 ms waiting for the devic
 
 STEP_BALANCE_WITH_UNITS = """\
 balance: busy time per device
- device ┃ busy (ms) ┃                      ┃ wait (ms) ┃ units ┃ suggested ┃
-━━━━━━━━╇━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━╇━━━━━━━╇━━━━━━━━━━━╇━━━━━━━━━━━
- cuda:0 │     6.500 │ █████████████████▍   │     1.400 │    64 │        69 │
- cuda:1 │     7.500 │ ████████████████████ │     0.000 │    64 │        59 │ straggler
+        ┃       ┃                      ┃       ┃       ┃       ┃           ┃ predicted ┃
+ device ┃  busy ┃                      ┃ start ┃   end ┃ units ┃ suggested ┃       end ┃
+━━━━━━━━╇━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━━╇━━━━━━━╇━━━━━━━━━━━╇━━━━━━━━━━━╇━━━━━━━━━━━
+ cuda:0 │ 6.500 │ █████████████████▍   │ 0.100 │ 6.600 │    64 │        70 │     7.209 │
+ cuda:1 │ 7.500 │ ████████████████████ │ 0.200 │ 8.000 │    64 │        58 │     7.269 │ straggler
+times in ms from the scope's start; predicted end: with the suggested split; left out at this width
+(100 columns): wait
+verdict: cuda:1 bounds the makespan: busy 7.50 ms of its 8.00 ms; the suggested split predicts 7.27
+ms.
+critical path over the 8.000 ms makespan (cuda:1): cuda:1 7.500 ms (94%), unknown 0.500 ms (6%)
 imbalance 1.071 = max busy 7.500 ms / mean busy 7.000 ms; straggler cuda:1
-makespan (busy): 7.500 ms now, 7.008 ms predicted with the suggested split
+makespan (wall): 8.000 ms now, 7.269 ms predicted with the suggested split; busy 7.500 ms now, 7.109
+ms predicted
+note: no issue times (Timeline.issued_ns is NaN: synthetic data, or a trace of an older asyncgpu):
+idle time is not split into launch-bound and dependency, and the model keeps each device's start as
+measured
 """
 
 HARD_REPORT = """\
@@ -188,11 +212,14 @@ gap: before the first, between, or after the last activity
 * host:1: clock not aligned (no calibration): times from its own start mark
 
 balance: busy time per device
- device ┃ busy (ms) ┃                      ┃ wait (ms) ┃ share ┃
-━━━━━━━━╇━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━╇━━━━━━━╇━━━━━━━━━━━━━━━━━━━
- host:0 │     4.000 │ ████████████████████ │     0.000 │ 22.2% │ straggler
- host:1 │     2.000 │ ██████████           │         — │ 44.4% │ clock not aligned
- host:2 │     0.000 │                      │         — │ 33.3% │ no activity
+ device ┃  busy ┃                      ┃ start ┃   end ┃  wait ┃ share ┃
+━━━━━━━━╇━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━━╇━━━━━━━╇━━━━━━━╇━━━━━━━━━━━━━━━━━━━
+ host:0 │ 4.000 │ ████████████████████ │ 1.000 │ 7.000 │ 0.000 │ 22.2% │ straggler
+ host:1 │ 2.000 │ ██████████           │ 0.000 │ 2.000 │     — │ 44.4% │ clock not aligned
+ host:2 │ 0.000 │                      │     — │     — │     — │ 33.3% │ no activity
+times in ms from the scope's start; wait: until the last device's end
+verdict: host:0 has the most busy time (4.00 ms); the clocks are not all aligned to the host, so
+wall times are not compared and the split is by busy time
 imbalance 2.000 = max busy 4.000 ms / mean busy 2.000 ms; straggler host:0
 makespan (busy): 4.000 ms now, 2.667 ms predicted with the suggested shares (one unit of work per
 device assumed)
@@ -246,10 +273,11 @@ busy: time with an activity running (overlaps once); sum: durations added up; ma
 gap: before the first, between, or after the last activity
 
 balance: busy time per device
- device ┃ busy (ms) ┃                      ┃ wait (ms) ┃  share ┃
-━━━━━━━━╇━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━╇━━━━━━━━╇━━━━━━━━━━━━━
- cuda:0 │     0.000 │                      │         — │ 100.0% │ no activity
-imbalance —: no device has busy time
+ device ┃  busy ┃                      ┃  share ┃
+━━━━━━━━╇━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━╇━━━━━━━━━━━━━
+ cuda:0 │ 0.000 │                      │ 100.0% │ no activity
+times in ms from the scope's start
+verdict: no device has busy time
 note: no device has both busy time and work units: no split to suggest
 
 scope 'idle': host 0.500 ms in the scope's body + 0.000 ms waiting for the devices at its exit, CPU
@@ -335,6 +363,105 @@ async def test_host_scope_renders_every_section(two_devs):
     assert rep.rows[0].suggested_units > rep.rows[1].suggested_units
     assert t.device_summary().rows[1].busy_ms >= 4.9
     assert [r.name for r in t.activity_summary().rows][:1] == ["spin"]
+
+
+@pytest.mark.anyio
+async def test_every_activity_carries_when_the_host_issued_it(two_devs):
+    a, b = two_devs
+    async with gpu_timer(two_devs, label="issued") as t:
+        a.stream.spin_us(500)
+        async with t.activity("block", device=b):
+            b.stream.spin_us(500)
+    tl = t.timeline
+    assert np.isfinite(tl.issued_ns).all()
+    assert (tl.issued_ns >= tl.scope_start_ns).all() and (tl.issued_ns <= tl.scope_end_ns).all()
+    assert (tl.issued_ns <= tl.end_ns).all()  # (a launch is issued once its call returned: it may have started)
+    block = [r for r in tl.records() if r.name == "block"][0]
+    (host_block,) = [r for r in tl.host_ranges if r.name == "block"]
+    assert block.issued_ns == host_block.start_ns  # a block is issued when it is entered
+    assert tl.nbytes == 43 * len(tl)
+
+
+@pytest.mark.anyio
+async def test_a_host_bound_scope_is_reported_host_bound(two_devs):
+    """The host spends 2 ms (a sleep: the GIL is free for the host devices' threads) between steps of 0.1 ms of
+    work per device: the devices wait for launches."""
+    async with gpu_timer(two_devs, label="host-bound") as t:
+        for _ in range(10):
+            for d in two_devs:
+                d.stream.spin_us(100)
+            time.sleep(0.002)
+    rep = t.balance(work_units=[10, 10])
+    assert rep.straggler == "host", rep.verdict
+    assert rep.critical_path["host"] > 0.5 * rep.makespan_ms
+    assert "launch-bound" in rep.verdict and "A re-split would not help" in rep.verdict
+    for r in rep.rows:
+        assert r.launch_bound_ms > 5 * r.busy_ms and r.suggested_units == 10
+    assert "straggler host" in str(t)
+
+
+@pytest.mark.anyio
+async def test_staggered_starts_name_the_hosts_stagger_not_the_late_device(two_devs):
+    """Both devices get the same work; the task of the second sleeps 20 ms before issuing its own."""
+    a, b = two_devs
+
+    async def task(d, delay_s):
+        await anyio.sleep(delay_s)
+        for _ in range(6):
+            d.stream.spin_us(5_000)
+
+    async with gpu_timer(two_devs, label="stagger") as t:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(task, a, 0)
+            tg.start_soon(task, b, 0.02)
+    rep = t.balance(work_units=[6, 6])
+    assert rep.critical_device == b.name and rep.straggler == "host", rep.verdict
+    assert f"{b.name} bounds" not in rep.verdict and rep.verdict.startswith("the host's stagger bounds the makespan")
+    offset = rep.rows[1].start_offset_ms
+    assert offset >= 19 and f"started 0, {offset:.1f} ms apart" in rep.verdict
+    assert rep.rows[1].launch_bound_ms >= 19 and rep.rows[1].note == "ends last"
+
+
+@pytest.mark.anyio
+async def test_rich_print_of_a_balance_draws_the_table_and_report_takes_work_units(two_devs):
+    a, b = two_devs
+    async with gpu_timer(two_devs, label="drawn") as t:
+        a.stream.spin_us(1_000)
+        b.stream.spin_us(3_000)
+    buf = io.StringIO()
+    Console(file=buf, width=100, color_system=None).print(t.balance(work_units=[30, 30]))
+    text = buf.getvalue()
+    assert "balance: busy time per device" in text and "BalanceReport(" not in text
+    for needle in ("device", "busy", "launch-bound", "units", "suggested", "verdict: ", f"{b.name} bounds"):
+        assert needle in text, needle
+    assert max(len(line) for line in text.splitlines()) <= 100
+    report = render(t.report(work_units=[30, 30]))
+    assert "suggested" in report and "makespan (wall)" in report
+    assert balance_renderable(t.timeline, [30, 30]) == t.balance(work_units=[30, 30])
+    for bad, match in (([1, 2, 3], "3 values for 2 devices"), ({"nope": 1}, "names nope, not in this timeline")):
+        with pytest.raises(ValueError, match=match):
+            t.balance(work_units=bad)
+        with pytest.raises(ValueError, match=match):
+            t.report(work_units=bad)
+
+
+@pytest.mark.parametrize("width", [50, 60, 80, 100, 140])
+def test_the_balance_table_leaves_columns_out_and_never_cuts_a_number(width):
+    rows = [(d, 3 * k + 2, 3 * k + 2.5, 3 * k + 1.5) for k in range(5) for d in (0, 1)]
+    tl = Timeline.from_arrays(
+        devices=["cuda:0", "cuda:1"],
+        device=[r[0] for r in rows],
+        start_ns=[T0 + r[1] * MS for r in rows],
+        end_ns=[T0 + r[2] * MS for r in rows],
+        issued_ns=[T0 + r[3] * MS for r in rows],
+        scope_start_ns=T0,
+    )
+    text = render(balance(tl, [1234, 5678]), width=width)
+    assert max(len(line) for line in text.splitlines()) <= width
+    for number in ("1,234", "5,678", "2.500"):  # units, and the busy time of each device (5 x 0.5 ms)
+        assert number in text, number
+    if width < 100:
+        assert "left out at this width" in " ".join(text.split())
 
 
 # -- tables that fit the console; plain lines for long tables ----------------------------------------------------
@@ -499,3 +626,26 @@ def test_ms_strings_are_pythons_formatting():
     )
     assert _report.ms_strings(values) == [_report.ms(v) for v in values.tolist()]
     assert _report.ms_strings(np.array([])) == [] and _report.ms_strings(np.full(2, np.nan)) == ["—", "—"]
+
+
+def _bench_balance():
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_balance.py"
+    spec = importlib.util.spec_from_file_location("bench_balance", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_balance_benchmark_runs_on_the_host_backend(capsys, tmp_path, monkeypatch):
+    bench = _bench_balance()
+    out = tmp_path / "b.json"
+    argv = ["--backend", "host", "--devices", "2", "--units", "6", "--repeat", "1", "--tiny", "5", "--size", "64"]
+    assert bench.main([*argv, "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "balance: busy time per device" in text and "re-split" in text and "target: the re-split's" in text
+    data = json.loads(out.read_text())
+    assert data["uneven"]["units"] == [2, 4] and sum(data["resplit"]["units"]) == 6
+    assert data["resplit"]["units"] == data["uneven"]["suggested"] and data["host_bound"]["straggler"] == "host"
+    monkeypatch.setitem(sys.modules, "torch", None)
+    assert bench.main(["--devices", "2"]) == 2
+    assert "needs torch" in capsys.readouterr().out

@@ -258,3 +258,154 @@ def test_reports_are_plain_json():
         assert isinstance(d["rows"], list) and isinstance(d["rows"][0], dict)
     row = device_summary(tl).to_dict()["rows"][1]
     assert row["first_start_ms"] is None and row["unfinished"] == 1
+
+
+# -- what the devices waited for, the critical path, the wall model ------------------------------------------
+def issued_timeline(devices, rows, *, scope_ms, names=("work",)):
+    """``rows``: (device code, start ms, end ms, issued ms) relative to T0; issued None: not known."""
+    dev = [r[0] for r in rows]
+    return Timeline.from_arrays(
+        label="t",
+        devices=devices,
+        device=dev,
+        start_ns=[T0 + r[1] * MS for r in rows],
+        end_ns=[T0 + r[2] * MS for r in rows],
+        issued_ns=[np.nan if r[3] is None else T0 + r[3] * MS for r in rows],
+        names=names,
+        scope_start_ns=T0,
+        scope_end_ns=T0 + int(scope_ms * MS),
+    )
+
+
+def test_idle_time_splits_at_each_blocks_issue_time():
+    # a: blocks [2, 4] (issued at 1) and [6, 9] (its first activity issued at 7, after the gap; [8, 9] at 3)
+    # b: one activity with no issue time; c: issued at 0, started at 0
+    tl = issued_timeline(
+        ["a", "b", "c"],
+        [(0, 2, 4, 1), (0, 6, 8, 7), (0, 8, 9, 3), (1, 5, 6, None), (2, 0, 1, 0)],
+        scope_ms=10,
+    )
+    a, b, c = device_summary(tl).rows
+    # leading gap [0, 2]: 1 launch-bound, 1 dependency; gap [4, 6]: launch-bound all of it (issued at 7 > 6)
+    assert (a.busy_ms, a.launch_bound_ms, a.dependency_ms) == (5.0, 3.0, 1.0)
+    assert (a.first_issued_ms, a.last_issued_ms, a.issued) == (1.0, 7.0, 3)
+    assert (b.launch_bound_ms, b.dependency_ms, b.first_issued_ms, b.issued) == (None, None, None, 0)
+    assert (c.launch_bound_ms, c.dependency_ms) == (0.0, 0.0)
+    rep = balance(tl)
+    # a ends last (9): its path is busy 5 + host 3 + dependency 1
+    assert rep.critical_device == "a" and rep.critical_path == {"a": 5.0, "host": 3.0, "dependency": 1.0}
+    assert rep.makespan_ms == 9.0 and rep.busy_makespan_ms == 5.0
+    assert [r.issue_rate for r in rep.rows] == [pytest.approx(2 / 6), None, None]  # 3 issued over 6 ms
+
+
+def test_an_unaligned_device_has_no_launch_bound_split():
+    clocks = [DeviceClock("a", True, 0.0), DeviceClock("x", False, float("nan"), reason="no calibration")]
+    tl = Timeline.from_arrays(
+        devices=["a", "x"],
+        device=[0, 1],
+        start_ns=[T0 + MS, T0 + MS],
+        end_ns=[T0 + 2 * MS, T0 + 2 * MS],
+        issued_ns=[T0, T0],
+        scope_start_ns=T0,
+        clocks=clocks,
+    )
+    a, x = device_summary(tl).rows
+    assert (a.launch_bound_ms, a.dependency_ms) == (0.0, 1.0)  # issued at the scope's start, started 1 ms later
+    assert (x.launch_bound_ms, x.dependency_ms, x.first_issued_ms) == (None, None, None)  # not host times
+
+
+def test_the_resplit_models_start_offsets_and_predicts_the_wall_makespan():
+    # a: 10 units from 0 to 10 ms; b: 10 units from 4 to 14 ms (a late start, no issue times): 1 unit per ms each.
+    # Ending together from starts 0 and 4: 20 = (T - 0) + (T - 4) -> T = 12, a gets 12 units, b 8.
+    tl = timeline(["a", "b"], [(0, 0, 10), (1, 4, 14)], scope_ms=14)
+    rep = balance(tl, [10, 10])
+    assert (rep.straggler, rep.critical_device, rep.makespan_ms) == ("b", "b", 14.0)
+    assert [r.suggested_units for r in rep.rows] == [12, 8]
+    assert rep.predicted_makespan_ms == pytest.approx(12.0)  # the busy-only model would say 10 (10 + 10 as now)
+    assert rep.predicted_busy_ms == pytest.approx(12.0)  # a: 12 units at 1 per busy ms
+    assert [r.predicted_end_ms for r in rep.rows] == [pytest.approx(12.0), pytest.approx(12.0)]
+    assert [r.start_offset_ms for r in rep.rows] == [0.0, 4.0]
+    assert [r.wait_ms for r in rep.rows] == [4.0, 0.0]
+
+
+def test_a_device_that_starts_after_the_others_would_end_gets_no_work():
+    tl = timeline(["a", "b"], [(0, 0, 10), (1, 15, 16)], scope_ms=16)  # 1 unit per ms each
+    rep = balance(tl, [10, 1])
+    assert [r.suggested_units for r in rep.rows] == [11, 0] and rep.predicted_makespan_ms == pytest.approx(11.0)
+    assert rep.rows[1].predicted_end_ms is None
+    assert any("gives b no work" in n for n in rep.notes)
+
+
+def test_a_host_that_issued_the_devices_one_after_another_shifts_the_later_starts():
+    # a: 10 activities of 1 ms from 0, issued 0.0 .. 0.9 (0.1 ms of host time per unit);
+    # b: 10 activities of 2 ms from 2, issued 1.0 .. 1.9: after a's, so a's extra units delay b's start.
+    rows = [(0, k, k + 1, 0.1 * k) for k in range(10)] + [(1, 2 + 2 * k, 4 + 2 * k, 1 + 0.1 * k) for k in range(10)]
+    tl = issued_timeline(["a", "b"], rows, scope_ms=22)
+    rep = balance(tl, [10, 10])
+    assert rep.straggler == "b" and rep.critical_path == {
+        "b": pytest.approx(20.0),
+        "host": pytest.approx(1.0),
+        "dependency": pytest.approx(1.0),
+    }
+    # a ends at u_a (1 unit per ms); b at 2 + 0.1 (u_a - 10) + u_b / 0.5: together when u_a = 41 / 2.9 = 14.14;
+    # in whole units 14 and 6: a ends at 14, b at 2 + 0.4 + 12 = 14.4
+    assert [r.suggested_units for r in rep.rows] == [14, 6]
+    assert [r.predicted_end_ms for r in rep.rows] == [pytest.approx(14.0), pytest.approx(14.4)]
+    assert rep.predicted_makespan_ms == pytest.approx(14.4)
+    assert "b bounds the makespan" in rep.verdict and "one after another" in rep.verdict
+
+
+def test_a_launch_bound_critical_path_makes_the_host_the_straggler():
+    # each activity issued at its start after a host gap: the devices wait for the host most of the time
+    rows = [(d, 3 * k + 2, 3 * k + 2.5, 3 * k + 2) for k in range(5) for d in (0, 1)]
+    rep = balance(issued_timeline(["cuda:0", "cuda:1"], rows, scope_ms=15), [5, 5])
+    assert rep.straggler == "host" and rep.critical_path["host"] == pytest.approx(12.0)
+    assert rep.verdict.startswith("the host bounds the makespan") and "launch-bound" in rep.verdict
+    assert "await device.run(step)" in rep.verdict and "CUDA graphs" in rep.verdict
+    assert "fewer and larger kernels" in rep.verdict
+    assert [r.suggested_units for r in rep.rows] == [5, 5]  # not re-split
+    assert rep.predicted_makespan_ms == rep.makespan_ms and any("not re-split" in n for n in rep.notes)
+
+
+def test_a_device_that_ends_last_because_its_work_came_later_is_the_hosts_stagger():
+    # four devices with the same work (30 ms), each issued 10 ms after the previous one by the host
+    rows = [(d, 10 * d + 0.1, 10 * d + 30.1, 10 * d) for d in range(4)]
+    rep = balance(issued_timeline([f"cuda:{d}" for d in range(4)], rows, scope_ms=60), [1, 1, 1, 1])
+    assert rep.straggler == "host" and rep.critical_device == "cuda:3"
+    assert rep.verdict.startswith("the host's stagger bounds the makespan")
+    assert "the host issued work for cuda:0..3 one after another" in rep.verdict
+    assert "started 0, 10.0, 20.0, 30.0 ms apart" in rep.verdict
+    assert "not because it had more" in rep.verdict
+    assert rep.rows[3].note == "ends last" and "straggler" not in rep.rows[3].note
+
+
+def test_zero_length_activities_and_devices_without_units_leave_nothing_to_split():
+    tl = issued_timeline(["a", "b"], [(0, 1, 1, 0.5), (1, 2, 2, None)], scope_ms=3)
+    rep = balance(tl, [4, 0])
+    assert rep.straggler == "b" and rep.critical_device == "b" and rep.makespan_ms == 2.0
+    assert [r.suggested_units for r in rep.rows] == [4, 0] and rep.predicted_makespan_ms == 2.0
+    assert any("no split to suggest" in n for n in rep.notes)
+    assert balance(timeline(["a", "b"], [(0, 0, 2), (1, 0, 3)], scope_ms=3), [0, 0]).predicted_makespan_ms == 3.0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_suggestion_adds_up_and_never_predicts_worse_than_now(seed):
+    rng = np.random.default_rng(seed)
+    n_dev = int(rng.integers(1, 5))
+    rows = []
+    for d in range(n_dev):
+        t = float(rng.uniform(0, 5))
+        for _ in range(int(rng.integers(0, 6))):
+            t_issue = t + float(rng.normal(0, 1))
+            t += float(rng.exponential(1))
+            dur = float(rng.exponential(2)) * (rng.random() > 0.1)
+            rows.append((d, t, t + dur, None if rng.random() < 0.2 else t_issue))
+            t += dur
+    tl = issued_timeline([f"d{d}" for d in range(n_dev)], rows, scope_ms=1)
+    units = [int(u) for u in rng.integers(0, 50, n_dev)]
+    rep = balance(tl, units)
+    json.loads(rep.to_json())
+    assert sum(r.suggested_units for r in rep.rows) == sum(units)
+    if rep.predicted_makespan_ms is not None and rep.critical_device is not None:
+        assert rep.predicted_makespan_ms <= rep.makespan_ms + 1e-9
+    assert sum(rep.critical_path.values()) == pytest.approx(rep.makespan_ms)

@@ -9,10 +9,13 @@ back. Methods marked *hot* are called once per record or query and must stay che
 
 from __future__ import annotations
 
+import ctypes
 from abc import ABC, abstractmethod
 from typing import Any, Callable
 
-__all__ = ["Backend", "BackendDevice"]
+import numpy as np
+
+__all__ = ["Backend", "BackendDevice", "PinnedBlock", "pinned_array"]
 
 
 class BackendDevice(ABC):
@@ -29,6 +32,25 @@ class BackendDevice(ABC):
     #: Called by the backend (from any thread, never a CUDA driver thread) after it completes an event, so a
     #: sleeping completion engine can look at once. The core installs it; ``None`` means nobody listens.
     on_progress: Callable[[], None] | None = None
+
+    #: Allocations of at least this many bytes may hold the calling thread past ~100 µs: `alloc_pinned` (pinning
+    #: works page by page) and `alloc` (a memory pool that must grow). The core warns when an event loop's thread
+    #: makes one (the device's worker thread has the awaitable forms). None: never that slow.
+    slow_pinned_bytes: int | None = None
+    slow_alloc_bytes: int | None = None
+
+    #: Installed by the core: takes a one-item list holding the object whose last reference frees a large pinned
+    #: block (see `PinnedBlock`) and empties it on the device's worker thread; False where it cannot (the caller
+    #: frees it).
+    free_elsewhere: Callable[[list], bool] | None = None
+
+    #: The kernels the backend launches by itself (engine primers, clock calibration), by the names `prepare`
+    #: takes: what ``await device.prepare()`` loads besides the built-in workloads.
+    own_kernels: tuple[str, ...] = ()
+
+    def make_current(self) -> None:  # noqa: B027 - optional: host devices have no context
+        """Make this device current in the calling thread (CUDA: its primary context, as cuda.core needs in every
+        thread that uses a device). Cheap when it already is; the device's worker thread calls it before each job."""
 
     @abstractmethod
     def create_stream(self) -> Any: ...
@@ -120,11 +142,18 @@ class BackendDevice(ABC):
 
     @abstractmethod
     def alloc_pinned(self, n: int, dtype: Any) -> Any:
-        """A numpy array in page-locked host memory (plain host memory on the host backend)."""
+        """A numpy array in page-locked host memory (resident host memory on the host backend), made with
+        `pinned_array`: a block of `slow_pinned_bytes` or more is freed through `free_elsewhere`."""
 
     def prepare(self, workload: str) -> None:  # noqa: B027 - optional: nothing to load on most backends
-        """Load what the built-in ``workload`` (``"spin"``, ``"inc_loop"``) needs (compile, module load), so
-        that the first timed call does not count that host time as device time."""
+        """Load what the built-in ``workload`` (``"spin"``, ``"inc_loop"``, ``"inc_loop_profiled"``, or one of
+        `own_kernels`) needs (compile, module load), so that the first timed call does not count that host time
+        as device time."""
+
+    def is_prepared(self, what: Any) -> bool:
+        """Whether `prepare` (``what`` a workload name) or `prepare_kernel` (a kernel) has nothing left to do: no
+        compile, no module load. Cheap; any thread."""
+        return True
 
     def prepare_kernel(self, kernel: Any) -> None:  # noqa: B027 - optional: nothing to load on most backends
         """Load ``kernel`` (what `launch` takes) into this device now, so that its first launch does not load it
@@ -253,3 +282,37 @@ class Backend(ABC):
 
     @abstractmethod
     def open_device(self, index: int) -> BackendDevice: ...
+
+
+class PinnedBlock:
+    """The owner of a pinned host block behind the numpy arrays that view it (`pinned_array`). When the last view
+    goes, ``resource`` (the object whose last reference frees the block) is handed to ``free_elsewhere`` (the
+    device's worker thread: unpinning a large block holds a thread for milliseconds, and a finalizer runs in
+    whichever thread drops the last view, often an event loop's); without one, or when it declines, the block
+    is freed right here."""
+
+    __slots__ = ("resource", "free_elsewhere")
+
+    def __init__(self, resource: Any, free_elsewhere: Callable[[list], bool] | None) -> None:
+        self.resource = resource
+        self.free_elsewhere = free_elsewhere
+
+    def __del__(self) -> None:
+        holder = [self.resource]  # (the only reference left: whoever empties it frees the block)
+        self.resource = None
+        hand = self.free_elsewhere
+        if hand is not None and holder[0] is not None:
+            try:
+                hand(holder)
+            except Exception:  # noqa: BLE001 - a finalizer must not raise: the block is freed here instead
+                pass
+
+
+def pinned_array(
+    resource: Any, address: int, nbytes: int, n: int, dtype: Any, free_elsewhere: Callable[[list], bool] | None
+) -> np.ndarray:
+    """A numpy array of ``n`` elements of ``dtype`` over the ``nbytes`` at ``address``, which ``resource`` holds
+    (its last reference frees them): kept alive by the array and its views through a `PinnedBlock`."""
+    view = (ctypes.c_char * max(nbytes, 1)).from_address(address)
+    view._asyncgpu_owner = PinnedBlock(resource, free_elsewhere)  # type: ignore[attr-defined]
+    return np.frombuffer(memoryview(view), dtype=dtype, count=n)

@@ -25,7 +25,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .._errors import BackendError, ClockError, DeviceMismatchError, NoDeviceError, NotReadyError, UnknownDeviceError
-from .contract import Backend, BackendDevice
+from .contract import Backend, BackendDevice, pinned_array
 from .kernels import kernels_dir
 
 __all__ = ["CudaBackend", "CudaDevice", "backend_class", "nvrtc_available"]
@@ -162,6 +162,9 @@ def _ctypes_hot_paths(drv: _Driver) -> tuple:
 class CudaDevice(BackendDevice):
     backend = "cuda"
     grows_ahead = True
+    slow_pinned_bytes = 1 << 18  # cuMemHostAlloc pins page by page: ~0.5 ms per MB (40 MB: ~20 ms on H100 hosts)
+    slow_alloc_bytes = 1 << 28  # from the device's pool, in stream order; a block this large may make it grow
+    own_kernels = ("prime", "clock_pingpong", "clock_bracket")
 
     def __init__(self, drv: _Driver, index: int) -> None:
         from cuda.core import Device
@@ -186,6 +189,9 @@ class CudaDevice(BackendDevice):
 
     # -- streams and events ------------------------------------------------------------------------------
     def _current(self) -> None:
+        self._dev.set_current()
+
+    def make_current(self) -> None:
         self._dev.set_current()
 
     def create_stream(self) -> Any:
@@ -247,10 +253,7 @@ class CudaDevice(BackendDevice):
     def prime(self, raw_stream: Any, engine: str) -> None:
         primer = self._primer
         if primer is None:
-            with _PRIMER_LOCK:  # (not `_kernel_lock`: making the primer loads its kernel under that one)
-                if self._primer is None:
-                    self._primer = _Primer(self)
-            primer = self._primer
+            primer = self._make_primer()
         err = primer.compute(raw_stream[3]) if engine == "compute" else primer.copy(raw_stream[3])
         if err:
             raise self._drv.error(
@@ -555,9 +558,8 @@ class CudaDevice(BackendDevice):
             self._pinned_mr = LegacyPinnedMemoryResource()
         nbytes = max(1, n * np.dtype(dtype).itemsize)
         buf = self._pinned_mr.allocate(nbytes)
-        cbuf = (ctypes.c_char * nbytes).from_address(int(buf.handle))
-        cbuf._asyncgpu_owner = buf  # the numpy view keeps the pinned allocation alive
-        return np.frombuffer(cbuf, dtype=dtype, count=n)
+        hand = self.free_elsewhere if nbytes >= (self.slow_pinned_bytes or 0) else None  # (unpinning is slow too)
+        return pinned_array(buf, int(buf.handle), nbytes, n, dtype, hand)
 
     def _kernel(self, name: str) -> Any:
         with self._kernel_lock:
@@ -579,9 +581,28 @@ class CudaDevice(BackendDevice):
         launch(raw_stream[0], config, kernel, *args)
 
     def prepare(self, workload: str) -> None:
+        if workload == "prime":  # the primers' kernel, device buffer and pinned word
+            self._make_primer()
+            return
         kernel = self._kernels.get(f"asyncgpu_{workload}")
         if kernel is None or id(kernel) not in self._loaded:
             self.prepare_kernel(kernel if kernel is not None else self._kernel(f"asyncgpu_{workload}"))
+        if workload.startswith("clock_"):  # the calibration's page and stream
+            self._calibration()
+
+    def is_prepared(self, what: Any) -> bool:
+        if what == "prime":
+            return self._primer is not None
+        if isinstance(what, str):
+            kernel = self._kernels.get(f"asyncgpu_{what}")
+            return kernel is not None and id(kernel) in self._loaded and (self._cal is not None or "clock" not in what)
+        return id(what) in self._loaded
+
+    def _make_primer(self) -> _Primer:
+        with _PRIMER_LOCK:  # (not `_kernel_lock`: making the primer loads its kernel under that one)
+            if self._primer is None:
+                self._primer = _Primer(self)
+            return self._primer
 
     def prepare_kernel(self, kernel: Any) -> None:
         """``cuFuncLoad`` the kernel's function in this device's context (CUDA 12.4+ drivers; older ones load it

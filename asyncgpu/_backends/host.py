@@ -10,6 +10,8 @@ every later query, sync or record on it raises `BackendError` chained to the ori
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
 import queue
 import threading
@@ -20,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .._errors import BackendError, NotReadyError, ScopeError, UnknownDeviceError
-from .contract import Backend, BackendDevice
+from .contract import Backend, BackendDevice, pinned_array
 
 __all__ = ["HostBackend", "HostDevice", "backend_class"]
 
@@ -117,6 +119,7 @@ def _wait_other(ev: _HostEvent) -> None:
 
 class HostDevice(BackendDevice):
     backend = "host"
+    slow_pinned_bytes = 1 << 20  # resident memory is made so page by page (~0.3 ms per MB)
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -245,7 +248,16 @@ class HostDevice(BackendDevice):
         return np.empty(n, dtype=dtype)
 
     def alloc_pinned(self, n: int, dtype: Any) -> np.ndarray:
-        return np.empty(n, dtype=dtype)
+        """Host memory made resident at once, as pinning makes a block resident on CUDA: a fresh anonymous
+        mapping (never memory the allocator had already made resident) whose every page is written now (faulted
+        in, GIL released: ~0.3 ms per MB). Unmapped when its last view goes, as pinned blocks are freed
+        (`pinned_array`)."""
+        nbytes = n * np.dtype(dtype).itemsize
+        block = mmap.mmap(-1, max(nbytes, 1))
+        np.frombuffer(block, np.uint8).fill(0)  # (numpy releases the GIL; mmap's own MAP_POPULATE would not)
+        address = ctypes.addressof(ctypes.c_char.from_buffer(block))  # (the temporary exports end here)
+        hand = self.free_elsewhere if nbytes >= (self.slow_pinned_bytes or 0) else None
+        return pinned_array(block, address, nbytes, n, dtype, hand)
 
     def spin(self, raw_stream: _HostStream, duration_ns: int) -> None:
         self.launch(raw_stream, lambda: _sleep_until(time.perf_counter_ns() + duration_ns), None, ())

@@ -18,7 +18,9 @@ calibrated by a host ping-pong:
 
 Threads: `calibrate` blocks the calling thread for the ping-pong (about 0.1 ms per device; at most the timeout).
 It runs on its own stream and page, so it never waits for the user's work — unless the device's hardware queues
-are all busy, in which case it gives up with `ClockError` and scopes fall back to device-relative time.
+are all busy, in which case it gives up with `ClockError` and scopes fall back to device-relative time. Tasks
+measure off their loop's thread: ``await device.aclock()`` (the device's worker thread), and an async scope's exit
+re-measures stale clocks in worker threads, all devices at once, before it places its events.
 """
 
 from __future__ import annotations
@@ -181,13 +183,14 @@ def placement(
     refresh: bool = True,
 ) -> Placement:
     """The `Placement` of ``device``'s events now: through its clock calibration (re-measured when older than
-    ``max_age_s``; that blocks the calling thread about 0.1 ms; ``refresh=False`` never measures and uses the
-    last calibration, for threads that must not block, such as the waiter thread). When the clock cannot be
-    aligned, events are placed relative to ``fallback`` = ``(raw timing event, host ns it stands for)`` (a
-    scope's start mark), or not at all, and the placement's `DeviceClock` says why. ``subtract_overhead``
-    False keeps raw event times (no `Placement.trim`)."""
+    ``max_age_s``; that blocks the calling thread about 0.1 ms, without a warning: an async scope's exit
+    re-measures in worker threads beforehand, `asyncgpu._core.device.refresh_clocks`; ``refresh=False`` never
+    measures and uses the last calibration, for threads that must not block, such as the waiter thread). When
+    the clock cannot be aligned, events are placed relative to ``fallback`` = ``(raw timing event, host ns it
+    stands for)`` (a scope's start mark), or not at all, and the placement's `DeviceClock` says why.
+    ``subtract_overhead`` False keeps raw event times (no `Placement.trim`)."""
     try:
-        cal = device.clock(max_age_s=max_age_s) if refresh else device.last_clock()
+        cal = device.calibration(max_age_s) if refresh else device.last_clock()
         if cal is None:
             raise ClockError(f"{device.name} has no clock calibration yet")
     except AsyncGPUError as exc:

@@ -3,25 +3,37 @@
 Get one with `asyncgpu.device` / `asyncgpu.devices`; there is one open worker per device and process.
 
 Threads: every method may be called from any thread. The worker owns one waiter thread (started on the first
-wait) and, on the host backend, one thread per stream. `close` stops them; pending waits then fail with
-`ClosedError`, events in use are destroyed as they come back, and nothing is leaked. Its events, streams and
-arrays then raise `ClosedError` naming the fix, as does a worker the parent process opened, used in a child
-after ``os.fork()`` (`mark_forked`: its threads do not run there).
+wait), one worker thread (``asyncgpu-cuda:0-worker``, started by the first job: `run` and the awaitable forms
+below; `asyncgpu._core.worker`) and, on the host backend, one thread per stream. `close` stops them; pending
+waits and queued jobs then fail with `ClosedError`, events in use are destroyed as they come back, and nothing
+is leaked. Its events, streams and arrays then raise `ClosedError` naming the fix, as does a worker the parent
+process opened, used in a child after ``os.fork()`` (`mark_forked`: its threads do not run there).
 
-Blocking calls (`synchronize`, `close` with work queued) warn with `BlockingCallWarning` in a thread that runs
-an event loop; `aclose` is the async form of `close`.
+No call of a task needs to hold its loop's thread: the blocking calls have awaitable forms that wait for the
+device, or run on the device's worker thread, while the loop runs the other devices' tasks. The naming rule:
+``await x.verb()`` is async and ``x.verb_sync()`` blocks; a blocking method older than that rule keeps its name,
+and its async form is the same name with an ``a`` in front, as Python's ``close``/``aclose`` and ``next``/``anext``:
+`aalloc`, `aalloc_pinned`, `asynchronize`, `aclock`, `aclose`. New async calls have a plain verb: `prepare`
+(compile and load kernels), `run` (a launch-heavy callable on the worker thread). Called from a thread that runs
+an event loop, the blocking forms warn with `BlockingCallWarning` (once per call site, naming the async form)
+when they would block: `synchronize`, `close` with work queued, `alloc_pinned` of a large block (pinning holds
+the thread about 0.5 ms per MB on CUDA), `alloc` of a very large one (the memory pool may grow), `clock` when it
+re-measures (the last three only when called by the user's code: a warning points at the caller's line). Large
+pinned blocks are freed on the worker thread when their last view goes, whichever thread drops it.
 """
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import os
+import sys
 import threading
 import time
 import weakref
 from collections import deque
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any, Callable, final
+from typing import TYPE_CHECKING, Any, Callable, TypeVar, final
 
 import numpy as np
 
@@ -32,17 +44,25 @@ from . import loops
 from .clock import CLOCK_MAX_AGE_S, DEFAULT_SAMPLES, ClockCalibration, calibrate
 from .engine import Engine
 from .event import Event
+from .hooks import QUEUE_LIMIT
 from .memory import DeviceArray
 from .pool import EventPool, PoolStats
 from .stream import SEQ_BITS, Stream
+from .worker import Worker
 
 if TYPE_CHECKING:
     from .graph import Graph
 
-__all__ = ["Device"]
+__all__ = ["WORKLOADS", "Device", "refresh_clocks"]
 
 _now = time.perf_counter_ns
 _first = itemgetter(0)
+_T = TypeVar("_T")
+
+#: the built-in workloads `Device.prepare` takes by name (``inc_loop_profiled``: `asyncgpu.kernel.KernelProfiler`'s)
+WORKLOADS = ("spin", "inc_loop", "inc_loop_profiled")
+#: an async scope's exit re-measures, off the loop, the clocks that would be older than their scope's limit by then
+_CLOCK_MARGIN_S = 0.01
 
 #: released events a pool that runs out looks at per reclaim: about 0.2 ms of the caller's thread (10,000 at once
 #: stalled a loop ~10 ms on a simulated device: the likely cause of the bench_load ticker's 18-23 ms on an H200)
@@ -65,6 +85,7 @@ class Device:
     _lock: threading.Lock
     _reclaim_lock: threading.Lock
     engine: Engine
+    worker: Worker
     timing_pool: EventPool
     plain_pool: EventPool
     _returns: deque[tuple[Any, bool, int]]
@@ -107,6 +128,8 @@ class Device:
         self._lock = threading.Lock()
         self._reclaim_lock = threading.Lock()  # one `_reclaim` at a time
         self.engine = Engine(bd)
+        self.worker = Worker(f"asyncgpu-{bd.name}-worker", bd.make_current, self.closed_error)
+        bd.free_elsewhere = self.worker.give  # large pinned blocks are freed on the worker thread
         grow_soon = self.engine.run_soon if bd.grows_ahead else None  # (costly events: made on the waiter thread)
         self.timing_pool = EventPool(bd, timing=True, max_events=max_events, reclaim=self._reclaim, grow_soon=grow_soon)
         self.plain_pool = EventPool(bd, timing=False, max_events=max_events, reclaim=self._reclaim, grow_soon=grow_soon)
@@ -134,13 +157,47 @@ class Device:
         """This device's clock calibration against the host clock (``time.perf_counter_ns()``): the anchor
         that places its events on the host time base, its error bound, the ``%globaltimer`` offset and drift.
         Re-measured when older than ``max_age_s`` (or when ``refresh``): that blocks the calling thread about
-        0.1 ms. Raises `ClockError` when the device does not answer (see `asyncgpu._clock`)."""
+        0.1-0.4 ms on a GPU (the first time in a process also compiles the calibration kernels), and warns
+        (`BlockingCallWarning`) in an event loop's thread: ``await device.aclock()`` measures on the device's worker
+        thread instead. Raises `ClockError` when the device does not answer (see `asyncgpu._core.clock`)."""
         self.check_open()
         max_age_s = number("max_age_s", max_age_s, unit="seconds", infinite="never re-measure")
         samples = whole("samples", samples, minimum=1, hint="pings; the best is kept")
+        if self.clock_stale(max_age_s, refresh) and not _called_by_asyncgpu():
+            loops.warn_blocking(f"{self.name}.clock() (it re-measures)", "`await device.aclock()`")
+        return self.calibration(max_age_s=max_age_s, refresh=refresh, samples=samples)
+
+    async def aclock(
+        self, *, refresh: bool = False, max_age_s: float = CLOCK_MAX_AGE_S, samples: int = DEFAULT_SAMPLES
+    ) -> ClockCalibration:
+        """`clock` for a task: a calibration young enough is returned at once; a measurement runs on the device's
+        worker thread while the loop runs on. A checkpoint. Cancelled while it measures, the measurement (a
+        fraction of a millisecond, bounded by its timeout) finishes first (see `run`)."""
+        self.check_open()
+        max_age_s = number("max_age_s", max_age_s, unit="seconds", infinite="never re-measure")
+        samples = whole("samples", samples, minimum=1, hint="pings; the best is kept")
+        if not self.clock_stale(max_age_s, refresh):
+            await loops.checkpoint(*loops.current())
+            cal = self._clock
+            if cal is not None:
+                return cal
+        return await self.worker.run(self.calibration, max_age_s, refresh, samples)
+
+    def clock_stale(self, max_age_s: float, refresh: bool = False) -> bool:
+        """Whether `clock` would measure now (no calibration yet, one older than ``max_age_s``, or ``refresh``).
+        Never blocks."""
+        cal = self._clock
+        return cal is None or refresh or time.perf_counter_ns() - cal.taken_ns > max_age_s * 1e9
+
+    def calibration(
+        self, max_age_s: float = CLOCK_MAX_AGE_S, refresh: bool = False, samples: int = DEFAULT_SAMPLES
+    ) -> ClockCalibration:
+        """`clock` without its argument checks: what placements (`asyncgpu._core.clock.placement`), `aclock` on
+        the worker thread and `refresh_clocks` call. Blocks while it measures; any thread."""
         with self._clock_lock:
             cal = self._clock
             if cal is None or refresh or time.perf_counter_ns() - cal.taken_ns > max_age_s * 1e9:
+                self.check_open()
                 cal = calibrate(self, samples, previous=self._clock_ref)
                 if self._clock_ref is None and cal.gt_point is not None:
                     self._clock_ref = cal
@@ -176,10 +233,13 @@ class Device:
         """Record a pooled event on ``stream`` (default: `stream`; a foreign ``__cuda_stream__`` object is
         adopted) and return it. Release it with ``event.release()`` or a ``with`` block. A record with timing takes
         one of the driver's ~1,000 launch slots of the stream (one without, ``timing=False``, takes none): past
-        them the driver blocks this call until the device drains (`Stream.room` waits for room in a task)."""
+        them the driver blocks the calling thread until the device drains. In an event loop's thread a record
+        onto a full stream raises `QueueFullError` instead, taking nothing (``await stream.room()`` first)."""
         if self._closed:
             self.check_open()
         s = self.stream if stream is None else self.stream_of(stream)
+        if timing and s.ops - s.done_ops >= QUEUE_LIMIT:
+            s.check_room()  # (raises in a loop's thread when the stream is full: before anything is taken)
         pool = self.timing_pool if timing else self.plain_pool
         raw = pool.take()
         try:
@@ -377,19 +437,55 @@ class Device:
     # -- memory -------------------------------------------------------------------------------------------
     def alloc(self, n: int, dtype: Any = np.float32, *, stream: Stream | None = None) -> DeviceArray:
         """``n`` elements (a whole number >= 0) of ``dtype`` (a numpy dtype of plain numbers, not ``object``)
-        of device memory, allocated in order on ``stream`` (contents undefined)."""
+        of device memory, allocated in order on ``stream`` (contents undefined). On CUDA it comes from the
+        device's memory pool, in stream order (microseconds, unless the pool has to grow: a very large block then
+        warns, `BlockingCallWarning`, in an event loop's thread; ``await device.aalloc(n)`` there)."""
         self.check_open()
         n, dt = whole("n", n), _plain_dtype(dtype)
         self._check_fits(n, dt, pinned=False)
-        return DeviceArray._create(self, self.bd.alloc(n, dt, self.stream_of(stream).raw), n, dt)
+        s = self.stream_of(stream)
+        slow = self.bd.slow_alloc_bytes
+        if slow is not None and n * dt.itemsize >= slow and not _called_by_asyncgpu():
+            loops.warn_blocking(f"{self.name}.alloc() of {n * dt.itemsize:,} bytes", "`await device.aalloc(n, dtype)`")
+        return DeviceArray._create(self, self.bd.alloc(n, dt, s.raw), n, dt)
+
+    async def aalloc(self, n: int, dtype: Any = np.float32, *, stream: Stream | None = None) -> DeviceArray:
+        """`alloc` on the device's worker thread, for a task: the loop runs on while the memory is allocated. A
+        checkpoint; arguments are checked here, before anything runs. Cancellation: see `run`."""
+        self.check_open()
+        n, dt = whole("n", n), _plain_dtype(dtype)
+        self._check_fits(n, dt, pinned=False)
+        s = self.stream_of(stream)
+        buf = await self.worker.run(self.bd.alloc, n, dt, s.raw)
+        return DeviceArray._create(self, buf, n, dt)
 
     def alloc_pinned(self, n: int, dtype: Any = np.float32) -> np.ndarray:
-        """A numpy array of ``n`` elements in page-locked host memory (plain memory on the host backend);
-        ``n`` and ``dtype`` as in `alloc`."""
+        """A numpy array of ``n`` elements in page-locked host memory (on the host backend, memory made resident
+        at once, as pinning does); ``n`` and ``dtype`` as in `alloc`. Pinning holds the calling thread for the
+        whole block (CUDA: about 0.5 ms per MB): in an event loop's thread a large block warns
+        (`BlockingCallWarning`); ``await device.aalloc_pinned(n)`` there. A large block is freed on the device's
+        worker thread once its last view is gone, whichever thread drops it (unpinning holds a thread too)."""
         self.check_open()
         n, dt = whole("n", n), _plain_dtype(dtype)
         self._check_fits(n, dt, pinned=True)
+        slow = self.bd.slow_pinned_bytes
+        if slow is not None and n * dt.itemsize >= slow:
+            if not _called_by_asyncgpu():
+                loops.warn_blocking(
+                    f"{self.name}.alloc_pinned() of {n * dt.itemsize:,} bytes",
+                    "`await device.aalloc_pinned(n, dtype)`",
+                )
+            self.worker.start()  # (to free it there later: a finalizer never starts a thread)
         return self.bd.alloc_pinned(n, dt)
+
+    async def aalloc_pinned(self, n: int, dtype: Any = np.float32) -> np.ndarray:
+        """`alloc_pinned` on the device's worker thread, for a task: one task per device pins its buffers at the
+        same time as the others, and the loop runs on. A checkpoint; arguments are checked here, before anything
+        runs. Cancelled while it pins, the allocation finishes first and is freed (see `run`)."""
+        self.check_open()
+        n, dt = whole("n", n), _plain_dtype(dtype)
+        self._check_fits(n, dt, pinned=True)
+        return await self.worker.run(self.bd.alloc_pinned, n, dt)
 
     def _check_fits(self, n: int, dt: np.dtype, *, pinned: bool) -> None:
         """`ValueError` for an allocation larger than all of the memory it would come from (the device's, or the
@@ -410,26 +506,128 @@ class Device:
         self.check_open()
         return self.bd.memory_info()
 
+    # -- the worker thread ---------------------------------------------------------------------------------
+    async def run(
+        self,
+        fn: Callable[..., _T],
+        /,
+        *args: Any,
+        stream: Stream | Any | None = None,
+        abandon_on_cancel: bool = False,
+    ) -> _T:
+        """Call ``fn(stream, *args)`` on this device's worker thread (``asyncgpu-cuda:0-worker``) and return what
+        it returns: a launch-heavy step (a framework's training or inference step) launched from a thread of its
+        own, so that one task per GPU launches in parallel wherever the GIL is released (in driver calls, in
+        torch's C++ dispatch). ``stream`` (default `stream`; a foreign ``__cuda_stream__`` object is adopted) is
+        handed in as an asyncgpu `Stream`: for torch, ``torch.cuda.stream(torch.cuda.ExternalStream(
+        stream.handle, device=torch.device("cuda", stream.device.index)))``. Keyword arguments of ``fn``: use
+        ``functools.partial``, as with ``anyio.to_thread.run_sync``.
+
+        Threads: jobs of one device run one after another, in the order submitted (asyncgpu's own awaitable
+        forms queue there too); devices run in parallel. The device's context is current in the thread (CUDA;
+        torch's current device is the job's business: ``torch.cuda.set_device``, or tensors' own devices). The
+        job runs in a copy of the task's context: launches through asyncgpu's streams are timed by the task's
+        open `gpu_timer` scopes. A checkpoint.
+
+        Exceptions raised by ``fn`` propagate here, with their traceback through the worker thread.
+        Cancellation (as ``anyio.to_thread.run_sync``): a job that has not started is withdrawn and never runs; a
+        running one cannot be interrupted, so the task waits for it to return and then raises the cancellation
+        (the result is dropped; an exception it raised is the cancellation's ``__context__``). With
+        ``abandon_on_cancel=True`` the task raises at once and the job runs on, its outcome dropped.
+
+        Raises `TypeError` for an ``fn`` that is not a plain callable, `ClosedError` on a closed device, and
+        `DeviceMismatchError` for another device's stream, before anything starts."""
+        if not callable(fn):
+            raise TypeError(
+                f"device.run() calls fn(stream, *args) on {self.name}'s worker thread: pass a function (a "
+                f"framework's step), not {fn!r}"
+            )
+        if inspect.iscoroutinefunction(fn):
+            raise TypeError(
+                f"device.run() calls a plain function on a thread; {fn!r} is async: await it in the task, or pass "
+                "the synchronous function that launches the work"
+            )
+        if not isinstance(abandon_on_cancel, bool):
+            raise TypeError(f"abandon_on_cancel is True or False, not {abandon_on_cancel!r}")
+        self.check_open()
+        s = self.stream_of(stream)
+        return await self.worker.run(fn, s, *args, abandon_on_cancel=abandon_on_cancel)
+
+    async def prepare(self, *what: Any) -> None:
+        """Compile and load, on the device's worker thread, what launches need, so that no launch does it on the
+        loop's thread (CUDA compiles asyncgpu's kernels with NVRTC once per process, ~0.1-1 s, and loads each
+        module into each GPU lazily, at the first launch). Each of ``what`` is a built-in workload by name
+        (`WORKLOADS`: ``"spin"``, ``"inc_loop"``, ``"inc_loop_profiled"``) or a kernel, as `Stream.launch` takes
+        it; with none, the built-in workloads and the kernels asyncgpu launches by itself (engine primers,
+        clock calibration). It also starts the worker thread, so that the device's first awaitable call pays no
+        thread start (under load, a new thread waits milliseconds for the GIL). What is loaded already costs
+        nothing more (nothing to load on the host backend). A checkpoint; cancellation: see `run` (a compile in
+        progress finishes)."""
+        self.check_open()
+        for w in what:
+            if isinstance(w, str) and w not in WORKLOADS:
+                raise ValueError(
+                    f"no built-in workload {w!r}: prepare() takes {', '.join(map(repr, WORKLOADS))} or a kernel "
+                    "(what stream.launch() takes)"
+                )
+            if w is None:
+                raise TypeError("prepare() takes workload names or kernels, not None")
+        bd = self.bd
+        items = what or (*WORKLOADS[:2], *bd.own_kernels)
+        todo = [w for w in items if not bd.is_prepared(w)]
+        if not todo:
+            self.worker.start()
+            await loops.checkpoint(*loops.current())
+            return
+
+        def load() -> None:
+            for w in todo:
+                if isinstance(w, str):
+                    bd.prepare(w)
+                else:
+                    bd.prepare_kernel(w)
+
+        await self.worker.run(load)
+
     # -- lifetime -----------------------------------------------------------------------------------------
     def synchronize(self) -> None:
-        """Block the calling thread (GIL released) until all work on this device is done. For async code,
-        ``await device.record(stream).wait()`` per stream, or a ``gpu_timer(..., synchronize=True)``; called
-        from an event loop's thread it warns (`BlockingCallWarning`)."""
+        """Block the calling thread (GIL released) until all work on this device is done (also other libraries'
+        work on its streams). Called from an event loop's thread it warns (`BlockingCallWarning`): ``await
+        device.asynchronize()`` there."""
         self.check_open()
         loops.warn_blocking(
             f"{self.name}.synchronize()",
-            "`await anyio.to_thread.run_sync(device.synchronize)`, or `await device.record(stream).wait()` per stream",
+            "`await device.asynchronize()` (or `await anyio.to_thread.run_sync(device.synchronize)`)",
         )
         self.bd.sync_device()
+
+    async def asynchronize(self) -> None:
+        """`synchronize` for a task: waits, without a thread, for an event recorded on each of the worker's
+        streams (its own and the adopted ones), then finishes on the device's worker thread with the driver's
+        device-wide wait, which covers work asyncgpu did not see (other libraries' streams): by then it
+        returns at once unless such work is still running. A checkpoint. Cancellation withdraws the waits (a
+        device-wide wait already running is abandoned: it ends by itself)."""
+        self.check_open()
+        fences: list[Event] = []
+        try:
+            for s in (*self.owned_streams, *self.adopted_streams.values()):
+                if s.capture_hook is None:  # (a stream being captured runs nothing until its graph is launched)
+                    fences.append(s.record(timing=False, tag="synchronize"))
+            for ev in fences:
+                await ev.wait()
+        finally:
+            for ev in fences:
+                ev.release()
+        await self.worker.run(self.bd.sync_device, abandon_on_cancel=True)
 
     @property
     def closed(self) -> bool:
         return self._closed
 
     async def aclose(self) -> None:
-        """`close` for a task: waits for the work queued on the worker's streams without blocking the loop
-        (asyncio, uvloop or trio), then closes. A checkpoint. Cancelled while it waits, the worker stays open
-        and nothing is left behind (close it again). Idempotent."""
+        """`close` for a task: waits for the work queued on the worker's streams and for the jobs of its worker
+        thread without blocking the loop (asyncio, uvloop or trio), then closes. A checkpoint. Cancelled while
+        it waits, the worker stays open and nothing is left behind (close it again). Idempotent."""
         kind, loop = loops.current()
         if self._closed:
             await loops.checkpoint(kind, loop)
@@ -440,6 +638,8 @@ class Device:
                 fences.append(s.record(timing=False, tag="close"))
             for ev in fences:
                 await ev.wait()
+            if self.worker.busy():
+                await self.worker.run(_nothing)  # (after the jobs queued before it)
         except AsyncGPUError:  # a failed device, or closed meanwhile by another task: close it all the same
             pass
         finally:
@@ -448,7 +648,10 @@ class Device:
         self.close()
 
     def _work_queued(self) -> bool:
-        """Whether a stream of the worker has work left to run (a snapshot; False when the device cannot say)."""
+        """Whether a stream of the worker has work left to run, or its worker thread a job (a snapshot; False when
+        the device cannot say)."""
+        if self.worker.busy():
+            return True
         try:
             return not all(self.bd.stream_idle(s.raw) for s in self.owned_streams)
         except AsyncGPUError:
@@ -483,15 +686,18 @@ class Device:
         the fix instead of waiting for ever; touch nothing else (a parent thread may have held its locks)."""
         self._forked_from = parent_pid
         self._closed = True
+        self.worker.forget()
 
     def close(self) -> None:
-        """Stop the worker: pending waits fail with `ClosedError`; streams, events and the waiter thread are
-        released. Work already enqueued still runs: on the host backend this waits for it (and warns,
-        `BlockingCallWarning`, in an event loop's thread: ``await device.aclose()`` there). Idempotent."""
+        """Stop the worker: pending waits and the jobs queued for its worker thread fail with `ClosedError` (the
+        running job finishes first); streams, events and the threads are released. Work already enqueued still
+        runs: on the host backend this waits for it (and warns, `BlockingCallWarning`, in an event loop's thread:
+        ``await device.aclose()`` there). Idempotent."""
         if self._closed:
             return
         if self._work_queued():
             loops.warn_blocking(f"{self.name}.close() with work queued", "`await device.aclose()`")
+        self.worker.close()  # (before the streams go: the running job may launch on them)
         with self._lock:
             if self._closed:
                 return
@@ -521,6 +727,40 @@ class Device:
 
     def __repr__(self) -> str:
         return f"<asyncgpu.Device {self.name} {self.description}{' closed' if self._closed else ''}>"
+
+
+async def refresh_clocks(devices: Any, max_age_s: float) -> None:
+    """Re-measure, in worker threads and all at once, the clocks of ``devices`` that a placement with
+    ``max_age_s`` would re-measure soon: an async scope's exit then places its events without calibrating on the
+    loop's thread (the first calibration in a process compiles its kernels). A failure is left to the placement,
+    which reports it. A checkpoint; run it shielded where it must finish."""
+    import anyio
+    import anyio.to_thread
+
+    limit_s = max(max_age_s - _CLOCK_MARGIN_S, 0.0)
+    stale = [d for d in devices if not d.closed and d.clock_stale(limit_s)]
+    if not stale:
+        return
+
+    async def one(d: Device) -> None:
+        try:
+            await anyio.to_thread.run_sync(d.calibration, limit_s)
+        except AsyncGPUError:
+            pass
+
+    async with anyio.create_task_group() as tg:
+        for d in stale:
+            tg.start_soon(one, d)
+
+
+def _called_by_asyncgpu() -> bool:
+    """Whether the method calling this was called by asyncgpu's own code (a feature's internals): a warning then
+    would point the user at a line that is not theirs to change, so the blocking forms say nothing."""
+    return sys._getframe(2).f_globals.get("__name__", "").startswith("asyncgpu.")
+
+
+def _nothing() -> None:
+    """A job that marks its place in a worker's queue (`Device.aclose` waits for the jobs before it)."""
 
 
 def _host_ram() -> int | None:

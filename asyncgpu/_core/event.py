@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Coroutine, final
 from .._checks import timeout_s as check_timeout_s
 from .._errors import DeviceMismatchError, NotRecordedError, ReleasedError, TimingDisabledError
 from . import loops
+from .hooks import QUEUE_LIMIT
 from .waiting import await_completion, block_until_complete
 
 if TYPE_CHECKING:
@@ -74,6 +75,8 @@ class Event:
         """
         raw = self.live()
         s = self.device.stream_of(stream)
+        if self.timing and s.ops - s.done_ops >= QUEUE_LIMIT:
+            s.check_room()  # (a full stream, in a loop's thread: `QueueFullError`, the event untouched)
         s.bd.record(raw, s.raw)
         if self.timing:  # a timing record takes one of the driver's launch slots (a plain one does not)
             s.counted()

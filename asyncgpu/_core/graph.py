@@ -217,6 +217,8 @@ class Graph:
         if hook is not None:
             hook.refuse_graph(s)
         wanted = hooks.wanted_kinds(dev, self._kinds) if hooks.OBSERVERS else _NO_KINDS
+        if s.ops - s.done_ops >= hooks.QUEUE_LIMIT:
+            s.check_room()
         with self._lock:
             if self._state != _READY:
                 raise self._unusable()

@@ -38,6 +38,8 @@ __all__ = [
     "HOLD_USERS",
     "LaunchObserver",
     "OBSERVERS",
+    "QUEUE_BOUND",
+    "QUEUE_LIMIT",
     "Replay",
     "WHOLE_GRAPH",
     "adopt",
@@ -52,6 +54,17 @@ __all__ = [
     "want_holds",
     "wanted_kinds",
 ]
+
+#: Launches (kernels, memsets, copies, holds, timing event records, graph replays, waits) on one stream that
+#: `Stream.room` waits to be under. The driver queues about 1,000 per stream (a record of an event without timing
+#: takes no slot) and then blocks the launching thread.
+QUEUE_BOUND = 768
+#: In an event loop's thread, a launch or timing record onto a stream with this many queued raises
+#: `QueueFullError` (`Stream.check_room`) instead of letting the driver block the loop. Above `QUEUE_BOUND`, so
+#: that a task that awaited room can launch a step's worth of work (a timed launch takes up to five slots) before
+#: it awaits room again; below the driver's queue, with room for what follows an admitted launch unchecked (its
+#: primer, hold and brackets; an activity block's end).
+QUEUE_LIMIT = QUEUE_BOUND + 128
 
 
 class LaunchObserver(Protocol):
@@ -175,6 +188,8 @@ def launch(stream: Stream, name: str, kind: str, fn: Callable[..., Any], *args: 
 def launch_now(stream: Stream, name: str, kind: str, fn: Callable[..., Any], args: tuple) -> None:
     """`launch` without the capture check."""
     observers = OBSERVERS
+    if stream.ops - stream.done_ops >= QUEUE_LIMIT:  # (its primer, hold and brackets fit in the driver's margin)
+        stream.check_room()
     if not observers:  # the hot path: nobody watches this launch
         fn(*args)
         stream.tag, stream.last_kind = name, kind

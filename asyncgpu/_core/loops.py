@@ -34,6 +34,7 @@ __all__ = [
     "checkpoint",
     "current",
     "fresh_error",
+    "in_jupyter_kernel",
     "is_cancellation",
     "post",
     "resolve_here",
@@ -206,7 +207,7 @@ def warn_blocking(call: str, instead: str, stacklevel: int = 3) -> None:
     ``call`` is about to block it, ``instead`` says what a task does. ``stacklevel`` as `warnings.warn`'s,
     counted from the caller of this function (3: the caller's caller, the user's line). Not in a Jupyter
     kernel: it runs each cell's plain code inside its own event loop, and a cell blocks by design."""
-    if current()[0] != THREAD and not _in_jupyter_kernel():
+    if current()[0] != THREAD and not in_jupyter_kernel():
         warnings.warn(
             f"{call} blocks this thread, which runs an event loop: the loop's other tasks wait until it returns. "
             f"In a task, {instead}",
@@ -215,6 +216,7 @@ def warn_blocking(call: str, instead: str, stacklevel: int = 3) -> None:
         )
 
 
-def _in_jupyter_kernel() -> bool:
+def in_jupyter_kernel() -> bool:
+    """Whether this process is a Jupyter kernel (its cells run plain code inside its event loop)."""
     get_ipython = getattr(sys.modules.get("IPython"), "get_ipython", None)  # (never imports IPython)
     return get_ipython is not None and getattr(get_ipython(), "kernel", None) is not None

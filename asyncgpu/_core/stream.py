@@ -15,16 +15,16 @@ they reach the backend. A stream of a closed worker raises `ClosedError`; `sync`
 from __future__ import annotations
 
 import itertools
-import warnings
 from collections import deque
 from typing import TYPE_CHECKING, Any, final
 
 import numpy as np
 
 from .._checks import number, whole
-from .._errors import BlockingCallWarning, DeviceMismatchError
+from .._errors import DeviceMismatchError, QueueFullError
 from . import loops
 from .event import Event
+from .hooks import QUEUE_BOUND, QUEUE_LIMIT
 from .hooks import launch as run_timed
 from .memory import DeviceArray
 from .waiting import await_completion
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from .graph import GraphCapture
     from .hooks import CaptureHook
 
-__all__ = ["MAX_ITERATIONS", "QUEUE_BOUND", "SEQ_BITS", "Stream"]
+__all__ = ["MAX_ITERATIONS", "QUEUE_BOUND", "QUEUE_LIMIT", "SEQ_BITS", "Stream"]
 
 #: A stream's record numbers (``seqs``) start at its own multiple of ``1 << SEQ_BITS``: ``seq >> SEQ_BITS`` names
 #: the `Stream` object for the life of the process (a CUDA handle may be reused after a close), 0 names no stream.
@@ -45,11 +45,6 @@ _STREAM_IDS = itertools.count(1)
 _MAX_SPIN_US = 9.2e15  # the spin's duration in ns is a 64-bit integer on the device
 MAX_ITERATIONS = (1 << 31) - 1  #: the most iterations of the built-in inc_loop (an int32 in the CUDA kernel)
 
-#: Launches (kernels, memsets, copies, holds, timing event records, graph replays, waits) asyncgpu lets queue on
-#: one stream before an async caller waits for room (`Stream.room`). The driver queues 1,022 of them per stream
-#: on H200 (driver 580; a record of an event without timing takes no slot) and then blocks the launching thread
-#: (benchmarks/RESULTS.md, run 20).
-QUEUE_BOUND = 768
 CHECK_EVERY = 64  #: a stream records a checkpoint (a non-timing event) after this many launches
 
 
@@ -144,20 +139,24 @@ class Stream:
             raise
         self.checks.append(_Check(raw, self.handle, next(self.seqs), self.ops))
         self.next_check = self.ops + CHECK_EVERY
-        # (a launch after `room` may take a few slots: a timed one four; warn only well past the bound)
-        if (
-            not self.warned
-            and self.ops - self.done_ops > QUEUE_BOUND + CHECK_EVERY
-            and loops.current()[0] != loops.THREAD
-        ):
-            self.warned = True
-            warnings.warn(
-                f"{self.device.name}/{self.label} has {self.ops - self.done_ops} launches queued: past about "
-                "1,000 the driver blocks the launching thread, here an event loop's. In a task, "
-                "`await stream.room()` before launching waits for room without blocking the loop",
-                BlockingCallWarning,
-                stacklevel=5,
-            )
+
+    def check_room(self) -> None:
+        """Before a launch onto this stream, when asyncgpu's count says `QUEUE_LIMIT` launches are queued (the
+        hot paths call this only then): learn what the device has passed, and if the stream is still that full,
+        raise `QueueFullError` in an event loop's thread, where the driver would soon block the loop until the
+        device drains (for ever behind held work). Nothing has been enqueued or taken yet, so nothing is lost:
+        ``await stream.room()`` and launch again. A plain thread (and a Jupyter cell, which blocks by design)
+        keeps the driver's behaviour: it blocks once the driver's own queue is full."""
+        self._passed()
+        queued = self.ops - self.done_ops
+        if queued < QUEUE_LIMIT or loops.current()[0] == loops.THREAD or loops.in_jupyter_kernel():
+            return
+        raise QueueFullError(
+            f"{self.device.name}/{self.label} has {queued} launches queued that the device has not run yet: past "
+            f"about 1,000 the driver blocks the launching thread, here an event loop's (for ever if the device is "
+            f"held). Nothing was enqueued: `await stream.room()` before launching waits for room without blocking "
+            f"the loop (or launch from the device's worker thread: `await device.run(fn)`)"
+        )
 
     def _passed(self) -> None:
         """Move `done_ops` up to the newest checkpoint the device has passed; give their events back."""
@@ -232,7 +231,10 @@ class Stream:
                 f"a {self.bd.backend} stream cannot wait on a {event.device.bd.backend} event: wait on the host "
                 "with `await event.wait()` instead"
             )
-        self.bd.wait_event(self.raw, event.checked())
+        raw = event.checked()
+        if self.ops - self.done_ops >= QUEUE_LIMIT:
+            self.check_room()
+        self.bd.wait_event(self.raw, raw)
         self.counted()
 
     def sync(self) -> None:

@@ -5,7 +5,7 @@ Merge: rank ``r``'s device ``cuda:0`` becomes ``r{r}/cuda:0`` (a process of its 
 ranges go to host threads named ``r{r}/<thread>``; every time is moved onto the root's ``perf_counter_ns`` by
 subtracting the rank's measured offset, and each device's clock bound grows by the offset's bound. Collective
 marks become zero-length host ranges of kind ``collective``. Columns are filled rank by rank, so the root holds
-one received payload at a time besides the merged columns (35 bytes per activity).
+one received payload at a time besides the merged columns (43 bytes per activity).
 
 Balance across ranks (times in ms, on the root's clock):
 
@@ -34,7 +34,7 @@ from typing import Any, Sequence, final
 import numpy as np
 
 from .._records import DeviceClock, ScopeInfo, Timeline
-from .._summary import DeviceSummary, Plain, device_summary, suggest_split
+from .._summary import DeviceSummary, Plain, busy_split, device_summary
 from .wire import ROW_COLUMNS, GatherError, HostRanges, Marks, payload_to_timeline, timeline_to_payload, unpack
 
 __all__ = [
@@ -83,6 +83,8 @@ class RankDeviceRow:
     wait_ms: float | None  #: waited for stragglers at the collective points, summed; None without points
     last_at: int  #: collective points where this device arrived last
     note: str
+    launch_bound_ms: float | None  #: idle before its next activity had been issued (`asyncgpu.device_summary`)
+    dependency_ms: float | None  #: idle with its next activity issued and not started
 
 
 @final
@@ -204,6 +206,7 @@ class RankTimeline:
             start_ns=tl.start_ns[s],
             end_ns=tl.end_ns[s],
             duration_ns=tl.duration_ns[s],
+            issued_ns=tl.issued_ns[s],
         )
 
     def device_summary(self) -> DeviceSummary:
@@ -364,6 +367,7 @@ class Merger:
         np.subtract(tl.start_ns, off, out=out["start_ns"][lo:hi])
         np.subtract(tl.end_ns, off, out=out["end_ns"][lo:hi])
         out["duration_ns"][lo:hi] = tl.duration_ns
+        np.subtract(tl.issued_ns, off, out=out["issued_ns"][lo:hi])  # (NaN where the rank sent none)
         names, kinds, threads = self.hr_tables
         hr_name, mk_name = _codes(names, hr.names), _codes(names, marks.names)
         hr_thread = _codes(threads, [f"r{rank}/{t}" for t in hr.threads])
@@ -448,6 +452,7 @@ class Merger:
             "; ".join(self.errors) or None,
             self.cancelled,
             scopes=tuple(self.scopes),
+            issued_ns=c["issued_ns"],
         )
         return RankTimeline(tl, hr, self.infos, marks, self.root, self.bounds, np.array(self.dev_bounds, np.int64))
 
@@ -477,10 +482,7 @@ def _balance(rt: RankTimeline, work_units: Any) -> RankBalance:
     arrivals, point_notes = _arrivals(rt, dev_rank)
     points, dev_wait, last_at = _points(rt, arrivals, dev_rank)
     units = _rank_units(world, work_units)
-    measured = (rank_busy > 0) & (units > 0)
-    throughput = np.where(measured, units / np.where(rank_busy > 0, rank_busy, 1.0), 0.0)
-    share, amount = suggest_split(units, throughput, measured, integral=work_units is not None)
-    predicted = float((amount[measured] / throughput[measured]).max()) if throughput.any() else None
+    throughput, measured, share, amount, predicted = busy_split(units, rank_busy, integral=work_units is not None)
     straggler = int(rank_busy.argmax()) if rank_busy.any() else None
     have_points = bool(points)
     rank_wait = _rank_waits(rt, arrivals) if have_points else None
@@ -513,6 +515,8 @@ def _balance(rt: RankTimeline, work_units: Any) -> RankBalance:
             float(dev_wait[i]) if have_points and not math.isnan(dev_wait[i]) else None,
             int(last_at[i]),
             _dev_note(s, i == (int(busy.argmax()) if busy.any() else -1)),
+            s.launch_bound_ms,
+            s.dependency_ms,
         )
         for i, s in enumerate(ds.rows)
     )

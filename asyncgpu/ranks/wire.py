@@ -13,11 +13,14 @@ A rank's payload carries one scope: the tables (devices, streams, names, clocks,
 kinds, threads, mark names) in the JSON header and the per-row data as columns::
 
     device <i2  stream <i4  name <i4  kind |i1  start_ns <f8  end_ns <f8  duration_ns <f8     one row per activity
+    issued_ns <f8                                                                   per activity, when any is known
     hr_name <i4  hr_kind <i4  hr_thread <i4  hr_start_ns <i8  hr_end_ns <i8                     one per host range
     mk_name <i4  mk_thread <i4  mk_ns <i8  mk_row <i8                                           one per collective mark
 
 Times are host ``time.perf_counter_ns()`` of the SENDING rank (the root moves them onto its own clock). A
-payload is 35 bytes per activity plus the header: no Python object per record crosses the wire. The merged
+payload is 43 bytes per activity plus the header (35 when no activity has an issue time: the ``issued_ns``
+column is then left out, and a payload without it reads as issue times unknown, so payloads of asyncgpu versions
+with and without the column read each other): no Python object per record crosses the wire. The merged
 result that `gather(..., to_all=True)` sends back uses the same layout with a ``mk_rank <i4`` column and a
 ``ranks`` entry in its header.
 
@@ -59,6 +62,7 @@ ROW_COLUMNS = (
     ("start_ns", "<f8"),
     ("end_ns", "<f8"),
     ("duration_ns", "<f8"),
+    ("issued_ns", "<f8"),  # (optional: see the module docstring)
 )
 
 
@@ -230,7 +234,8 @@ def timeline_to_payload(tl: Timeline, marks: Marks, info: dict, host_ranges: Hos
         "mark_names": list(marks.names),
         "mark_threads": list(marks.threads),
     }
-    columns = [(n, getattr(tl, n).astype(dt, copy=False)) for n, dt in ROW_COLUMNS]
+    known = bool(np.isfinite(tl.issued_ns).any())
+    columns = [(n, getattr(tl, n).astype(dt, copy=False)) for n, dt in ROW_COLUMNS if known or n != "issued_ns"]
     columns += [
         ("hr_name", hr.name),
         ("hr_kind", hr.kind),
@@ -281,6 +286,7 @@ def payload_to_timeline(header: dict, cols: dict[str, np.ndarray]) -> tuple[Time
             header["error"],
             bool(header["cancelled"]),
             scopes=tuple(ScopeInfo(**sc) for sc in header.get("scopes", ())),
+            issued_ns=cols.get("issued_ns", np.zeros(0)),  # (empty: unknown)
         )
         marks = Marks(
             header["mark_names"],
