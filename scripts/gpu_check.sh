@@ -38,7 +38,6 @@ python3 -c "from importlib.metadata import version as v; print({p: v(p) for p in
 git log -1 --format='commit %h %s' 2>/dev/null | tee -a "$ALL"
 step "pytest, every GPU" 420 6 python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=60 tests "$@"
 step "pytest -m gpu, one GPU" 150 2 env CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -p no:cacheprovider -m gpu tests "$@"
-step "pytest orchestration (queue, workers, balance)" 240 4 python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=60 tests/test_load.py tests/test_workers.py tests/test_summary.py tests/test_cli.py "$@"
 demo_offsets() {  # the demo on the first N GPUs: each device's first start, from the scope's start (ms)
   python3 -m asyncgpu demo --devices "$1" --no-trace --format json -q > "$OUT/demo$1.json" || return 1
   python3 - "$OUT/demo$1.json" <<'PY'
@@ -72,6 +71,7 @@ for n in 2 4 8; do
   [ "$NGPU" -ge "$n" ] && step "bench_balance, $n GPUs" 240 14 python3 benchmarks/bench_balance.py --devices "$n" --out "$OUT/balance$n.json"
 done
 [ "$NGPU" -ge 2 ] && step "dev/diag_handoff (trio handoff)" 120 8 python3 dev/diag_handoff.py --items 200
+step "pytest orchestration (queue, workers, balance)" 240 4 python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=60 tests/test_load.py tests/test_workers.py tests/test_summary.py tests/test_cli.py "$@"
 step "bench_clock" 90 12 python3 benchmarks/bench_clock.py --out "$OUT/clock.json"
 step "bench_kprofile" 120 14 python3 benchmarks/bench_kprofile.py --out "$OUT/kprofile.json"
 step "bench_peers" 120 12 python3 benchmarks/bench_peers.py --out "$OUT/peers.json"
