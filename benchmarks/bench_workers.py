@@ -15,6 +15,9 @@ on its device's stream (handed to torch as an ``ExternalStream``), at most two s
 * ``workers``: each task awaits ``dev.run(step)``: the step runs on the device's worker thread, and the GPUs'
   launches overlap wherever the GIL is released (torch's C++ dispatch, the CUDA driver's calls).
 
+* ``plain threads (peer)``: no event loop, one plain thread per GPU running its steps: what the GIL lets threads
+  do at all, the ceiling the workers are held against.
+
 Also ``1 GPU``: the loop mode on the first GPU alone (the single-GPU rate the others are compared with).
 Repetitions are interleaved (1 GPU, loop, workers, then again), each after its warm-up steps; the table gives the
 medians and the ratio workers / loop. With ``--backend host`` the "step" is numpy work on small arrays and a
@@ -33,6 +36,7 @@ import platform
 import statistics
 import sys
 import sysconfig
+import threading
 import time
 from typing import Any, Callable
 
@@ -150,14 +154,49 @@ async def measure(devs: list, steps_of: dict, steps: int, on_worker: bool) -> fl
     return len(devs) * steps / (time.perf_counter() - t0)
 
 
+def plain_threads(devs: list, steps_of: dict, steps: int) -> float:
+    """The peer without asyncgpu's loop: one plain thread per GPU runs its steps (at most `IN_FLIGHT` queued,
+    waited for with the driver's own wait). What the GIL allows threads at all: the ceiling for the workers."""
+
+    def one(dev: asyncgpu.Device, n: int) -> None:
+        stream, step, flight = dev.stream, steps_of[dev.name], collections.deque()
+        for _ in range(n):
+            step(stream)
+            flight.append(stream.record(timing=False))
+            if len(flight) > IN_FLIGHT:
+                with flight.popleft() as ev:
+                    ev.wait_sync()
+        for ev in flight:
+            with ev:
+                ev.wait_sync()
+
+    def run(n: int) -> None:
+        threads = [threading.Thread(target=one, args=(d, n)) for d in devs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    run(WARMUP_STEPS)
+    t0 = time.perf_counter()
+    run(steps)
+    return len(devs) * steps / (time.perf_counter() - t0)
+
+
 async def bench(devs: list, steps_of: dict, steps: int, repeat: int) -> dict[str, list[float]]:
-    runs: dict[str, list[float]] = {"1 GPU, loop thread": [], "loop thread": [], "per-device workers": []}
+    runs: dict[str, list[float]] = {
+        "1 GPU, loop thread": [],
+        "loop thread": [],
+        "per-device workers": [],
+        "plain threads (peer)": [],
+    }
     for d in devs:
         await d.prepare()  # (the workers started and asyncgpu's own kernels loaded before anything is timed)
     for _ in range(repeat):  # interleaved: a drift of the machine touches every mode alike
         runs["1 GPU, loop thread"].append(await measure(devs[:1], steps_of, steps, on_worker=False))
         runs["loop thread"].append(await measure(devs, steps_of, steps, on_worker=False))
         runs["per-device workers"].append(await measure(devs, steps_of, steps, on_worker=True))
+        runs["plain threads (peer)"].append(await anyio.to_thread.run_sync(plain_threads, devs, steps_of, steps))
     return runs
 
 
@@ -227,7 +266,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{mode:<22} {gpus:>4} {med:>10,.1f} {med / gpus:>9,.1f} {min(values):>10,.1f} {max(values):>10,.1f} "
             f"{vs:>7.2f}x"
         )
-    lines += ["", f"per-device workers / loop thread on {n} GPUs: {ratio:.2f}x"]
+    ceiling = medians["per-device workers"] / medians["plain threads (peer)"]
+    lines += [
+        "",
+        f"per-device workers / loop thread on {n} GPUs: {ratio:.2f}x; workers / plain threads: {ceiling:.2f}x",
+    ]
     print("\n".join(lines))
     if a.out:
         doc = {

@@ -110,7 +110,7 @@ def iter_gpu(ch: asyncgpu.Channel, stream):
             return
 
 
-def pipeline_threads(d0, d1, n_items: int = 8) -> None:
+def pipeline_threads(d0, d1, n_items: int = 32) -> None:
     a, b = asyncgpu.Channel(2, name="made"), asyncgpu.Channel(2, name="transformed")
     results = []
 
@@ -136,7 +136,7 @@ def pipeline_threads(d0, d1, n_items: int = 8) -> None:
     )
 
 
-def pipeline_trio(d0, d1, n_items: int = 8) -> None:
+def pipeline_trio(d0, d1, n_items: int = 32) -> None:
     import trio
 
     a, b = asyncgpu.Channel(2, name="made (trio)"), asyncgpu.Channel(2, name="transformed (trio)")

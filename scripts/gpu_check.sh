@@ -35,9 +35,6 @@ step() {  # step NAME LIMIT_S TAIL_LINES COMMAND...: run with a time limit, log 
 }
 nvidia-smi -L | tee -a "$ALL"
 python3 -c "from importlib.metadata import version as v; print({p: v(p) for p in ('cuda-core', 'cuda-bindings', 'anyio', 'numpy', 'trio', 'nvtx', 'torch', 'cupy-cuda12x')})" 2>&1 | tee -a "$ALL"
-git log -1 --format='commit %h %s' 2>/dev/null | tee -a "$ALL"
-step "pytest, every GPU" 420 6 python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=60 tests "$@"
-step "pytest -m gpu, one GPU" 150 2 env CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -p no:cacheprovider -m gpu tests "$@"
 demo_offsets() {  # the demo on the first N GPUs: each device's first start, from the scope's start (ms)
   python3 -m asyncgpu demo --devices "$1" --no-trace --format json -q > "$OUT/demo$1.json" || return 1
   python3 - "$OUT/demo$1.json" <<'PY'
@@ -51,8 +48,10 @@ print(f"KEY spread of first starts {1000 * (max(first) - min(first)):.0f} us ove
       f"{'yes' if max(first) < min(last) else 'NO'}")
 PY
 }
+export OUT
+export -f demo_offsets
 for n in 2 4 8; do
-  [ "$NGPU" -ge "$n" ] && step "demo start offsets, $n GPUs" 90 3 demo_offsets "$n"
+  [ "$NGPU" -ge "$n" ] && step "demo start offsets, $n GPUs" 90 3 bash -c "demo_offsets $n"
 done
 step "demo" 60 3 python3 -m asyncgpu demo --trace /tmp/demo.pftrace
 step "report of the demo's trace" 30 3 python3 -m asyncgpu report /tmp/demo.pftrace
@@ -72,6 +71,8 @@ for n in 2 4 8; do
 done
 [ "$NGPU" -ge 2 ] && step "dev/diag_handoff (trio handoff)" 120 8 python3 dev/diag_handoff.py --items 200
 step "pytest orchestration (queue, workers, balance)" 240 4 python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=60 tests/test_load.py tests/test_workers.py tests/test_summary.py tests/test_cli.py "$@"
+step "pytest, every GPU" 420 6 python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=60 tests "$@"
+step "pytest -m gpu, one GPU" 150 2 env CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -p no:cacheprovider -m gpu tests "$@"
 step "bench_clock" 90 12 python3 benchmarks/bench_clock.py --out "$OUT/clock.json"
 step "bench_kprofile" 120 14 python3 benchmarks/bench_kprofile.py --out "$OUT/kprofile.json"
 step "bench_peers" 120 12 python3 benchmarks/bench_peers.py --out "$OUT/peers.json"
