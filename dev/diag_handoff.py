@@ -70,6 +70,11 @@ def run(consumer: str, backend: str, items: int) -> dict:
         if (late <= 0).any()
         else float("nan")
     )
+    parked = [r for r in recs if r.get_ns < r.put_ns]  # the consumer waited in get() before the item was put
+    if parked:  # the item's arrival wakes the parked consumer: is that wake or the GPU work the longer?
+        out["parked_takes"] = len(parked)
+        out["put_to_take_p50_us"] = float(np.median([(r.take_ns - r.put_ns) / 1e3 for r in parked]))
+        out["put_to_ready_p50_us"] = float(np.median([(r.ready_ns - r.put_ns) / 1e3 for r in parked]))
     out["first_8_p50_us"] = float(np.nanmedian(lat[:8]))  # what the example's 8 items show
     out["rest_p50_us"] = float(np.nanmedian(lat[8:]))
     return out
