@@ -173,23 +173,31 @@ def _check_memory(devs: list[Any], n: int) -> None:
             )
 
 
-async def _demo_device(dev: Any, n: int, t0_s: float, out: _Out) -> np.ndarray:
-    """The workload on one device, enqueued at once; each step's end is awaited in turn to show progress.
+async def _demo_setup(dev: Any, n: int) -> tuple[Any, np.ndarray]:
+    """Everything the workload needs before its first launch, off the loop's thread (the devices set up at once):
+    device memory, the page-locked buffer for the result (pinning 40 MB holds a thread ~20-80 ms, and the driver
+    holds back other threads' calls meanwhile), and the kernels (compiled with NVRTC once per process, loaded into
+    each GPU)."""
+    a = await dev.aalloc(n, np.float32)
+    host = await dev.aalloc_pinned(n, np.float32)
+    await dev.prepare()
+    return a, host
 
-    Nothing here holds the loop's thread, so every device's task starts its work at once (one task per device):
-    the kernels are compiled and loaded on the device's worker thread (``prepare``), and the page-locked buffer
-    for the result is pinned there too, while the device runs (pinning 40 MB holds a thread ~20 ms: done in the
-    task, before its first launch, it would start the devices one after another)."""
+
+async def _demo_device(dev: Any, a: Any, host: np.ndarray, t0_s: float, out: _Out) -> np.ndarray:
+    """The workload on one device, enqueued at once; each step's end is awaited in turn to show progress. A
+    checkpoint after each launch lets the other devices' tasks launch theirs in turn: one loop thread starts every
+    device within a launch or two of each other, rather than one device's whole batch after another's."""
     stream = dev.stream
-    a = dev.alloc(n, np.float32)  # (from the device's memory pool, in stream order: microseconds)
-    await dev.prepare()  # (the built-in kernels, and those the timing and the clock launch by themselves)
+    checkpoint = anyio.lowlevel.checkpoint
     steps = []
     stream.memset(a, 0)
     steps.append(("memset", dev.record(timing=False)))
+    await checkpoint()
     for iterations in DEMO_ITERATIONS:
         stream.inc_loop(a, iterations)
         steps.append((f"inc_loop x{iterations}", dev.record(timing=False)))
-    host = await dev.aalloc_pinned(n, np.float32)
+        await checkpoint()
     stream.copy_to_host(a, host)
     steps.append(("copy back", dev.record(timing=False)))
     for what, done in steps:
@@ -222,14 +230,23 @@ async def run_demo(
     out.progress(f"asyncgpu demo: running on {', '.join(d.name for d in devs)}")
     t0_s = time.perf_counter()
     results: dict[str, np.ndarray] = {}
+    buffers: dict[str, tuple[Any, np.ndarray]] = {}
     pressed: list[bool] = []
     async with anyio.create_task_group() as watch:
         watch.start_soon(_cancel_on_ctrl_c, watch.cancel_scope, pressed)
+        async with anyio.create_task_group() as tg:  # every device sets up at once, then the timed work starts
+
+            async def setup(dev: Any) -> None:
+                buffers[dev.name] = await _demo_setup(dev, n)
+
+            for dev in devs:
+                tg.start_soon(setup, dev)
+        out.progress(f"asyncgpu demo: set up in {time.perf_counter() - t0_s:.2f} s (memory, kernels)")
         async with gpu_timer(devs, label="demo", source=source) as t:
             async with anyio.create_task_group() as tg:
 
                 async def one(dev: Any) -> None:
-                    results[dev.name] = await _demo_device(dev, n, t0_s, out)
+                    results[dev.name] = await _demo_device(dev, *buffers[dev.name], t0_s, out)
 
                 for dev in devs:
                     tg.start_soon(one, dev)

@@ -332,6 +332,28 @@ async def test_prepare_starts_the_worker_and_on_the_host_backend_loads_nothing()
     await dev.prepare()
 
 
+async def test_prepare_grows_the_timing_pool_on_the_worker_before_a_burst():
+    dev = asyncgpu.device("host:0", max_events=4096)
+    made_by: set[str] = set()
+    real = dev.bd.create_event
+
+    def create_event(timing: bool) -> object:
+        made_by.add(threading.current_thread().name)
+        return real(timing)
+
+    dev.bd.create_event = create_event
+    try:
+        await dev.prepare(events=1000)
+    finally:
+        del dev.bd.create_event
+    assert dev.pool_stats().free >= 1000
+    assert made_by == {f"asyncgpu-{dev.name}-worker"}
+    with pytest.raises(ValueError, match="events must be a whole number in 0 .. 4096"):
+        await dev.prepare(events=5000)
+    with pytest.raises(TypeError):
+        await dev.prepare(events=1.5)
+
+
 async def test_blocking_forms_in_a_task_warn_once_per_call_site_naming_the_async_form(monkeypatch):
     dev = asyncgpu.device("host:0")
     with warnings.catch_warnings(record=True) as caught:

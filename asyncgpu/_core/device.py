@@ -553,7 +553,7 @@ class Device:
         s = self.stream_of(stream)
         return await self.worker.run(fn, s, *args, abandon_on_cancel=abandon_on_cancel)
 
-    async def prepare(self, *what: Any) -> None:
+    async def prepare(self, *what: Any, events: int = 0) -> None:
         """Compile and load, on the device's worker thread, what launches need, so that no launch does it on the
         loop's thread (CUDA compiles asyncgpu's kernels with NVRTC once per process, ~0.1-1 s, and loads each
         module into each GPU lazily, at the first launch). Each of ``what`` is a built-in workload by name
@@ -561,9 +561,13 @@ class Device:
         it; with none, the built-in workloads and the kernels asyncgpu launches by itself (engine primers,
         clock calibration). It also starts the worker thread, so that the device's first awaitable call pays no
         thread start (under load, a new thread waits milliseconds for the GIL). What is loaded already costs
-        nothing more (nothing to load on the host backend). A checkpoint; cancellation: see `run` (a compile in
-        progress finishes)."""
+        nothing more (nothing to load on the host backend). ``events``: also grow the pool of timing events to at
+        least that many free ones (a whole number >= 0; CUDA makes an event in ~7 µs, and a burst of records that
+        finds the pool empty makes them as it goes, a few at a time, on the loop's thread and the waiter thread
+        at once): before a known burst of thousands of records. A checkpoint; cancellation: see `run` (a compile
+        in progress finishes; events made are kept)."""
         self.check_open()
+        events = whole("events", events, maximum=self.timing_pool.bound(), hint="free timing events to have ready")
         for w in what:
             if isinstance(w, str) and w not in WORKLOADS:
                 raise ValueError(
@@ -575,12 +579,13 @@ class Device:
         bd = self.bd
         items = what or (*WORKLOADS[:2], *bd.own_kernels)
         todo = [w for w in items if not bd.is_prepared(w)]
-        if not todo:
+        if not todo and self.timing_pool.free_count() >= events:
             self.worker.start()
             await loops.checkpoint(*loops.current())
             return
 
         def load() -> None:
+            self.timing_pool.reserve(events)
             for w in todo:
                 if isinstance(w, str):
                     bd.prepare(w)

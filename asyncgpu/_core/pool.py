@@ -135,6 +135,25 @@ class EventPool:
             except IndexError:
                 raise PoolExhaustedError(self._exhausted()) from None
 
+    def reserve(self, n: int) -> int:
+        """Create events until ``n`` are free (at most up to the bound), `_AHEAD_STEP` at a time under the lock, so
+        that takes meanwhile wait for a step, not for all. Returns how many were created. A worker thread's job
+        (`Device.prepare`): about 7 µs per event on CUDA."""
+        made = 0
+        while True:
+            with self._lock:
+                k = min(_AHEAD_STEP, n - len(self._free), self._max - self._created)
+                if self._closed or k <= 0:
+                    return made
+                fresh = [self._device.create_event(self._timing) for _ in range(k)]
+                self._created += k
+                self._free.extend(fresh)
+                made += k
+
+    def bound(self) -> int:
+        """The most events this pool may create (``max_events``)."""
+        return self._max
+
     def free_count(self) -> int:
         """Events ready to be taken now (a snapshot). Hot."""
         return len(self._free)

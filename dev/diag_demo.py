@@ -1,0 +1,74 @@
+"""Where the demo's device tasks spend their time before their first launch: a log of the `Device` calls each
+task makes (alloc, prepare, pinned allocation, launches, records) and of the timer's start, in ms from the
+scope's start, per thread.
+
+    python dev/diag_demo.py [--devices 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import io
+import threading
+import time
+
+from asyncgpu import _cli, _timer
+from asyncgpu._core.device import Device
+from asyncgpu._core.stream import Stream
+
+LOG: list[tuple[str, str, int, int]] = []
+
+
+def logged(cls: type, name: str) -> None:
+    real = getattr(cls, name)
+    if getattr(real, "__code__", None) is not None and real.__code__.co_flags & 0x80:  # a coroutine function
+
+        @functools.wraps(real)
+        async def awrapper(self, *args, **kwargs):
+            t0 = time.perf_counter_ns()
+            try:
+                return await real(self, *args, **kwargs)
+            finally:
+                LOG.append((threading.current_thread().name, f"{_who(self)} {name}", t0, time.perf_counter_ns()))
+
+        setattr(cls, name, awrapper)
+        return
+
+    @functools.wraps(real)
+    def wrapper(self, *args, **kwargs):
+        t0 = time.perf_counter_ns()
+        try:
+            return real(self, *args, **kwargs)
+        finally:
+            LOG.append((threading.current_thread().name, f"{_who(self)} {name}", t0, time.perf_counter_ns()))
+
+    setattr(cls, name, wrapper)
+
+
+def _who(obj: object) -> str:
+    dev = getattr(obj, "device", obj)
+    return getattr(dev, "name", type(obj).__name__)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--devices", type=int, default=2)
+    a = p.parse_args()
+    for name in ("alloc", "aalloc", "prepare", "aalloc_pinned", "record", "clock", "aclock", "mark_now"):
+        logged(Device, name)
+    for name in ("memset", "inc_loop", "copy_to_host"):
+        logged(Stream, name)
+    logged(_timer.Timer, "_start")
+    with contextlib.redirect_stdout(io.StringIO()):
+        _cli.main(["demo", "--devices", str(a.devices), "--no-trace", "-q", "--format", "json"])
+    t0 = next(t for _, what, t, _ in LOG if what.endswith("_start"))
+    for thread, what, s, e in sorted(LOG, key=lambda r: r[2]):
+        if what.endswith("record") and (s - t0) > 2e9:
+            continue
+        print(f"{(s - t0) / 1e6:9.3f} {(e - t0) / 1e6:9.3f} {(e - s) / 1e6:8.3f} ms  {thread:<24} {what}")
+
+
+if __name__ == "__main__":
+    main()
