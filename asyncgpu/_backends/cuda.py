@@ -164,7 +164,7 @@ class CudaDevice(BackendDevice):
     grows_ahead = True
     slow_pinned_bytes = 1 << 18  # cuMemHostAlloc pins page by page: ~0.5 ms per MB (40 MB: ~20 ms on H100 hosts)
     slow_alloc_bytes = 1 << 28  # from the device's pool, in stream order; a block this large may make it grow
-    own_kernels = ("prime", "clock_pingpong", "clock_bracket")
+    own_kernels = ("prime", "hold", "clock_pingpong", "clock_bracket")
 
     def __init__(self, drv: _Driver, index: int) -> None:
         from cuda.core import Device
@@ -584,6 +584,10 @@ class CudaDevice(BackendDevice):
         if workload == "prime":  # the primers' kernel, device buffer and pinned word
             self._make_primer()
             return
+        if workload == "hold":  # the holds' pinned page of words (pinning holds back other threads' calls)
+            if _GATES.get(self.index) is None and self.index not in _NO_GATES:
+                self._open_gates()
+            return
         kernel = self._kernels.get(f"asyncgpu_{workload}")
         if kernel is None or id(kernel) not in self._loaded:
             self.prepare_kernel(kernel if kernel is not None else self._kernel(f"asyncgpu_{workload}"))
@@ -593,6 +597,8 @@ class CudaDevice(BackendDevice):
     def is_prepared(self, what: Any) -> bool:
         if what == "prime":
             return self._primer is not None
+        if what == "hold":
+            return _GATES.get(self.index) is not None or self.index in _NO_GATES
         if isinstance(what, str):
             kernel = self._kernels.get(f"asyncgpu_{what}")
             return kernel is not None and id(kernel) in self._loaded and (self._cal is not None or "clock" not in what)

@@ -67,6 +67,7 @@ _CLOCK_MARGIN_S = 0.01
 #: released events a pool that runs out looks at per reclaim: about 0.2 ms of the caller's thread (10,000 at once
 #: stalled a loop ~10 ms on a simulated device: the likely cause of the bench_load ticker's 18-23 ms on an H200)
 RECLAIM_BATCH = 1024
+_FIRST_EVENTS = 64  #: free events of each pool `prepare` makes sure of: a device's first launches make none
 
 
 @final
@@ -579,13 +580,14 @@ class Device:
         bd = self.bd
         items = what or (*WORKLOADS[:2], *bd.own_kernels)
         todo = [w for w in items if not bd.is_prepared(w)]
-        if not todo and self.timing_pool.free_count() >= events:
+        if not todo and self.timing_pool.free_count() >= max(events, _FIRST_EVENTS):
             self.worker.start()
             await loops.checkpoint(*loops.current())
             return
 
         def load() -> None:
-            self.timing_pool.reserve(events)
+            self.timing_pool.reserve(max(events, _FIRST_EVENTS))  # (the first launches make no events)
+            self.plain_pool.reserve(_FIRST_EVENTS)
             for w in todo:
                 if isinstance(w, str):
                     bd.prepare(w)
