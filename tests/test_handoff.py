@@ -476,3 +476,31 @@ def test_cuda_handoff_latency_is_measured():
     assert lat.shape == (20,) and np.all(np.isfinite(lat))
     assert np.median(lat) < 1e6  # GPU ready to consumer running: well under a millisecond
     assert all(math.isfinite(r.ready_ns) for r in ch.records())
+
+
+async def test_a_task_that_puts_never_calibrates_a_clock_on_its_loops_thread(monkeypatch):
+    """A stale clock is re-measured for the handoffs' times on the device's worker thread when a task puts or
+    takes (a calibration holds a thread ~0.35 ms on a GPU), in a plain thread where it is called."""
+    dev = asyncgpu.device("host:0")
+    measured_on: list[str] = []
+    real = dev.clock
+
+    def clock(*args, **kwargs):
+        measured_on.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dev, "clock", clock)
+    monkeypatch.setattr(dev, "clock_stale", lambda *a, **k: True)
+    ch = asyncgpu.Channel(4)
+    await ch.put(1, stream=dev.stream)
+    h = await ch.get()
+    h.done()
+    for _ in range(200):
+        if measured_on:
+            break
+        await anyio.sleep(0.005)
+    assert measured_on and set(measured_on) == {f"asyncgpu-{dev.name}-worker"}
+    await anyio.to_thread.run_sync(lambda: ch.put_sync(2, stream=dev.stream))
+    assert measured_on[-1] != "MainThread"
+    with await ch.get():
+        pass

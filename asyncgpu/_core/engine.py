@@ -52,7 +52,7 @@ from .._backends.contract import BackendDevice
 from .._errors import BackendError, ClosedError
 from . import loops
 
-__all__ = ["Engine", "Poller", "Waiter"]
+__all__ = ["Engine", "Poller", "Waiter", "report_unraisable"]
 
 PENDING, EARLY, FIRED, CANCELLED = 0, 1, 2, 3
 KIND_ASYNCIO, KIND_TRIO, KIND_THREAD = loops.ASYNCIO, loops.TRIO, loops.THREAD  # who waits: a loop's task, a thread
@@ -765,7 +765,7 @@ class Poller:
                 try:
                     armed = self.look()
                 except Exception as exc:  # noqa: BLE001 - an error here would end the user's trio run
-                    _unraisable(exc, "asyncgpu: a trio poller's pass failed", self)
+                    report_unraisable(exc, "asyncgpu: a trio poller's pass failed", self)
                     self.disarm()
                     armed = False
                 if armed:
@@ -798,7 +798,7 @@ def _call_back(w: Waiter) -> None:
     try:
         w.target(w.raw)
     except Exception as exc:  # noqa: BLE001 - the waiter thread must go on
-        _unraisable(exc, "asyncgpu: a completion callback failed on the waiter thread", w.target)
+        report_unraisable(exc, "asyncgpu: a completion callback failed on the waiter thread", w.target)
 
 
 def _run_job(job: Callable[[], None]) -> None:
@@ -806,10 +806,12 @@ def _run_job(job: Callable[[], None]) -> None:
     try:
         job()
     except Exception as exc:  # noqa: BLE001 - the waiter thread must go on
-        _unraisable(exc, "asyncgpu: a housekeeping job failed on the waiter thread", job)
+        report_unraisable(exc, "asyncgpu: a housekeeping job failed on the waiter thread", job)
 
 
-def _unraisable(exc: BaseException, msg: str, obj: Any) -> None:
+def report_unraisable(exc: BaseException, msg: str, obj: Any) -> None:
+    """Report ``exc`` through ``sys.unraisablehook`` (stderr, or pytest): for errors of work a library thread runs
+    for nobody who could catch them."""
     sys.unraisablehook(
         SimpleNamespace(exc_type=type(exc), exc_value=exc, exc_traceback=exc.__traceback__, err_msg=msg, object=obj)
     )

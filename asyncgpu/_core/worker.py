@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 from .._errors import ClosedError
 from . import loops
+from .engine import report_unraisable
 
 __all__ = ["RUNNING", "Job", "Worker"]
 
@@ -59,6 +60,15 @@ class _Drop:
 
     def __init__(self, holder: list) -> None:
         self.holder = holder
+
+
+class _Call:
+    """A callable the worker thread runs for the library, with nobody waiting for it (`Worker.call_soon`)."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
 
 
 class Worker:
@@ -200,6 +210,8 @@ class Worker:
                 break
             if type(item) is _Drop:
                 self._drop(item)
+            elif type(item) is _Call:
+                self._call(item)
             elif self._closed:  # queued before `close`: never run
                 self._fail(item, self._closed_error())
             else:
@@ -231,6 +243,15 @@ class Worker:
             parked.item = outcome
         parked.wake()
 
+    def _call(self, item: _Call) -> None:
+        if self._closed:
+            return
+        try:
+            self._make_current()
+            item.fn()
+        except Exception as exc:  # noqa: BLE001 - reported; the worker goes on
+            report_unraisable(exc, "asyncgpu: a worker thread's job failed", item.fn)
+
     def _drop(self, item: _Drop) -> None:
         try:
             self._make_current()  # (a driver free runs in the device's context)
@@ -259,6 +280,18 @@ class Worker:
             parked.item = (False, err)
         job.fn = job.args = job.context = None
         parked.wake()
+
+    def call_soon(self, fn: Callable[[], Any]) -> bool:
+        """Run ``fn()`` on the worker thread after the jobs queued before it, for the library (an exception is
+        reported as unraisable, never raised). Any thread; never blocks; starts the thread if needed. False on
+        a closed worker (nothing queued)."""
+        with self._lock:
+            if self._closed:
+                return False
+            if self._thread is None:
+                self._start_locked()
+            self._queue.put(_Call(fn))
+        return True
 
     # -- frees and lifetime ---------------------------------------------------------------------------------
     def give(self, holder: list) -> bool:

@@ -184,6 +184,9 @@ class KernelProfiler:
         running), decode and place the records, and hand them to the open scopes covering the device. A
         checkpoint. Raises `KernelRecordsError` (`KernelRecordsOverflowError` for dropped records) as
         `KernelRecords.decode` does; ``strict=False`` keeps the sound records and lists the problems."""
+        if self._host is None or self._host.size < self._words:  # (pinned off the loop's thread)
+            self.check_open()
+            self._host = await self.device.aalloc_pinned(self._words, np.uint64)
         ev = self._start_gather()
         try:
             await ev.wait()
