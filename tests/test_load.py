@@ -273,10 +273,10 @@ async def test_ten_thousand_records_behind_held_streams_never_hang_and_lose_noth
             await anyio.sleep(0.001)
             late_ns.append(time.perf_counter_ns() - nxt)
 
-    async def producer():  # a coroutine that lets the loop run every 100 records, not before each one
+    async def producer():  # lets the loop run every 50 records (~0.5 ms of its own on a GPU host), not at each
         for i in range(10_000):
             s = dev.streams[i % 8]
-            if i % 100 == 99:
+            if i % 50 == 49:
                 await anyio.sleep(0)
             while True:
                 try:
