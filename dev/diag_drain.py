@@ -78,11 +78,13 @@ def main() -> None:
     p.add_argument("--backend", default="cuda")
     p.add_argument("--switch", type=float)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--loop", choices=("asyncio", "uvloop", "trio"), default="asyncio")
     a = p.parse_args()
     if a.switch:
         sys.setswitchinterval(a.switch)
     for _ in range(a.runs):
-        late = anyio.run(once, a.backend)
+        backend, options = ("trio", {}) if a.loop == "trio" else ("asyncio", {"use_uvloop": a.loop == "uvloop"})
+        late = anyio.run(once, a.backend, backend=backend, backend_options=options)
         bad = [(round(x, 2), ph) for x, ph in late if x >= 2.0]
         print(
             f"switch {sys.getswitchinterval() * 1e3:.1f} ms: {len(late)} ticks, worst {max(x for x, _ in late):.2f} ms;"
