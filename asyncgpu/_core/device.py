@@ -560,8 +560,9 @@ class Device:
         module into each GPU lazily, at the first launch). Each of ``what`` is a built-in workload by name
         (`WORKLOADS`: ``"spin"``, ``"inc_loop"``, ``"inc_loop_profiled"``) or a kernel, as `Stream.launch` takes
         it; with none, the built-in workloads and the kernels asyncgpu launches by itself (engine primers,
-        clock calibration). It also starts the worker thread, so that the device's first awaitable call pays no
-        thread start (under load, a new thread waits milliseconds for the GIL). What is loaded already costs
+        clock calibration). It also starts the worker thread and the waiter thread, so that the device's first
+        awaitable call and first wait pay no thread start (under load, a new thread waits milliseconds for the
+        GIL). What is loaded already costs
         nothing more (nothing to load on the host backend). ``events``: also grow the pool of timing events to at
         least that many free ones (a whole number >= 0; CUDA makes an event in ~7 µs, and a burst of records that
         finds the pool empty makes them as it goes, a few at a time, on the loop's thread and the waiter thread
@@ -580,12 +581,13 @@ class Device:
         bd = self.bd
         items = what or (*WORKLOADS[:2], *bd.own_kernels)
         todo = [w for w in items if not bd.is_prepared(w)]
-        if not todo and self.timing_pool.free_count() >= max(events, _FIRST_EVENTS):
+        if not todo and self.engine.started() and self.timing_pool.free_count() >= max(events, _FIRST_EVENTS):
             self.worker.start()
             await loops.checkpoint(*loops.current())
             return
 
         def load() -> None:
+            self.engine.start()  # (its waiter thread: no thread start at the first wait, on the loop's thread)
             self.timing_pool.reserve(max(events, _FIRST_EVENTS))  # (the first launches make no events)
             self.plain_pool.reserve(_FIRST_EVENTS)
             for w in todo:

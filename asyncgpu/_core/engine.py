@@ -220,6 +220,18 @@ class Engine:
                 self._cv.notify()
         return w
 
+    def start(self) -> None:
+        """Start the waiter thread now if it has not started (`Device.prepare`, from the device's worker thread:
+        a thread's start waits for the new thread to run, milliseconds when the GIL is busy, which a loop's
+        thread must not pay at its first wait). Any thread."""
+        with self._lock:
+            if self._thread is None and not self._closed:
+                self._start_locked()
+
+    def started(self) -> bool:
+        """Whether the waiter thread has been started. Never blocks."""
+        return self._thread is not None
+
     def _start_locked(self) -> None:
         self._thread = threading.Thread(target=self._run, name=f"asyncgpu-{self._dev.name}-waiter", daemon=True)
         self._thread.start()
