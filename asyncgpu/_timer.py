@@ -1045,12 +1045,13 @@ def gpu_timer(
     by up to ~10 ppm against the host's, corrected once a second of history exists).
 
     ``subtract_overhead`` (events source): a pair of CUDA events adds launch and completion latency to what it
-    brackets (about 3.3 µs on H200, measured once per device against a kernel's own ``%globaltimer`` span, see
-    `Device.clock`); it is taken out of kernels, graphs, memsets and memcpys (half from the start). That estimate
-    also holds the kernel's own launch and exit (~0.8 µs on H200), so durations come out that much under CUPTI's,
-    until a CUPTI-source scope has run on the device: each one teaches it the pair's excess over CUPTI
-    (`Device.pair_excess_ns`), which is then subtracted instead. ``False`` keeps the raw event times. Blocks
-    (``kind="user"``) are never corrected.
+    brackets (a few µs), measured once per device at its clock calibration (`Device.clock`): against CUPTI's
+    record of a kernel where CUPTI can be used here (cupti-python installed, no other profiler subscribed), else
+    against the kernel's own ``%globaltimer`` span, which leaves the kernel's launch and exit out (durations then
+    read ~1 µs under CUPTI's; `ClockCalibration.bracket_overhead_source` says which). It is taken out of kernels,
+    graphs, memsets and memcpys (half from the start). A CUPTI-source scope that has run on the device teaches it
+    the pair's excess over CUPTI on the user's own work (`Device.pair_excess_ns`), which is then subtracted
+    instead. ``False`` keeps the raw event times. Blocks (``kind="user"``) are never corrected.
 
     ``source``: where durations come from. ``"cupti"``: CUPTI's activity records (NVIDIA's cupti-python, the
     extra ``asyncgpu[cupti]``): the device's own start and end of each kernel, memset and memcpy, and the kernels

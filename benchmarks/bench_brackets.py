@@ -75,7 +75,7 @@ async def main():
         hooks.ENGINE_OF = {}  # no launch kind has a known engine: nothing is primed
     for seq in (args[0] if args else SEQS).split(","):
         await variant(d, seq, lambda seq=seq: [ops[c]() for c in seq])
-    print("learned pair excess ns:", d.pair_excess_ns(), "bracket overhead:", d.bd.bracket_overhead_ns())
+    print("learned pair excess ns:", d.pair_excess_ns(), "bracket overhead:", d.bd.bracket_overhead())
 
 
 asyncio.run(main())

@@ -111,6 +111,25 @@ def test_two_gpus_stamp_one_instant_within_the_target():
 
 
 @pytest.mark.gpu
+def test_the_calibration_says_how_the_pair_overhead_was_measured():
+    """Against CUPTI's record of the kernel where CUPTI can be used in this process, else against the kernel's
+    own %globaltimer span (and it says so); CUPTI is left free afterwards."""
+    from asyncgpu._backends import cupti
+
+    dev = asyncgpu.device(0, backend="cuda")
+    cal = dev.clock()
+    assert cal.to_dict()["bracket_overhead_source"] == cal.bracket_overhead_source != ""
+    usable = cupti.available()[0]
+    overhead_ns, source = dev.bd.bracket_overhead()
+    assert 500 < overhead_ns < 20_000
+    if usable:
+        assert source.startswith("against CUPTI"), source
+        assert cupti.available()[0]  # the session was closed again
+    else:
+        assert "globaltimer" in source, source
+
+
+@pytest.mark.gpu
 def test_kernel_durations_net_of_the_event_pair_overhead():
     dev = asyncgpu.device(0, backend="cuda")
     cal = dev.clock()

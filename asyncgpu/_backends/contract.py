@@ -194,10 +194,11 @@ class BackendDevice(ABC):
         the device pass that event (None otherwise). Returns None when the device has no such clock (host)."""
         return None
 
-    def bracket_overhead_ns(self) -> float:
+    def bracket_overhead(self) -> tuple[float, str]:
         """What a pair of timing events adds to one kernel's time on the device (launch and completion
-        latency), in ns; 0 where it cannot be told apart (the host backend)."""
-        return 0.0
+        latency), in ns, and how it was measured (a few words for reports); ``(0.0, "")`` where it cannot be told
+        apart (the host backend)."""
+        return 0.0, ""
 
     def memory_info(self) -> tuple[int, int] | None:
         """``(free, total)`` bytes of the memory this device's allocations come from, or None if unknown."""

@@ -24,7 +24,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .._errors import BackendError, ClockError, DeviceMismatchError, NoDeviceError, NotReadyError, UnknownDeviceError
+from .._errors import (
+    BackendError,
+    ClockError,
+    DeviceMismatchError,
+    NoDeviceError,
+    NotReadyError,
+    SourceError,
+    UnknownDeviceError,
+)
 from .contract import Backend, BackendDevice, pinned_array
 from .kernels import kernels_dir
 
@@ -479,12 +487,47 @@ class CudaDevice(BackendDevice):
         stamps = np.frombuffer(cal.page.view, dtype=np.uint64, count=n + 1, offset=_STAMPS_OFFSET).astype(np.int64)  # type: ignore[call-overload]
         return np.column_stack([stamps[:n], hosts]), (int(stamps[n]), after)
 
-    def bracket_overhead_ns(self, repeats: int = 21) -> float:
-        """What a pair of events adds to a kernel's time on the GPU: the median over ``repeats`` of
-        elapsed(start, end) minus the kernel's own first-to-last ``%globaltimer`` span, for a 20 µs kernel
-        queued behind a 1 ms one (so the GPU never waits for the host), each pair held as the launches of an
-        event-timing scope are (`hold`: the wait before the start record shortens the pair by ~0.5 µs on H200).
-        Blocks about 2 ms."""
+    def bracket_overhead(self, repeats: int = 21) -> tuple[float, str]:
+        """What a pair of events adds to a kernel's time on the GPU, ns: the median over ``repeats`` of
+        elapsed(start, end) minus the kernel's own time, for a 20 µs kernel queued behind a 1 ms one (so the GPU
+        never waits for the host), each pair held as the launches of an event-timing scope are (`hold`).
+
+        The kernel's own time is CUPTI's record of it where CUPTI can be used here (cupti-python installed, no
+        other profiler subscribed: the session is opened for these kernels and closed again): what the events
+        source is compared with. Otherwise its first-to-last ``%globaltimer`` span, which leaves out the kernel's
+        own launch and exit (~1 µs): durations then read that much short. Blocks about 2 ms (the first CUPTI
+        session of a process: longer)."""
+        from . import cupti
+
+        use_cupti = cupti.available()[0]
+        if use_cupti:
+            try:
+                cupti.acquire(cupti.CALIBRATION)
+            except SourceError:
+                use_cupti = False
+        try:
+            elapsed, spans = self._bracket_pairs(repeats)
+            if use_cupti:
+                records, _ = cupti.flush(cupti.CALIBRATION)
+                own = sorted(
+                    (
+                        r
+                        for r in records
+                        if r[0] == "kernel" and r[4] == self.index and r[6] == "asyncgpu_clock_bracket"
+                    ),
+                    key=lambda r: r[1],
+                )[-repeats:]
+                if len(own) == repeats:
+                    durations = np.array([r[2] - r[1] for r in own], np.float64)
+                    return float(np.median(elapsed - durations)), f"against CUPTI ({repeats} kernels)"
+            return float(np.median(elapsed - spans)), "against the kernel's own %globaltimer span (no CUPTI)"
+        finally:
+            if use_cupti:
+                cupti.release(cupti.CALIBRATION)
+
+    def _bracket_pairs(self, repeats: int) -> tuple[np.ndarray, np.ndarray]:
+        """Run ``repeats`` held event pairs around a 20 µs kernel behind a 1 ms one on the calibration stream:
+        ``(elapsed ns, in-kernel spans ns)``."""
         from cuda.core import LaunchConfig
 
         cal = self._calibration()
@@ -510,13 +553,13 @@ class CudaDevice(BackendDevice):
                     raise ClockError(f"{self.name} did not run the overhead kernels within 100 ms: it is busy")
             stamps = self.to_numpy(out, 2 * repeats, np.uint64).astype(np.int64)
             out.close()
-            spans = stamps[1::2] - stamps[0::2]
+            spans = (stamps[1::2] - stamps[0::2]).astype(np.float64)
             elapsed = np.array([self.elapsed_ms(a, b) * 1e6 for a, b in pairs])
         finally:
             for a, b in pairs:
                 self.destroy_event(a)
                 self.destroy_event(b)
-        return float(np.median(elapsed - spans))
+        return elapsed, spans
 
     def memory_info(self) -> tuple[int, int] | None:
         """``cuMemGetInfo`` of this device's context."""

@@ -32,6 +32,7 @@ from .._errors import SourceError
 
 __all__ = [
     "BENCH",
+    "CALIBRATION",
     "HISTORY",
     "SOURCES",
     "TIMER",
@@ -52,7 +53,10 @@ __all__ = [
 BUFFER_BYTES = 8 << 20
 SOURCES = ("auto", "cupti", "events")  #: what ``source=`` accepts, wherever it is accepted
 TIMER, BENCH, HISTORY = 0, 1, 2  #: channels: `gpu_timer` scopes, `benchmark` runs, the kernel history
-_CHANNELS = 3
+#: a fourth channel, records only (no external ids: never `push`ed): a device's clock calibration measures what an
+#: event pair adds to a kernel against CUPTI's own record of that kernel
+CALIBRATION = 3
+_CHANNELS = 4
 #: ``(kind, start_ns, end_ns, correlation_id, device_id, stream_id, name)``; kind: "kernel", "memset", "memcpy"
 CuptiRecord = tuple
 

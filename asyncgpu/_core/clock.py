@@ -69,6 +69,9 @@ class ClockCalibration:
     bracket_overhead_ns: float = 0.0  #: what a pair of events adds to one kernel's time (ns), measured once
     anchor: Any = field(default=None, repr=False)  # the anchor's raw event (owned by the device)
     gt_point: tuple[int, float] | None = field(default=None, repr=False)  # (stamp, host midpoint) of the best
+    #: how ``bracket_overhead_ns`` was measured: against CUPTI's record of the kernel, or (without CUPTI) against the
+    #: kernel's own ``%globaltimer`` span, which leaves its launch and exit out (durations then read ~1 µs short)
+    bracket_overhead_source: str = ""
 
     @property
     def rate(self) -> float:
@@ -109,6 +112,7 @@ class ClockCalibration:
             "anchor_source": self.anchor_source,
             "kernel_anchor_bound_ns": self.kernel_anchor_bound_ns,
             "bracket_overhead_ns": self.bracket_overhead_ns,
+            "bracket_overhead_source": self.bracket_overhead_source,
         }
 
 
@@ -262,12 +266,12 @@ def calibrate(
                 host_ns, bound_ns, source = int((lo + exit_seen_ns) / 2), k_bound, "kernel"
     if after_kernel is not anchor:
         spare.append(after_kernel)
-    overhead = 0.0
+    overhead, overhead_source = 0.0, ""
     if previous is not None and previous.bracket_overhead_ns:
-        overhead = previous.bracket_overhead_ns
+        overhead, overhead_source = previous.bracket_overhead_ns, previous.bracket_overhead_source
     elif gt is not None:  # the calibration kernel ran, so SMs are free for this one too
         try:
-            overhead = bd.bracket_overhead_ns()
+            overhead, overhead_source = bd.bracket_overhead()
         except ClockError:
             pass
     return ClockCalibration(
@@ -286,6 +290,7 @@ def calibrate(
         overhead,
         anchor,
         gt_point,
+        bracket_overhead_source=overhead_source,
     )
 
 
