@@ -338,6 +338,8 @@ def test_report_before_the_scope_ends(dev):
 @pytest.mark.anyio
 async def test_host_scope_renders_every_section(two_devs):
     a, b = two_devs
+    for d in two_devs:  # (a first launch that loads or pins on the loop's thread would make the host the straggler)
+        await d.prepare()
     async with gpu_timer(two_devs, label="real") as t:
         for d, us in ((a, 2_000), (b, 4_000)):
             d.stream.spin_us(us)
