@@ -327,7 +327,14 @@ class _Writer:
             values = {k: v for k, v in known.items() if v is not None and not (isinstance(v, float) and math.isnan(v))}
             instant(
                 f"clock {c.device}",
-                {"device": c.device, "aligned": c.aligned, **values, "overhead_ns": c.overhead_ns, "reason": c.reason},
+                {
+                    "device": c.device,
+                    "aligned": c.aligned,
+                    **values,
+                    "overhead_ns": c.overhead_ns,
+                    "overhead_source": c.overhead_source,
+                    "reason": c.reason,
+                },
             )
 
     def _stream_rows(self, st: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -561,7 +568,10 @@ def _clock_text(tl: Timeline, d: int) -> str:
         parts.append(f"%globaltimer offset {c.offset_ns} ns")
     if c.drift_ppm is not None and math.isfinite(c.drift_ppm):
         parts.append(f"drift {c.drift_ppm:.3f} ppm")
-    parts.append(f"event-pair overhead taken out {c.overhead_ns:.0f} ns")
+    parts.append(
+        f"event-pair overhead taken out {c.overhead_ns:.0f} ns"
+        + (f" (measured {c.overhead_source})" if c.overhead_source else "")
+    )
     return ", ".join(parts) + f"; durations from {tl.source}"
 
 

@@ -59,6 +59,7 @@ class DeviceClock:
     drift_ppm: float | None = None  #: device clock rate minus host clock rate, if measurable
     reason: str = ""  #: why the device is not aligned
     overhead_ns: float = 0.0  #: subtracted from each kernel, graph, memset and memcpy (what the event pair adds)
+    overhead_source: str = ""  #: how ``overhead_ns`` was measured on this device ("" when nothing is subtracted)
 
 
 def no_clock(device: str) -> DeviceClock:

@@ -493,6 +493,10 @@ def durations_from(tl: Timeline) -> str:
         how = "host events"
     else:
         how = "CUPTI activity records" if tl.source == "cupti" else "held CUDA event pairs"
+        if tl.source != "cupti":  # what was taken out of each device's brackets, and how it was measured
+            cut = [f"{c.device} {c.overhead_ns / 1e3:.2f} µs ({c.overhead_source})" for c in tl.clocks if c.overhead_ns]
+            if cut:
+                how += ", less the pair's own latency: " + "; ".join(cut)
     return f"{how} ({tl.source_note})" if tl.source_note else how
 
 

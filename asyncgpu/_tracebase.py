@@ -138,6 +138,7 @@ def scope_info(tl: Timeline) -> dict:
                 "drift_ppm": _finite(c.drift_ppm),
                 "reason": c.reason,
                 "overhead_ns": c.overhead_ns,
+                "overhead_source": c.overhead_source,
             }
         )
     scopes = [
@@ -253,6 +254,7 @@ def timeline_from(
                 d["drift_ppm"],
                 d["reason"],
                 float(d.get("overhead_ns", 0.0)),
+                str(d.get("overhead_source", "")),
             )
             for d in devices
         ),

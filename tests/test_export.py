@@ -132,6 +132,7 @@ def test_trace_structure_labels_and_round_trip(tmp_path):
         "drift_ppm": 0.02,
         "reason": "",
         "overhead_ns": 0.0,
+        "overhead_source": "",
         "pid": 2,
     }
     assert meta["devices"][1]["aligned"] is False and meta["devices"][1]["bound_ns"] is None
@@ -502,3 +503,24 @@ def test_issue_times_travel_through_the_rank_payload_and_the_merge():
         (pytest.approx(0.108), pytest.approx(0.027)),
         (pytest.approx(0.103), pytest.approx(0.027)),
     ]
+
+
+@pytest.mark.parametrize("suffix", [".trace.json", ".pftrace"])
+def test_how_the_pair_overhead_was_measured_travels_with_the_timeline(tmp_path, suffix):
+    """Each device's clock says what was taken out of its brackets and how it was measured: traces bring it back,
+    a rank payload carries it, and the report's footer says it."""
+    pytest.importorskip("perfetto") if suffix == ".pftrace" else None
+    from asyncgpu._report import durations_from
+    from asyncgpu.ranks import wire
+
+    how = "against CUPTI (21 kernels)"
+    tl = dataclasses.replace(
+        synthetic(), clocks=(dataclasses.replace(synthetic().clocks[0], overhead_ns=2431.0, overhead_source=how),)
+    )
+    assert tl.clocks[0].overhead_source == how
+    path = tmp_path / f"t{suffix}"
+    write_trace(tl, str(path))
+    assert read_trace(str(path)).clocks[0].overhead_source == how
+    header, cols = wire.unpack(wire.timeline_to_payload(tl, wire.Marks.from_tuples([]), {}))
+    assert wire.payload_to_timeline(header, cols)[0].clocks[0].overhead_source == how
+    assert f"cuda:0 2.43 µs ({how})" in durations_from(tl)

@@ -198,6 +198,7 @@ def test_tracks_nesting_lanes_clocks_and_round_trip(tmp_path):
         "offset_ns": 12,
         "drift_ppm": 0.02,
         "overhead_ns": 0.0,
+        "overhead_source": "",
         "reason": "",
     }
     assert clocks["clock cuda:1"]["aligned"] is False and "busy" in clocks["clock cuda:1"]["reason"]

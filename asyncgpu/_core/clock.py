@@ -201,11 +201,23 @@ def placement(
         clock = DeviceClock(device.name, False, math.nan, reason=f"clock calibration failed ({exc})")
         anchor, anchor_ns = fallback if fallback is not None else (None, 0.0)
         return Placement(device, anchor, float(anchor_ns), 1.0, 0.0, clock, None)
-    overhead = 0.0
-    if subtract_overhead:  # learned against CUPTI when the CUPTI source has run here, else the in-kernel estimate
+    overhead, how = 0.0, ""
+    if subtract_overhead:  # learned on this device's own work when a CUPTI scope has run here, else the calibration's
         learned = device.pair_excess_ns()
-        overhead = learned if learned is not None else cal.bracket_overhead_ns
-    clock = DeviceClock(device.name, True, cal.bound_ns, cal.globaltimer_offset_ns, cal.drift_ppm, overhead_ns=overhead)
+        if learned is not None:
+            n = len(device.pair_excess_samples)
+            overhead, how = learned, f"learned against CUPTI on this device's work ({n} launches, 20th percentile)"
+        else:
+            overhead, how = cal.bracket_overhead_ns, cal.bracket_overhead_source
+    clock = DeviceClock(
+        device.name,
+        True,
+        cal.bound_ns,
+        cal.globaltimer_offset_ns,
+        cal.drift_ppm,
+        overhead_ns=overhead,
+        overhead_source=how if overhead else "",
+    )
     return Placement(
         device, cal.anchor, float(cal.host_ns), cal.rate, overhead, clock, cal if cal.gt_point is not None else None
     )

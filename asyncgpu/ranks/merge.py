@@ -352,6 +352,7 @@ class Merger:
                     c.drift_ppm,
                     c.reason,
                     c.overhead_ns,
+                    c.overhead_source,
                 )
             )
         where = f"{header.get('host', '?')}, " + (

@@ -319,6 +319,7 @@ def _tables(tl: Timeline) -> dict:
                 _finite(c.drift_ppm),
                 c.reason,
                 float(c.overhead_ns),
+                c.overhead_source,
             ]
             for c in clocks
         ],
@@ -326,7 +327,7 @@ def _tables(tl: Timeline) -> dict:
 
 
 def _clock(c: list) -> DeviceClock:
-    device, aligned, bound, offset, drift, reason, overhead = c
+    device, aligned, bound, offset, drift, reason, overhead, *rest = c  # (payloads before overhead_source: 7)
     return DeviceClock(
         device,
         bool(aligned),
@@ -335,6 +336,7 @@ def _clock(c: list) -> DeviceClock:
         drift,
         reason,
         float(overhead),
+        str(rest[0]) if rest else "",
     )
 
 
