@@ -381,25 +381,27 @@ def _ensure_clock(dev: Any) -> None:
     """Keep a recent clock calibration for placing handoff times (about 0.35 ms per refresh on a GPU): measured
     here in a plain thread, on the device's worker thread when the caller runs an event loop (never on a loop's
     thread; the handoffs placed meanwhile use the previous calibration)."""
+    if not dev.clock_stale(CLOCK_MAX_AGE_S):
+        return
+    if loops.current()[0] == loops.THREAD:
+        _refresh(dev)
+    elif dev not in _REFRESHING:  # (one refresh queued per device: the worker may be busy with long jobs)
+        _REFRESHING.add(dev)
+        if not dev.worker.call_soon(lambda: _refresh(dev, queued=True)):
+            _REFRESHING.discard(dev)
+
+
+_REFRESHING: set[Any] = set()  # devices with a clock refresh queued on their worker thread
+
+
+def _refresh(dev: Any, queued: bool = False) -> None:
     try:
-        if not dev.clock_stale(CLOCK_MAX_AGE_S):
-            return
-        if loops.current()[0] == loops.THREAD:
-            dev.clock()
-        elif not dev.worker.busy():  # (one refresh queued at a time)
-            dev.worker.call_soon(_refresh_quietly(dev))
+        dev.calibration()
     except AsyncGPUError:
         pass  # its handoffs get NaN device times; the scope reports why the device is not aligned
-
-
-def _refresh_quietly(dev: Any) -> Callable[[], None]:
-    def refresh() -> None:
-        try:
-            dev.clock()
-        except AsyncGPUError:
-            pass  # (as above)
-
-    return refresh
+    finally:
+        if queued:
+            _REFRESHING.discard(dev)
 
 
 class Channel:

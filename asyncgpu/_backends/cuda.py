@@ -196,21 +196,18 @@ class CudaDevice(BackendDevice):
             self.record, self.query = _ctypes_hot_paths(drv)  # type: ignore[method-assign]  # per instance, on purpose
 
     # -- streams and events ------------------------------------------------------------------------------
-    def _current(self) -> None:
-        self._dev.set_current()
-
     def make_current(self) -> None:
         self._dev.set_current()
 
     def create_stream(self) -> Any:
         from cuda.core import StreamOptions
 
-        self._current()
+        self.make_current()
         s = self._dev.create_stream(options=StreamOptions(nonblocking=True))
         return (s, s.handle, int(s.handle), ctypes.c_void_p(int(s.handle)))
 
     def adopt_stream(self, obj: Any) -> Any:
-        self._current()
+        self.make_current()
         if not hasattr(obj, "__cuda_stream__"):
             raise TypeError(f"cannot adopt {type(obj).__name__}: a CUDA stream must implement __cuda_stream__")
         s = self._dev.create_stream(obj)
@@ -309,7 +306,7 @@ class CudaDevice(BackendDevice):
     def create_event(self, timing: bool) -> Any:
         from cuda.core import EventOptions
 
-        self._current()
+        self.make_current()
         e = self._dev.create_event(EventOptions(timing_enabled=timing, blocking_sync=False))
         return (e, e.handle, int(e.handle), ctypes.c_void_p(int(e.handle)))
 
@@ -364,7 +361,7 @@ class CudaDevice(BackendDevice):
             raise self._drv.error(err, "cuStreamSynchronize")
 
     def sync_device(self) -> None:
-        self._current()
+        self.make_current()
         err = self._drv.d.cuCtxSynchronize()[0]
         if err is not self._drv.SUCCESS:
             raise self._drv.error(err, "cuCtxSynchronize")
@@ -379,12 +376,12 @@ class CudaDevice(BackendDevice):
 
     def alloc_mapped(self, nbytes: int) -> MappedPage:
         """Pinned host memory mapped into every device (portable): flags that GPUs and host share."""
-        self._current()
+        self.make_current()
         return MappedPage(self._drv, nbytes)
 
     def device_pointer(self, page: MappedPage, offset: int = 0) -> int:
         """The address of ``page[offset]`` as this device sees it."""
-        self._current()
+        self.make_current()
         err, dptr = self._drv.d.cuMemHostGetDevicePointer(page.ptr, 0)
         if err is not self._drv.SUCCESS:
             raise self._drv.error(err, "cuMemHostGetDevicePointer")
@@ -563,7 +560,7 @@ class CudaDevice(BackendDevice):
 
     def memory_info(self) -> tuple[int, int] | None:
         """``cuMemGetInfo`` of this device's context."""
-        self._current()  # cuMemGetInfo answers for the current context
+        self.make_current()  # cuMemGetInfo answers for the current context
         err, free, total = self._drv.d.cuMemGetInfo()
         if err is not self._drv.SUCCESS:
             return None
@@ -577,26 +574,26 @@ class CudaDevice(BackendDevice):
         return None
 
     def profiler_start(self) -> None:
-        self._current()
+        self.make_current()
         err = self._drv.d.cuProfilerStart()[0]
         if err is not self._drv.SUCCESS:
             raise self._drv.error(err, "cuProfilerStart")
 
     def profiler_stop(self) -> None:
-        self._current()
+        self.make_current()
         err = self._drv.d.cuProfilerStop()[0]
         if err is not self._drv.SUCCESS:
             raise self._drv.error(err, "cuProfilerStop")
 
     # -- memory and workloads ---------------------------------------------------------------------------
     def alloc(self, n: int, dtype: Any, raw_stream: Any) -> Any:
-        self._current()
+        self.make_current()
         return self._dev.allocate(max(1, n * np.dtype(dtype).itemsize), stream=raw_stream[0])
 
     def alloc_pinned(self, n: int, dtype: Any) -> Any:
         from cuda.core import LegacyPinnedMemoryResource
 
-        self._current()
+        self.make_current()
         if self._pinned_mr is None:
             self._pinned_mr = LegacyPinnedMemoryResource()
         nbytes = max(1, n * np.dtype(dtype).itemsize)
@@ -610,7 +607,7 @@ class CudaDevice(BackendDevice):
             if kernel is None:
                 source = _KERNEL_SOURCES[name]
                 code = _compiled(self.arch, source)
-                self._current()
+                self.make_current()
                 for k, src in _KERNEL_SOURCES.items():
                     if src == source:
                         self._kernels[k] = code.get_kernel(k)
@@ -620,7 +617,7 @@ class CudaDevice(BackendDevice):
     def launch(self, raw_stream: Any, kernel: Any, config: Any, args: tuple) -> None:
         from cuda.core import launch
 
-        self._current()
+        self.make_current()
         launch(raw_stream[0], config, kernel, *args)
 
     def prepare(self, workload: str) -> None:
@@ -628,8 +625,7 @@ class CudaDevice(BackendDevice):
             self._make_primer()
             return
         if workload == "hold":  # the holds' pinned page of words (pinning holds back other threads' calls)
-            if _GATES.get(self.index) is None and self.index not in _NO_GATES:
-                self._open_gates()
+            self._open_gates()
             return
         kernel = self._kernels.get(f"asyncgpu_{workload}")
         if kernel is None or id(kernel) not in self._loaded:
@@ -661,7 +657,7 @@ class CudaDevice(BackendDevice):
         d = self._drv.d
         handle = getattr(kernel, "handle", None)
         if handle is not None and hasattr(d, "cuFuncLoad"):
-            self._current()
+            self.make_current()
             func = handle
             if isinstance(handle, d.CUkernel):  # a library kernel: its function in the current context
                 err, func = d.cuKernelGetFunction(handle)
@@ -685,20 +681,20 @@ class CudaDevice(BackendDevice):
         self.launch(raw_stream, self._kernel("asyncgpu_inc_loop"), config, args)
 
     def memset(self, raw_stream: Any, array: Any, nbytes: int, byte: int) -> None:
-        self._current()
+        self.make_current()
         err = self._drv.d.cuMemsetD8Async(int(array.handle), byte, nbytes, raw_stream[1])[0]
         if err is not self._drv.SUCCESS:
             raise self._drv.error(err, "cuMemsetD8Async")
 
     def copy_to_host(self, raw_stream: Any, array: Any, host: Any, nbytes: int) -> None:
-        self._current()
+        self.make_current()
         err = self._drv.d.cuMemcpyDtoHAsync(host.ctypes.data, int(array.handle), nbytes, raw_stream[1])[0]
         if err is not self._drv.SUCCESS:
             raise self._drv.error(err, "cuMemcpyDtoHAsync")
 
     def copy(self, raw_stream: Any, dst: Any, src: Any, nbytes: int) -> None:
         # Unified addressing: the driver routes a copy between two GPUs over NVLink/PCIe (peer to peer).
-        self._current()  # the stream's context must be current (the calling thread may work on another GPU)
+        self.make_current()  # the stream's context must be current (the calling thread may work on another GPU)
         src_index = int(src.device_id)
         if src_index != self.index and src_index not in self._peer_sources:
             self._grant_peer_access(src_index)
@@ -722,7 +718,7 @@ class CudaDevice(BackendDevice):
 
     def to_numpy(self, array: Any, n: int, dtype: Any) -> Any:
         out = np.empty(n, dtype=dtype)
-        self._current()
+        self.make_current()
         err = self._drv.d.cuMemcpyDtoH(out.ctypes.data, int(array.handle), out.nbytes)[0]
         if err is not self._drv.SUCCESS:
             raise self._drv.error(err, "cuMemcpyDtoH")
@@ -740,7 +736,7 @@ class CudaDevice(BackendDevice):
 
     def begin_capture(self, raw_stream: Any) -> None:
         d = self._drv.d
-        self._current()
+        self.make_current()
         err = d.cuStreamBeginCapture(raw_stream[1], d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)[0]
         if err is not self._drv.SUCCESS:
             raise self._capture_error(err, "cuStreamBeginCapture")
@@ -863,7 +859,7 @@ class _Primer:
 
     def __init__(self, dev: CudaDevice) -> None:
         d = dev._drv.d
-        dev._current()
+        dev.make_current()
         kernel = dev._kernel("asyncgpu_prime")
         dev.prepare_kernel(kernel)
         func = kernel.handle
@@ -871,7 +867,7 @@ class _Primer:
             err, func = d.cuKernelGetFunction(func)
             if err is not dev._drv.SUCCESS:
                 raise dev._drv.error(err, "cuKernelGetFunction")
-        dev._current()
+        dev.make_current()
         err, self._dptr = d.cuMemAlloc(64)
         if err is not dev._drv.SUCCESS:
             raise dev._drv.error(err, "cuMemAlloc")

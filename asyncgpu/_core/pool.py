@@ -96,26 +96,35 @@ class EventPool:
                 return
             left, counted = self._grow_by, False
             while left > 0:
-                with self._lock:
-                    n = min(_AHEAD_STEP, left, self._max - self._created)
-                    if self._closed or n <= 0:
-                        return
-                    fresh: list[Any] = []
-                    try:
-                        for _ in range(n):
-                            fresh.append(self._device.create_event(self._timing))
-                    except BackendError:
-                        return
-                    finally:
-                        if fresh:
-                            self._created += len(fresh)
-                            self._free.extend(fresh)
-                            self._grows += not counted  # (one growth, however many steps)
-                            counted = True
-                    left -= n
+                try:
+                    n = self._step(left)
+                except BackendError:
+                    return
+                if not n:
+                    return
+                self._grows += not counted  # (one growth, however many steps)
+                counted = True
+                left -= n
                 time.sleep(_AHEAD_PAUSE_S)  # (the GIL to the others between steps: host events hold it throughout)
         finally:
             self._growing = False
+
+    def _step(self, limit: int) -> int:
+        """Create up to `_AHEAD_STEP` events (at most ``limit``) under the lock, and free them: a take meanwhile
+        waits for one step, never for a whole growth. Returns how many; 0 when closed or at the bound. A
+        `BackendError` is raised once the events made before it are kept."""
+        with self._lock:
+            n = min(_AHEAD_STEP, limit, self._max - self._created)
+            if self._closed or n <= 0:
+                return 0
+            fresh: list[Any] = []
+            try:
+                for _ in range(n):
+                    fresh.append(self._device.create_event(self._timing))
+            finally:
+                self._created += len(fresh)
+                self._free.extend(fresh)
+            return n
 
     def _refill(self) -> Any:
         reclaim = self._reclaim
@@ -136,19 +145,12 @@ class EventPool:
                 raise PoolExhaustedError(self._exhausted()) from None
 
     def reserve(self, n: int) -> int:
-        """Create events until ``n`` are free (at most up to the bound), `_AHEAD_STEP` at a time under the lock, so
-        that takes meanwhile wait for a step, not for all. Returns how many were created. A worker thread's job
-        (`Device.prepare`): about 7 µs per event on CUDA."""
+        """Create events until ``n`` are free (at most up to the bound), a `_step` at a time. Returns how many were
+        created. A worker thread's job (`Device.prepare`): about 7 µs per event on CUDA."""
         made = 0
-        while True:
-            with self._lock:
-                k = min(_AHEAD_STEP, n - len(self._free), self._max - self._created)
-                if self._closed or k <= 0:
-                    return made
-                fresh = [self._device.create_event(self._timing) for _ in range(k)]
-                self._created += k
-                self._free.extend(fresh)
-                made += k
+        while (k := self._step(n - len(self._free))) > 0:
+            made += k
+        return made
 
     def bound(self) -> int:
         """The most events this pool may create (``max_events``)."""

@@ -78,7 +78,6 @@ class Stream:
         "next_check",
         "done_ops",
         "checks",
-        "warned",
     )
     device: Device
     label: str
@@ -95,7 +94,6 @@ class Stream:
     next_check: int
     done_ops: int
     checks: deque[_Check]
-    warned: bool
 
     def __init__(self) -> None:
         raise TypeError("streams come from device.streams, device.create_stream() or device.adopt_stream()")
@@ -118,7 +116,6 @@ class Stream:
         self.next_check = CHECK_EVERY
         self.done_ops = 0  # launches the device is known to have passed (from the checkpoints)
         self.checks = deque()
-        self.warned = False
         return self
 
     # -- room in the driver's queue ----------------------------------------------------------------------

@@ -53,22 +53,14 @@ class Job:
         self.parked = parked
 
 
-class _Drop:
-    """A one-item list holding an object whose last reference the worker thread drops (freeing what it holds)."""
-
-    __slots__ = ("holder",)
-
-    def __init__(self, holder: list) -> None:
-        self.holder = holder
-
-
 class _Call:
-    """A callable the worker thread runs for the library, with nobody waiting for it (`Worker.call_soon`)."""
+    """A callable the worker thread runs for the library, with nobody waiting for it (`Worker.call_soon`, and
+    `Worker.give`'s frees, which run even once the worker is closing: ``even_closed``)."""
 
-    __slots__ = ("fn",)
+    __slots__ = ("fn", "even_closed")
 
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.fn = fn
+    def __init__(self, fn: Callable[[], Any], even_closed: bool = False) -> None:
+        self.fn, self.even_closed = fn, even_closed
 
 
 class Worker:
@@ -208,9 +200,7 @@ class Worker:
             item = get()
             if item is _STOP:
                 break
-            if type(item) is _Drop:
-                self._drop(item)
-            elif type(item) is _Call:
+            if type(item) is _Call:
                 self._call(item)
             elif self._closed:  # queued before `close`: never run
                 self._fail(item, self._closed_error())
@@ -244,20 +234,16 @@ class Worker:
         parked.wake()
 
     def _call(self, item: _Call) -> None:
-        if self._closed:
+        if self._closed and not item.even_closed:
             return
         try:
-            self._make_current()
+            self._make_current()  # (a driver call, a free too, runs in the device's context)
+        except Exception:  # noqa: BLE001 - a failed device: the call runs all the same (a free must happen)
+            pass
+        try:
             item.fn()
         except Exception as exc:  # noqa: BLE001 - reported; the worker goes on
             report_unraisable(exc, "asyncgpu: a worker thread's job failed", item.fn)
-
-    def _drop(self, item: _Drop) -> None:
-        try:
-            self._make_current()  # (a driver free runs in the device's context)
-        except Exception:  # noqa: BLE001 - a failed device: the object is dropped all the same
-            pass
-        item.holder.clear()
 
     def _drain(self) -> None:
         """After the stop: jobs still queued fail with `ClosedError`; objects to drop are dropped here."""
@@ -266,8 +252,8 @@ class Worker:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 return
-            if type(item) is _Drop:
-                self._drop(item)
+            if type(item) is _Call:
+                self._call(item)
             elif isinstance(item, Job):
                 self._fail(item, self._closed_error())
 
@@ -303,7 +289,7 @@ class Worker:
         t = self._thread
         if self._closed or t is None or not t.is_alive():
             return False
-        self._queue.put(_Drop(holder))
+        self._queue.put(_Call(holder.clear, even_closed=True))
         return True
 
     def close(self) -> None:
