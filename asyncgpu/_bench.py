@@ -283,6 +283,11 @@ class _Run:
         self.failure: tuple[BaseException, str, str] | None = None  # (exception, device, phase): first one wins
         self._failure_lock = threading.Lock()
 
+    def extra_end(self, now_ns: int) -> None:
+        """A repeat completed after the run stopped on a failure (`_finish`): the timed span ends no earlier."""
+        with self._failure_lock:
+            self.end_ns = max(self.end_ns, now_ns)
+
     @property
     def aborting(self) -> bool:
         return self.failure is not None or self.interrupted
@@ -373,6 +378,10 @@ def _worker(run: _Run, k: int) -> None:
                         finally:
                             cupti.pop(cupti.BENCH)
                     end.record(stream)
+                except BaseException:
+                    if inflight is not None:  # the previous call returned: its repeat is kept (`_finish`)
+                        _finish(run, k, inflight)
+                    raise
                 finally:
                     if held is not None:
                         stream.bd.release(held)
@@ -382,9 +391,7 @@ def _worker(run: _Run, k: int) -> None:
                 i += 1
             if inflight is not None:
                 phase = f"repeat {len(gpu_ms)}"
-                inflight[1].wait_sync()
-                elapsed_ms = inflight[1] - inflight[0]
-                gpu_ms.append(elapsed_ms - min(elapsed_ms, cut_ms))  # as `Placement.trim`: never below zero
+                _time(inflight, gpu_ms, cut_ms)
                 run.barrier.wait()  # its action counts the repeat and decides whether to stop
             elif issued is None:
                 break
@@ -396,6 +403,26 @@ def _worker(run: _Run, k: int) -> None:
     finally:
         for ev in events:
             ev.release()
+
+
+def _time(pair: tuple[Any, Any], gpu_ms: list[float], cut_ms: float) -> None:
+    """Wait for a repeat's end event and append its GPU time (less ``cut_ms``, as `Placement.trim`: never below
+    zero) to ``gpu_ms``."""
+    start, end = pair
+    end.wait_sync()
+    elapsed_ms = end - start
+    gpu_ms.append(elapsed_ms - min(elapsed_ms, cut_ms))
+
+
+def _finish(run: _Run, k: int, pair: tuple[Any, Any]) -> None:
+    """Device ``k``'s call of the next repeat failed: time the repeat still in flight (its call returned, and so
+    did every other device's, which time theirs before they find the run stopped), so that the partial result
+    keeps every repeat whose calls all returned. A device that fails here keeps what it has."""
+    try:
+        _time(pair, run.gpu_ms[k], run.cut_ms[k])
+    except Exception:  # noqa: BLE001 - the device failed too: the call's own exception is the one to report
+        return
+    run.extra_end(_now())
 
 
 def _targets(devices: Any) -> list[Stream]:
@@ -603,7 +630,8 @@ def _execute(run: _Run, label: str, progress: bool | None) -> BenchmarkResult:
 
 
 def _result(run: _Run, label: str) -> BenchmarkResult:
-    n = run.count
+    # After a failure, the repeat in flight when a call raised was timed on every device (`_finish`): it counts.
+    n = min(len(g) for g in run.gpu_ms) if run.failure is not None else run.count
     gpu = np.array([g[:n] for g in run.gpu_ms], np.float64).reshape(len(run.streams), n)
     t0 = np.array([t[:n] for t in run.t0_ns], np.int64).reshape(len(run.streams), n)
     t1 = np.array([t[:n] for t in run.t1_ns], np.int64).reshape(len(run.streams), n)

@@ -9,10 +9,11 @@ before anything is enqueued, allocated or recorded.
 from __future__ import annotations
 
 import math
+import os
 from numbers import Integral, Real
 from typing import Any
 
-__all__ = ["number", "timeout_s", "whole"]
+__all__ = ["file_path", "number", "timeout_s", "whole"]
 
 
 def _got(value: Any) -> str:
@@ -61,3 +62,16 @@ def timeout_s(value: Any, name: str = "timeout_s") -> float | None:
         return None
     x = number(name, value, unit="seconds", infinite="wait for ever, as None")
     return None if math.isinf(x) else x
+
+
+def file_path(name: str, value: Any) -> str:
+    """``value`` as a str path: a ``str`` or an ``os.PathLike`` that gives one (a ``pathlib.Path``); not bytes,
+    not a number (an int would be taken for a file descriptor)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, os.PathLike):
+        path = os.fspath(value)
+        if isinstance(path, str):
+            return path
+        value = path  # (a PathLike that gives bytes: named as the bytes)
+    raise TypeError(f"{name} must be a file path, a str or a pathlib.Path, not {_got(value)}")

@@ -40,6 +40,7 @@ import anyio
 import numpy as np
 from rich.console import Console
 
+from ._backends import cupti
 from ._core import select
 from ._errors import AsyncGPUError, ClockError, NoDeviceError, SourceError, UnknownDeviceError
 from ._export import write_trace
@@ -135,15 +136,16 @@ def _open(backend: str, count: int | None) -> list[Any]:
     return select.devices(backend, count=count)
 
 
-def _check_trace_path(path: str) -> None:
-    """Raise `_Usage` naming why ``path`` cannot be written; checked before the run (nothing is left there)."""
+def _check_output_path(option: str, path: str) -> None:
+    """Raise `_Usage` naming why ``path`` (given with ``option``: ``--trace``, ``--json``) cannot be written;
+    checked before the run, so that a mistake costs no run (nothing is left there)."""
     p = Path(path)
     if p.is_dir():
-        raise _Usage(f"--trace {path}: that is a directory: give a file name")
+        raise _Usage(f"{option} {path}: that is a directory: give a file name")
     folder = p.parent
     if not folder.is_dir():
         what = "is not a directory" if folder.exists() else "does not exist: create it first"
-        raise _Usage(f"--trace {path}: the directory {folder} {what}")
+        raise _Usage(f"{option} {path}: the directory {folder} {what}")
     try:
         with tempfile.TemporaryFile(dir=folder):
             pass
@@ -153,9 +155,9 @@ def _check_trace_path(path: str) -> None:
             errno.EPERM: "no permission",
             errno.EROFS: "a read-only file system",
         }.get(exc.errno or 0, "the file system takes no new files there")
-        raise _Usage(f"--trace {path}: cannot write a file in {folder} ({why}): choose a writable path") from None
+        raise _Usage(f"{option} {path}: cannot write a file in {folder} ({why}): choose a writable path") from None
     if p.exists() and not os.access(p, os.W_OK):
-        raise _Usage(f"--trace {path}: no permission to overwrite it: choose a writable path")
+        raise _Usage(f"{option} {path}: no permission to overwrite it: choose a writable path")
 
 
 def _check_memory(devs: list[Any], n: int) -> None:
@@ -223,6 +225,28 @@ async def run_demo(
     devs = _open(name, count)
     n = elements or DEMO_ELEMENTS
     _check_memory(devs, n)
+    claimed = _claim_source(source, devs)  # (a source that cannot be had is an error before anything is printed)
+    try:
+        return await _demo_run(out, why, devs, n, trace, source, shown)
+    finally:
+        if claimed:
+            cupti.release(cupti.TIMER)
+
+
+def _claim_source(source: str, devs: list[Any]) -> bool:
+    """Check ``source`` for the demo's scope and claim CUPTI for it when it is to be used (the scope shares the
+    session; the caller releases it when this returns True). `SourceError` naming the fix when it cannot be had."""
+    if source == "events":
+        return False
+    used, _ = cupti.choose(source, devs, cupti.TIMER, "this scope")
+    return used == "cupti"
+
+
+async def _demo_run(
+    out: _Out, why: str, devs: list[Any], n: int, trace: str | None, source: str, shown: Callable[[], None] | None
+) -> int:
+    """`run_demo` once its options are checked."""
+    name = devs[0].backend
     models = ", ".join(sorted({d.description for d in devs}))
     header = f"asyncgpu demo on {why}: {len(devs)} device(s) ({models}), {n:,} float32 elements each"
     if not out.json:
@@ -368,19 +392,8 @@ def _devices(out: _Out, backend: str | None) -> int:
     name = backend or select.default_backend()
     if name == "cuda":
         ok, why = select.backend_available("cuda")
-        if not ok:
-            if backend is not None:  # asked for by name: as the other commands, a usage mistake
-                raise _no_gpu(why)
-            if out.json:
-                out.document({"backend": "cuda", "devices": [], "reason": why})
-            out.err.print(
-                f"asyncgpu devices: no usable CUDA GPU ({why}); `asyncgpu devices --backend host` lists the host "
-                "devices (worker threads)",
-                markup=False,
-                highlight=False,
-                soft_wrap=True,
-            )
-            return 0
+        if not ok:  # by default, by $ASYNCGPU_BACKEND or by name: a usage mistake, as in the other commands
+            raise _no_gpu(why)
     table = FitTable(
         f"{name} devices, clocks against the host clock (time.perf_counter_ns)",
         [
@@ -492,6 +505,8 @@ def _run_bench(out: _Out, args: argparse.Namespace) -> int:
     from ._bench import benchmark, parse_devices
     from ._errors import BenchmarkError
 
+    if args.json is not None:
+        _check_output_path("--json", args.json)
     fn = _load_function(args.target)
     if args.devices is None:
         _open(args.backend or select.default_backend(), None)  # no GPU: say which option to use
@@ -741,7 +756,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "report":
             return _report(out, args)
         if args.trace is not None:
-            _check_trace_path(args.trace)
+            _check_output_path("--trace", args.trace)
         backend, options = ("trio", {}) if args.loop == "trio" else ("asyncio", {"use_uvloop": args.loop == "uvloop"})
         return anyio.run(
             run_demo,

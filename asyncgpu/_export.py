@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence, Union
 
 import numpy as np
 
+from ._checks import file_path
 from ._perfetto import NATIVE_SUFFIXES, read_perfetto, write_perfetto
 from ._records import KIND_CODES, KINDS, CollectiveMark, DeviceClock, HostRange, Timeline
 from ._trace import HOST_PID, device_pid
@@ -69,7 +70,8 @@ def write_trace(source: Source, path: str | os.PathLike) -> None:
     """Write ``source`` as a trace to open at https://ui.perfetto.dev: Perfetto's native protobuf format when
     ``path`` ends in ``.pftrace``, ``.perfetto-trace`` or ``.pb`` (needs ``pip install "asyncgpu[perfetto]"``;
     `ImportError` naming it otherwise), else Chrome trace JSON. Raises `OSError` naming the path and the fix when
-    it cannot be written."""
+    it cannot be written, `TypeError` for a ``path`` that is not a str or a path (bytes, a number)."""
+    path = file_path("path", path)
     tl = _merged(source)
     if Path(path).suffix.lower() in NATIVE_SUFFIXES:
         write_perfetto(tl, path)
@@ -356,6 +358,7 @@ def read_trace(path: str | os.PathLike) -> Timeline:
     """A `Timeline` from a trace written by `write_trace`, JSON or Perfetto protobuf (told apart by their first
     byte; times within 1 ns), with its layers (in-kernel records, handoffs). Raises `ValueError` ("not an asyncgpu
     trace: ...") for other files or a corrupt one, `OSError` when it cannot be read."""
+    path = file_path("path", path)
     with open(path, "rb") as f:
         data = f.read()
     if data.lstrip()[:1] not in (b"{", b"["):
@@ -427,6 +430,7 @@ def to_json(source: Source, path: str | os.PathLike | None = None) -> str | None
     scopes, host ranges) and ``records``, one object per activity (times in ns, ``start_ms`` from the scope's
     start; null when unfinished; ``issued_ns``, when the host issued it, null when not known). Returns the text
     when ``path`` is None, else writes it there."""
+    path = None if path is None else file_path("path", path)
     tl = _merged(source)
     head = {
         "asyncgpu_records_version": 1,
@@ -450,6 +454,7 @@ def to_csv(source: Source, path: str | os.PathLike | None = None) -> str | None:
     """The records as CSV: a header and one line per activity (device, stream, name, kind, start_ns, end_ns,
     duration_ns in host ns, start_ms from the scope's start, empty when unfinished; issued_ns, empty when not
     known). Returns the text when ``path`` is None, else writes it there."""
+    path = None if path is None else file_path("path", path)
     text = _records_text(_merged(source), "%s,%s,%s,%s,%s,%s,%s,%s,%s\n", _csv_field, "")
     header = "device,stream,name,kind,start_ns,end_ns,duration_ns,start_ms,issued_ns\n"
     return _deliver(header + text, path, "the CSV")

@@ -360,17 +360,31 @@ def _nan(x: float | None) -> float:
 
 @contextmanager
 def open_for_writing(path: str | os.PathLike, what: str, binary: bool = False) -> Iterator[IO[Any]]:
-    """``open(path, "w")`` (``"wb"`` when ``binary``); an `OSError` (same errno and subclass) that names the path
-    and the fix."""
+    """``open(path, "w")`` (``"wb"`` when ``binary``); an `OSError` raised while opening, writing or closing it
+    becomes one (same errno and subclass) that names the path, the cause and the fix."""
     p = Path(path)
     try:
         f = open(p, "wb") if binary else open(p, "w", encoding="utf-8", newline="")
     except OSError as exc:
-        fix = {
-            errno.ENOENT: f"the directory {p.parent} does not exist: create it first",
-            errno.EACCES: "no permission to write there: choose a writable path",
-            errno.EISDIR: "it is a directory: give a file name",
-        }.get(exc.errno or 0, exc.strerror or str(exc))
-        raise OSError(exc.errno, f"cannot write {what} to {p}: {fix}") from exc
-    with f:
-        yield f
+        raise OSError(exc.errno, f"cannot write {what} to {p}: {_write_problem(p, exc)}") from exc
+    try:
+        with f:
+            yield f
+    except OSError as exc:
+        raise OSError(exc.errno, f"could not finish writing {what} to {p}: {_write_problem(p, exc)}") from exc
+
+
+def _write_problem(p: Path, exc: OSError) -> str:
+    """What went wrong writing ``p`` (the system's own words) and the fix, from the `OSError` it raised."""
+    code, cause = exc.errno or 0, exc.strerror or str(exc)
+    if code == errno.ENOENT and not p.parent.exists():
+        return f"the directory {p.parent} does not exist: create it first"
+    if code in (errno.ENOENT, errno.ENOTDIR) and not p.parent.is_dir():
+        return f"{p.parent} is not a directory: choose a path in a directory"
+    if code == errno.EISDIR:
+        return "it is a directory: give a file name"
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return f"{cause}: free space there, or choose a path on another device"
+    if code in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"{cause}: choose a writable path"
+    return f"{cause} ({p.parent} exists, but the system refused this file there): choose a writable path"

@@ -392,6 +392,19 @@ async def test_events_streams_and_graphs_of_a_closed_worker_raise(backend):
     assert asyncgpu.device(0, backend=backend) is not dev
 
 
+def test_an_array_of_a_closed_worker_raises_as_its_other_objects(backend):
+    dev = asyncgpu.device(0, backend=backend)
+    a = dev.alloc(4)
+    dev.stream.memset(a, 0)
+    dev.synchronize()
+    assert np.all(a.to_numpy() == 0)
+    asyncgpu.close_all()
+    fix = rf"this array belongs to {dev.name}'s worker, which is closed \(device.close\(\) was called\): open"
+    for use in (a.to_numpy, lambda: np.asarray(a), lambda: a.ptr):
+        with pytest.raises(ClosedError, match=fix):
+            use()
+
+
 # -- NVRTC ------------------------------------------------------------------------------------------------------------
 def test_a_missing_nvrtc_is_reported_with_the_extra_that_brings_it(monkeypatch):
     from cuda.bindings import nvrtc

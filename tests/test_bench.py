@@ -168,9 +168,27 @@ def test_fn_raising_mid_run_keeps_the_complete_repeats(two_devs):
     with pytest.raises(BenchmarkError, match="in repeat 6") as info:
         benchmark(fn, n_repeat=100, n_warmup=2, devices=two_devs)
     part = info.value.result
-    assert part.n_repeat == 5  # repeat 5 was still queued on host:0 when repeat 6 failed
-    assert part.gpu_times_ms.shape == (2, 5) and np.all(part.gpu_times_ms > 0.19)
+    assert part.n_repeat == 6  # every call of repeats 0..5 returned: repeat 5, in flight when 6 failed, is kept
+    assert part.gpu_times_ms.shape == (2, 6) and np.all(part.gpu_times_ms > 0.19)
+    assert part.cpu_times_ms.shape == (6,) and np.all(part.cpu_times_ms > 0)
     assert _no_events_in_use(two_devs)
+
+
+@pytest.mark.parametrize("fails_at", [0, 1, 4])
+def test_the_partial_result_keeps_a_repeat_for_every_call_that_returned(dev, fails_at):
+    returned = []
+
+    def fn(stream):
+        if len(returned) == fails_at:
+            raise RuntimeError("boom")
+        stream.spin_us(100)
+        returned.append(1)
+
+    with pytest.raises(BenchmarkError, match=f"in repeat {fails_at}") as info:
+        benchmark(fn, n_repeat=100, n_warmup=0, devices=dev)
+    part = info.value.result
+    assert part.n_repeat == len(returned) == fails_at and part.stop_reason == "error"
+    assert part.gpu_times_ms.shape == (1, fails_at) and np.all(part.gpu_times_ms > 0.09)
 
 
 def test_work_failing_on_the_device_is_an_error_too(dev):

@@ -131,13 +131,26 @@ def test_devices_json(capsys):
 
 
 @pytest.mark.skipif(CUDA_OK, reason="checks the machine without a GPU")
-def test_devices_without_gpu_names_the_option_that_works(capsys):
-    assert main(["devices"]) == 0  # no GPU is an answer, not a failure
+@pytest.mark.parametrize(
+    ("argv", "env"),
+    [
+        (["devices"], None),
+        (["devices", "--format", "json"], None),
+        (["devices"], "cuda"),
+        (["devices", "--backend", "cuda"], None),
+        (["devices", "--backend", "cuda"], "host"),
+    ],
+)
+def test_devices_without_gpu_is_a_usage_error_naming_the_option_that_works(capsys, monkeypatch, argv, env):
+    if env is None:
+        monkeypatch.delenv("ASYNCGPU_BACKEND", raising=False)
+    else:
+        monkeypatch.setenv("ASYNCGPU_BACKEND", env)
+    assert main(argv) == 2  # by default, by $ASYNCGPU_BACKEND or by name: as demo and bench
     captured = capsys.readouterr()
     line = _one_line(captured.err)
-    assert captured.out == "" and "no usable CUDA GPU" in line and "asyncgpu devices --backend host" in line
-    assert main(["devices", "--backend", "cuda"]) == 2  # asked for by name: a usage mistake, as in demo and bench
-    assert "add --backend host" in _one_line(capsys.readouterr().err)
+    assert captured.out == "" and line.startswith("asyncgpu devices: no usable CUDA GPU")
+    assert line.endswith("add --backend host to run on host worker threads instead")
 
 
 def test_version(capsys):
@@ -272,7 +285,7 @@ def test_bench_function_raising_exits_1_with_where_and_partial_results(capsys, b
     line = _one_line(captured.err)
     assert line.startswith("asyncgpu bench: flaky raised ValueError: flaky on purpose (on host:0, in repeat 3)")
     assert f"(at {bench_file}:" in line
-    assert "2 repeats after 1 warm-up" in " ".join(captured.out.split())  # the complete repeats are shown
+    assert "3 repeats after 1 warm-up" in " ".join(captured.out.split())  # the repeats whose calls returned
 
 
 @pytest.mark.parametrize(
@@ -392,6 +405,28 @@ def test_console_entry_point_bench_help():
     assert out.returncode == 0 and "MODULE:FUNCTION" in out.stdout
 
 
+def test_a_demo_source_that_cannot_be_had_is_refused_before_anything_is_printed(capsys):
+    argv = ["demo", "--backend", "host", "--elements", "1000", "--no-trace", "--source", "cupti"]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # no banner: the options are checked first
+    line = _one_line(captured.err)  # (no progress line either)
+    assert line.startswith("asyncgpu demo: source='cupti': CUPTI times CUDA devices only")
+
+
+def test_bench_checks_the_json_path_before_it_imports_or_runs_anything(capsys, tmp_path):
+    marker = tmp_path / "ran"
+    module = tmp_path / "json_path_bench.py"
+    module.write_text(f"open({str(marker)!r}, 'w').close()\n\ndef step(stream):\n    stream.spin_us(10)\n")
+    target = tmp_path / "no" / "r.json"
+    argv = ["bench", f"{module}:step", "--backend", "host", "-n", "5", "-w", "0", "--json", str(target)]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    line = _one_line(captured.err)
+    assert line == f"asyncgpu bench: --json {target}: the directory {target.parent} does not exist: create it first"
+    assert captured.out == "" and not marker.exists()  # nothing was imported, nothing ran
+
+
 def test_demo_source_option_says_where_durations_come_from(capsys):
     assert main(["demo", "--backend", "host", "--elements", "1000", "--no-trace", "--source", "auto"]) == 0
     out = capsys.readouterr().out
@@ -451,6 +486,69 @@ def test_ctrl_c_during_bench_prints_one_line_and_exits_130(tmp_path):
     )
     assert (code, err) == (130, "asyncgpu bench: interrupted\n")
     assert seconds < 1.5
+
+
+_SLOW_IMPORT = """
+import os, sys, time
+
+class _Slow:
+    def find_spec(self, name, path=None, target=None):
+        if name.startswith("asyncgpu.") and not os.path.exists(os.environ["MARKER"]):  # inside `import asyncgpu`
+            open(os.environ["MARKER"], "w").close()
+            time.sleep(30)  # Ctrl-C arrives here
+        return None
+
+sys.meta_path.insert(0, _Slow())
+"""
+
+
+def _console_script() -> tuple[str, str]:
+    """The module and function of the ``asyncgpu`` console script, from pyproject.toml."""
+    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    target = text.split("[project.scripts]", 1)[1].split('asyncgpu = "', 1)[1].split('"', 1)[0]
+    module, _, function = target.partition(":")
+    return module, function
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process is POSIX")
+def test_ctrl_c_while_the_console_script_imports_asyncgpu_prints_one_line_and_exits_130(tmp_path):
+    """The console script as pip writes it (``from MODULE import FUNCTION; sys.exit(FUNCTION())``), interrupted
+    while ``import asyncgpu`` runs (a sitecustomize holds that import until the signal comes)."""
+    (tmp_path / "sitecustomize.py").write_text(_SLOW_IMPORT)
+    marker = tmp_path / "importing"
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, MARKER=str(marker), PYTHONPATH=os.pathsep.join([str(tmp_path), root]))
+    module, function = _console_script()
+    script = f"import sys; from {module} import {function}; sys.exit({function}())"
+
+    def started(p: subprocess.Popen) -> None:
+        deadline = time.perf_counter() + 20
+        while not marker.exists() and p.poll() is None and time.perf_counter() < deadline:
+            time.sleep(0.01)
+        assert marker.exists(), p.communicate()
+
+    p = subprocess.Popen(
+        [sys.executable, "-c", script, "devices", "--backend", "host"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=root,
+    )
+    try:
+        started(p)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+    finally:
+        p.kill()
+    assert (p.returncode, out, err) == (130, "", "asyncgpu: interrupted\n")
+
+
+def test_the_console_scripts_exit_code_for_ctrl_c_is_the_commands():
+    import _asyncgpu_cli
+    from asyncgpu import _cli
+
+    assert _asyncgpu_cli.EXIT_INTERRUPTED == _cli.EXIT_INTERRUPTED == 128 + signal.SIGINT
 
 
 def test_demo_follows_asyncgpu_backend(capsys, monkeypatch):

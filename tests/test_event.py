@@ -314,6 +314,52 @@ def test_pool_bound_raises_and_names_the_fix(backend):
         ev.release()
 
 
+def _released_behind_work(dev, n: int, work_us: int = 100_000) -> None:
+    """Fill ``dev``'s pool of timing events with ``n`` records behind ``work_us`` of work, and release them all:
+    the device has passed none of them yet."""
+    dev.stream.spin_us(work_us)
+    for ev in [dev.record() for _ in range(n)]:
+        ev.release()
+
+
+def test_a_full_pool_of_released_events_waits_for_the_device_in_a_plain_thread(backend):
+    dev = asyncgpu.device(0, backend=backend, max_events=16)
+    _released_behind_work(dev, 16)
+    ev = dev.record()  # released events come back once the device has passed them: a plain thread waits for that
+    ev.wait_sync(timeout_s=5)
+    ev.release()
+    assert dev.pool_stats().created <= 16
+
+
+async def test_a_full_pool_of_released_events_says_so_in_a_task(backend):
+    dev = asyncgpu.device(0, backend=backend, max_events=16)
+    _released_behind_work(dev, 16)
+    with pytest.raises(PoolExhaustedError) as info:  # an event loop's thread does not wait for the device
+        dev.record()
+    message = str(info.value)
+    assert "16 of them are released but still ahead of the device" in message
+    assert "Release events you no longer need" not in message and "`await device.asynchronize()`" in message
+    await dev.asynchronize()  # the fix it names
+    dev.record().release()
+
+
+def test_pool_stats_after_close_count_every_returned_event_as_gone(backend):
+    dev = asyncgpu.device(0, backend=backend)
+    held = dev.record()
+    dev.record().release()
+    dev.synchronize()
+    dev.close()
+    assert dev.pool_stats(True).in_use == 1 and dev.pool_stats(False).in_use == 0  # ``held`` is still out
+    held.release()
+    for timing in (True, False):
+        stats = dev.pool_stats(timing)
+        assert (stats.created, stats.free, stats.in_use) == (0, 0, 0), stats
+    dev = asyncgpu.device(0, backend=backend)
+    dev.record().release()
+    asyncgpu.close_all()
+    assert dev.pool_stats().in_use == 0 and dev.pool_stats().created == 0
+
+
 def test_garbage_collected_events_return_to_the_pool(dev):
     for _ in range(100):
         dev.record()  # dropped at once

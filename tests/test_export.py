@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import errno
 import io
 import json
 import os
@@ -322,6 +323,36 @@ def test_unwritable_paths_name_the_fix(tmp_path):
         (tmp_path / "ro").mkdir(mode=0o500)
         with pytest.raises(PermissionError, match="choose a writable path"):
             to_json(tl, tmp_path / "ro" / "r.json")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_a_directory_that_refuses_the_file_is_not_called_missing():
+    with pytest.raises(FileNotFoundError) as info:  # /proc exists: the system refuses a new file in it
+        write_trace(synthetic(), "/proc/x.json")
+    message = str(info.value)
+    assert "cannot write the trace to /proc/x.json: No such file or directory" in message
+    assert "/proc exists" in message and "choose a writable path" in message and "create it first" not in message
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (a device that is always full)")
+@pytest.mark.parametrize("write", [write_trace, to_json, to_csv])
+def test_a_write_that_fails_midway_names_the_path(write):
+    with pytest.raises(OSError) as info:  # opening works; writing fails
+        write(synthetic(), "/dev/full")
+    assert info.value.errno == errno.ENOSPC
+    assert "to /dev/full: No space left on device: free space there" in str(info.value)
+
+
+@pytest.mark.parametrize("bad", [b"t.json", 3, 2.5, None])
+def test_a_path_that_is_not_a_path_is_a_type_error_naming_it(tmp_path, bad):
+    tl = synthetic()
+    calls = [lambda: write_trace(tl, bad), lambda: read_trace(bad)]
+    if bad is not None:  # (None: to_json and to_csv return the text)
+        calls += [lambda: to_json(tl, bad), lambda: to_csv(tl, bad)]
+    for call in calls:
+        with pytest.raises(TypeError, match=r"^path must be a file path, a str or a pathlib.Path, not "):
+            call()
+    assert not os.path.exists("t.json") and not os.path.exists(tmp_path / "t.json")
 
 
 @pytest.mark.parametrize(

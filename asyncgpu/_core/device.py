@@ -132,8 +132,17 @@ class Device:
         self.worker = Worker(f"asyncgpu-{bd.name}-worker", bd.make_current, self.closed_error)
         bd.free_elsewhere = self.worker.give  # large pinned blocks are freed on the worker thread
         grow_soon = self.engine.run_soon if bd.grows_ahead else None  # (costly events: made on the waiter thread)
-        self.timing_pool = EventPool(bd, timing=True, max_events=max_events, reclaim=self._reclaim, grow_soon=grow_soon)
-        self.plain_pool = EventPool(bd, timing=False, max_events=max_events, reclaim=self._reclaim, grow_soon=grow_soon)
+        self.timing_pool, self.plain_pool = (
+            EventPool(
+                bd,
+                timing=timing,
+                max_events=max_events,
+                reclaim=self._reclaim,
+                grow_soon=grow_soon,
+                wait_released=self._wait_released,
+            )
+            for timing in (True, False)
+        )
         self._returns = deque()  # released events the device may not have passed yet: (raw, timing, seq)
         self.owned_streams = []
         self.adopted_streams = {}
@@ -307,6 +316,21 @@ class Device:
         finally:
             self._reclaim_lock.release()
 
+    def _wait_released(self, timing: bool) -> int | None:
+        """A pool of ``timing`` events at its bound, with nothing the device has passed: wait for the oldest
+        release of that kind still ahead of the device and return None (the pool reclaims it), where the calling
+        thread may block (a plain thread, a Jupyter cell: as a launch onto a full stream blocks there). Else,
+        and in an event loop's thread, return how many such releases there are (0: none, the pool is really
+        full) without waiting. A failing device raises `BackendError`."""
+        if self._forked_from is not None:
+            return 0
+        with self._reclaim_lock:  # (a reclaim takes items off the queue and puts the pending ones back)
+            ahead = [raw for raw, kind, _ in self._returns if kind == timing]
+        if ahead and (loops.current()[0] == loops.THREAD or loops.in_jupyter_kernel()):
+            self.bd.sync_event(ahead[0])  # (the GIL released)
+            return None
+        return len(ahead)
+
     def _reclaim_now(self, everything: bool) -> int:
         """Give back to their pools the released events the device has passed, oldest first: up to the first
         one still pending, or (``everything``: a pool at its bound, a trim) all of them. Returns how many. A pool
@@ -361,8 +385,8 @@ class Device:
             else:
                 try:
                     done = self._closed or query(raw)
-                except BackendError:
-                    self.bd.destroy_event(raw)  # a failed device: never reuse its events
+                except BackendError:  # a failed device: never reuse its events
+                    (self.timing_pool if timing else self.plain_pool).discard(raw)
                     continue
             if done:
                 (self.timing_pool if timing else self.plain_pool).give(raw)
@@ -378,8 +402,7 @@ class Device:
         when the device closes. Any thread."""
         if kept:
             self.kept_events[id(raw)] = raw
-        else:
-            self.kept_events.pop(id(raw), None)
+        elif self.kept_events.pop(id(raw), None) is not None:  # (else `close` has destroyed it already)
             self.timing_pool.give(raw)
 
     def trim_backlog(self, keep: int = 256) -> int:
@@ -724,7 +747,7 @@ class Device:
             self._clock = self._clock_ref = self._clock_retired = None
             self.clock_events = []
         for raw in list(self.kept_events.values()):
-            self.bd.destroy_event(raw)
+            self.timing_pool.discard(raw)  # (kept events are the timing pool's)
         self.kept_events.clear()
         for s in (*self.owned_streams, *self.adopted_streams.values()):
             s.release_checks()

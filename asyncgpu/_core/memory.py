@@ -80,8 +80,12 @@ class DeviceArray:
             buf.close()
 
     def live(self) -> Any:
+        """The backend's buffer; `ReleasedError` once freed, `ClosedError` once its device is closed (its memory
+        belonged to the closed worker), as every other object of a closed device."""
         if self._buf is None:
             raise ReleasedError("this array was freed: allocate a new one with device.alloc()")
+        if self.device.closed:
+            raise self.device.closed_error("this array")
         return self._buf
 
     def __len__(self) -> int:

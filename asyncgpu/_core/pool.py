@@ -44,7 +44,10 @@ class PoolStats:
 class EventPool:
     """Recycled events of one kind (timing or not) of one device. ``reclaim(everything, wait)``: gives back
     released events the device has passed (the device's queue of releases); called before the pool grows, and
-    with ``everything=True`` when it is at its bound (``wait`` False: not if another reclaim is under way)."""
+    with ``everything=True`` when it is at its bound (``wait`` False: not if another reclaim is under way).
+    ``wait_released(timing)``: called at the bound when nothing could be reclaimed; None once it has waited for
+    a released event of that kind to be passed (where the calling thread may block), else how many released
+    events are still ahead of the device (for the error's message)."""
 
     def __init__(
         self,
@@ -55,9 +58,11 @@ class EventPool:
         grow_by: int = 64,
         reclaim: Callable[[bool, bool], int] | None = None,
         grow_soon: Callable[[Callable[[], None]], None] | None = None,
+        wait_released: Callable[[bool], int | None] | None = None,
     ) -> None:
         self._device = device
         self._reclaim = reclaim
+        self._wait_released = wait_released
         self._grow_soon = grow_soon
         self._low = grow_by // 2  # fewer free than this: grow ahead (with ``grow_soon``)
         self._growing = False  # a growth ahead is queued or running
@@ -73,7 +78,8 @@ class EventPool:
 
     def take(self) -> Any:
         """A free backend event (hot). When none is free: reclaims released ones the device has passed, else
-        grows; raises `PoolExhaustedError` at the bound. Running low, it asks ``grow_soon`` to grow ahead."""
+        grows; at the bound, waits for released events the device has not passed yet where ``wait_released`` may
+        block, else raises `PoolExhaustedError`. Running low, it asks ``grow_soon`` to grow ahead."""
         free = self._free
         try:
             raw = free.pop()
@@ -138,11 +144,15 @@ class EventPool:
         except PoolExhaustedError:
             if reclaim is None:
                 raise
+        while True:  # at the bound: what the device has passed, else wait for what it has not (where allowed)
             reclaim(True, True)
             try:
                 return self._free.pop()
             except IndexError:
-                raise PoolExhaustedError(self._exhausted()) from None
+                pass
+            ahead = 0 if self._wait_released is None else self._wait_released(self._timing)
+            if ahead is not None:
+                raise PoolExhaustedError(self._exhausted(ahead))
 
     def reserve(self, n: int) -> int:
         """Create events until ``n`` are free (at most up to the bound), a `_step` at a time. Returns how many were
@@ -167,9 +177,16 @@ class EventPool:
     def give(self, raw: Any) -> None:
         """Return an event the device has passed. After `close` the event is destroyed instead."""
         if self._closed:
-            self._device.destroy_event(raw)
+            self.discard(raw)
             return
         self._free.append(raw)
+
+    def discard(self, raw: Any) -> None:
+        """Destroy an event taken from this pool that will not come back (its device is closing or failed):
+        ``created`` counts down, so `stats` stays true."""
+        with self._lock:
+            self._created -= 1
+        self._device.destroy_event(raw)
 
     def _grow(self) -> Any:
         with self._lock:
@@ -202,11 +219,20 @@ class EventPool:
                 gone += 1
         return gone
 
-    def _exhausted(self) -> str:
+    def _exhausted(self, ahead: int = 0) -> str:
         kind = "timing" if self._timing else "non-timing"
+        head = f"{self._device.name}: all {self._max} {kind} events are in use"
+        if not ahead:
+            return (
+                f"{head}. Release events you no longer need (event.release(), or let scopes close), or open the "
+                "device with a larger max_events"
+            )
+        synchronize = "`await device.asynchronize()`, or " if self._timing else ""
         return (
-            f"{self._device.name}: all {self._max} {kind} events are in use. Release events you no longer need "
-            "(event.release(), or let scopes close), or open the device with a larger max_events"
+            f"{head}, and {ahead} of them are released but still ahead of the device: a released event comes "
+            "back only once the device has run past its record, and an event loop's thread does not wait for "
+            f"that. In a task, wait for the device before recording more ({synchronize}`await event.wait()` "
+            "before `event.release()`), or open the device with a larger max_events"
         )
 
     def stats(self) -> PoolStats:
@@ -222,3 +248,4 @@ class EventPool:
             self._closed = True
             while self._free:
                 self._device.destroy_event(self._free.pop())
+                self._created -= 1
