@@ -437,7 +437,7 @@ def _resolve(p: _Pending, placements: dict[Device, Placement], final: bool = Tru
             if place is None:
                 place = placements[dev] = placement(dev)
             if place.clock.aligned:
-                start, duration_ns = place.trim(p.kind, place.host_ns(p.start_raw), duration_ms * 1e6)
+                start, duration_ns = place.trim(p.kind, place.host_ns(p.start_raw), duration_ms * 1e6, p.name)
                 start_ns, duration_ms = round(start), duration_ns / 1e6
         except NotReadyError:
             return None

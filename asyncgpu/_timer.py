@@ -32,7 +32,7 @@ from . import _nvtx
 from ._backends import cupti
 from ._checks import number, whole
 from ._core import hooks, loops
-from ._core.clock import CLOCK_MAX_AGE_S, Placement, placement
+from ._core.clock import CLOCK_MAX_AGE_S, Placement, cut_kind, placement
 from ._core.device import Device
 from ._core.engine import KIND_CALLBACK
 from ._core.stream import Stream
@@ -831,8 +831,10 @@ class Timer:
                     from_cupti,
                 )
                 issued_col = np.concatenate([issued_col, np.full(len(extra), np.nan)])  # (launched by others)
+        d2d_codes = [c for name, c in names.items() if cut_kind("memcpy", name) == "memcpy_d2d"]
+        d2d = np.isin(name_col, d2d_codes) if d2d_codes else None  # copies between device buffers
         for d, code in dev_codes.items():
-            placements[d].trim_columns((device_col == code) & ~from_cupti, kind_col, start_col, dur_col)
+            placements[d].trim_columns((device_col == code) & ~from_cupti, kind_col, start_col, dur_col, d2d)
         with self._layer_lock:
             live, self._layers = list(self._layers.values()), {}
             marks, self._marks = tuple(self._marks), []
@@ -905,7 +907,7 @@ class Timer:
                     extra.append((act, kind, name, start, end))
         missing = 0
         offset = self._cupti_offset_ns
-        excess: dict[Any, list[float]] = {}  # per device: raw event pair minus CUPTI, for single launches
+        excess: dict[tuple[Any, str], list[float]] = {}  # per device and kind: raw pair minus CUPTI, single launches
         for i, act in enumerate(acts):
             span = spans.get(id(act))
             if span is None and act.replay is not None:
@@ -915,12 +917,14 @@ class Timer:
                 missing += act.kind != "user"
                 continue
             if act.held and act.kind in _PAIRED_KINDS and act.duration_ms is not None and len(act.cupti or ()) == 1:
-                excess.setdefault(act.device, []).append(act.duration_ms * 1e6 - (span[1] - span[0]))
+                excess.setdefault((act.device, cut_kind(act.kind, act.name)), []).append(
+                    act.duration_ms * 1e6 - (span[1] - span[0])
+                )
             dur_col[i] = span[1] - span[0]
             start_col[i] = span[0] - offset
             from_cupti[i] = True
-        for dev, samples in excess.items():
-            dev.learn_pair_excess(samples)
+        for (dev, kind), samples in excess.items():
+            dev.learn_pair_excess(samples, kind)
         if missing:
             self.source_note = f"CUPTI saw no work for {missing} activities: their event-pair durations are kept"
         return [

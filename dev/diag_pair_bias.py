@@ -20,7 +20,7 @@ def main() -> None:
     a = p.parse_args()
     dev = asyncgpu.device(0, backend="cuda")
     cal = dev.clock()
-    print(f"{dev.description}: pair overhead {cal.bracket_overhead_ns:.0f} ns, {cal.bracket_overhead_source}")
+    print(f"{dev.description}: pair overhead (ns) {cal.bracket_overhead_by_kind_ns}, {cal.bracket_overhead_source}")
     s = dev.stream
     n = 10_000_000
     arr = dev.alloc(n, np.float32)
@@ -38,8 +38,7 @@ def main() -> None:
     for name, fn in cases.items():
         diffs, refs = [], []
         for _ in range(a.repeats):
-            dev.pair_excess_samples.clear()  # (what a CUPTI scope teaches: forgotten, so the calibration's applies)
-            dev._pair_excess_ns = None
+            dev.forget_pair_excess()  # (what a CUPTI scope teaches: forgotten, so the calibration's applies)
             dev.synchronize()
             with asyncgpu.gpu_timer(dev, source="cupti") as outer:
                 with asyncgpu.gpu_timer(dev, source="events") as inner:

@@ -1,10 +1,11 @@
-// asyncgpu clock calibration: one thread answers host pings with %globaltimer stamps (asyncgpu/_clock.py).
+// asyncgpu clock calibration: one thread answers host pings with %globaltimer stamps (asyncgpu/_core/clock.py).
 //
-// The host writes `first`, `first + 1`, ... into *flag (pinned, mapped host memory). For each value v the
-// kernel spins until *flag has reached v (cyclic compare, as cuStreamWaitValue32's GEQ), stamps %globaltimer
-// into stamps[v - first], then publishes *ack = v. The host brackets each flip by its own clock readings
-// (h0 before the write, h1 after it sees the ack): the stamp lies between them, so the offset of the device
-// clock to the host clock is stamp - (h0 + h1) / 2, within +-(h1 - h0) / 2.
+// The host zeroes stamps[0..n], then writes `first`, `first + 1`, ... into *flag (pinned, mapped host memory).
+// For each value v the kernel spins until *flag has reached v (cyclic compare, as cuStreamWaitValue32's GEQ) and
+// writes %globaltimer into stamps[v - first]: the 8-byte stamp is itself the acknowledgement the host waits for
+// (one posted write; an acknowledgement word behind a system fence made the round trip ~1 µs longer). The host
+// brackets each flip by its own clock readings (h0 before the write, h1 when it sees the stamp): the stamp lies
+// between them, so the offset of the device clock to the host clock is within [stamp - h1, stamp - h0].
 //
 // After the last ping the kernel stamps once more, as its last instruction, into stamps[n]: an event recorded
 // right after the kernel on the same stream lands between that stamp and the host seeing a write that follows
@@ -13,7 +14,7 @@
 // *started = first tells the host that the kernel runs. A host that gives up writes a value >= every v into
 // *flag: the kernel then runs through the remaining values at once and exits (it never spins forever).
 // Launch: grid 1, block 1. Several devices may share one `flag` (ground-truth tests): each has its own
-// started/ack/stamps.
+// started word and stamps.
 
 __device__ __forceinline__ unsigned long long asyncgpu_clock_globaltimer_ns() {
     unsigned long long t;
@@ -22,8 +23,8 @@ __device__ __forceinline__ unsigned long long asyncgpu_clock_globaltimer_ns() {
 }
 
 extern "C" __global__ void asyncgpu_clock_pingpong(const volatile unsigned int* flag, volatile unsigned int* started,
-                                                   volatile unsigned int* ack, unsigned long long* stamps,
-                                                   unsigned int first, unsigned int n) {
+                                                   volatile unsigned long long* stamps, unsigned int first,
+                                                   unsigned int n) {
     *started = first;
     __threadfence_system();
     for (unsigned int i = 0; i < n; ++i) {
@@ -31,9 +32,7 @@ extern "C" __global__ void asyncgpu_clock_pingpong(const volatile unsigned int* 
         while ((int)(*flag - v) < 0) {
         }
         stamps[i] = asyncgpu_clock_globaltimer_ns();
-        __threadfence_system();
-        *ack = v;
-        __threadfence_system();
+        __threadfence_system();  // (after the stamp: it pushes the stamp out, and costs the host nothing)
     }
     stamps[n] = asyncgpu_clock_globaltimer_ns();
 }

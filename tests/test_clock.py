@@ -106,8 +106,10 @@ def test_two_gpus_stamp_one_instant_within_the_target():
     result = asyncgpu.check_alignment(devs, trials=10)
     s = result["summary"]
     assert s["raw"]["median_abs_ns"] > 1_000  # the GPUs' clocks really are apart
-    assert s["aligned"]["median_abs_ns"] < 2_000, s  # target 1 µs; the test allows 2 µs of noise
-    assert s["events_aligned"]["median_abs_ns"] < 5_000, s
+    # %globaltimer stamps, and the events after them, of one instant: the issue's target is 1 µs p50 (1.5 µs max,
+    # met over 30 trials in benchmarks/bench_clock.py, but not in every run of 10: single trials reach 4-5 µs)
+    assert s["aligned"]["median_abs_ns"] <= 1_000, s
+    assert s["events_aligned"]["median_abs_ns"] <= 1_500, s
 
 
 @pytest.mark.gpu
@@ -120,13 +122,16 @@ def test_the_calibration_says_how_the_pair_overhead_was_measured():
     cal = dev.clock()
     assert cal.to_dict()["bracket_overhead_source"] == cal.bracket_overhead_source != ""
     usable = cupti.available()[0]
-    overhead_ns, source = dev.bd.bracket_overhead()
-    assert 500 < overhead_ns < 20_000
-    if usable:
-        assert source.startswith("against CUPTI"), source
+    by_kind, source = dev.bd.bracket_overhead()
+    assert all(500 < ns < 20_000 for ns in by_kind.values()), by_kind
+    if usable:  # each kind measured against CUPTI's record of it
+        assert source.startswith("against CUPTI") and set(by_kind) == {"kernel", "memset", "memcpy", "memcpy_d2d"}, (
+            source,
+            by_kind,
+        )
         assert cupti.available()[0]  # the session was closed again
     else:
-        assert "globaltimer" in source, source
+        assert "globaltimer" in source and set(by_kind) == {"kernel"}, (source, by_kind)
 
 
 @pytest.mark.gpu

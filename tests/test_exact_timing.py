@@ -216,6 +216,7 @@ def test_a_bracket_after_the_other_engines_work_is_primed(dev, monkeypatch):
     """Only event brackets are primed, only at a compute<->copy switch or after work of unknown engine."""
     a, host = dev.alloc(1024), dev.alloc_pinned(1024)
     s = dev.stream
+    dev.clock()  # (the first calibration primes its own stream: not a bracket's primer)
     primes = []
     monkeypatch.setattr(dev.bd, "prime", lambda raw, engine: primes.append(engine))
     s.copy_to_host(a, host)
@@ -243,6 +244,7 @@ def test_events_time_launches_at_compute_copy_switches_as_cupti_does(dev, backen
     s.spin_us(1)
     s.copy_to_host(a, host)
     dev.synchronize()
+    dev.clock()  # (the first calibration primes its own stream: not a bracket's primer)
     primes = []
     real = dev.bd.prime
     dev.bd.prime = lambda raw, engine: primes.append(engine) or real(raw, engine)
@@ -265,6 +267,36 @@ def test_events_time_launches_at_compute_copy_switches_as_cupti_does(dev, backen
         e.sort()
         assert abs(e[len(e) // 2]) <= 1.0, (i, errs)
     a.free()
+
+
+def test_events_time_copies_between_device_buffers_as_cupti_does(dev, backend):
+    """A kernel then a 40 MB copy between device buffers, twice (the busy-stream case: each copy queued behind a
+    kernel). Such a copy runs on a copy engine of its own: its bracket is primed with a copy of its kind every
+    time (unprimed it read +2 to +7 µs against CUPTI on H100), and loses the overhead measured for it."""
+    _cupti_or_skip(backend)
+    n = 10_000_000
+    a, b = dev.alloc(n), dev.alloc(n)
+    s = dev.stream
+    s.copy(b, a)
+    dev.synchronize()
+    dev.clock()
+    errs, refs = [], []
+    for _ in range(8):
+        dev.synchronize()
+        with gpu_timer(dev, source="cupti") as outer:
+            with gpu_timer(dev, source="events") as inner:
+                for _ in range(2):
+                    s.spin_us(200)
+                    s.copy(b, a)
+        for r_e, r_c in zip(inner.records, outer.records, strict=True):
+            if r_e.kind == "memcpy":
+                errs.append((r_e.duration_ms - r_c.duration_ms) * 1e3)
+                refs.append(r_c.duration_ms * 1e3)
+    errs_a = np.array(errs)
+    bound = np.maximum(0.01 * np.array(refs), 1.0)  # the issue's tolerance: max(1 %, 1 µs)
+    assert abs(np.median(errs_a)) <= 0.5 and np.mean(np.abs(errs_a) <= bound) >= 0.9, errs
+    a.free()
+    b.free()
 
 
 def test_cupti_times_each_node_of_a_replayed_graph(dev, backend):
@@ -290,7 +322,13 @@ def test_cupti_times_each_node_of_a_replayed_graph(dev, backend):
         ]
         spins = [r.duration_ms * 1e3 for r in t.records if r.name == "spin"]
         assert 1000 <= spins[0] < 1003 and 300 <= spins[1] < 303 and 200 <= spins[2] < 203, spins
-        assert 500 <= by[("tail", "user")] < 510 and 1500 <= by[("graph", "graph")] < 1520, by
+        assert 500 <= by[("tail", "user")] < 510, by
+        # the graph spans its nodes, from the first one's start to the last one's end (CUPTI's own times)
+        nodes = [r for r in t.records if r.kind == "kernel"]
+        first_ns, last_ns = nodes[0].start_ns, nodes[-1].start_ns + nodes[-1].duration_ms * 1e6
+        replay = next(r for r in t.records if r.kind == "graph")
+        assert abs(replay.start_ns - first_ns) <= 1, (replay, nodes)
+        assert abs(by[("graph", "graph")] - (last_ns - first_ns) / 1e3) < 0.01, (replay, nodes)
 
 
 class _StandInCupti:

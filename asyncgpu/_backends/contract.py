@@ -106,7 +106,8 @@ class BackendDevice(ABC):
         return None
 
     def prime(self, raw_stream: Any, engine: str) -> None:  # noqa: B027 - optional: hosts have no engines
-        """Enqueue a tiny untimed operation on ``engine`` (``"compute"`` or ``"copy"``) of ``raw_stream``, so that
+        """Enqueue a tiny untimed operation on ``engine`` (``"compute"``, ``"copy"`` to the host, or ``"copy_d2d"``
+        between device buffers: `asyncgpu._core.hooks.engine_of`) of ``raw_stream``, so that
         the next event record runs behind that engine. On CUDA a record runs behind the engine of the stream's
         previous operation: a bracket's start recorded right after a compute<->copy switch completes ~5 µs before
         its work starts (``asyncgpu._core.hooks.launch_now`` primes at switches). Takes one launch slot; any
@@ -194,11 +195,12 @@ class BackendDevice(ABC):
         the device pass that event (None otherwise). Returns None when the device has no such clock (host)."""
         return None
 
-    def bracket_overhead(self) -> tuple[float, str]:
-        """What a pair of timing events adds to one kernel's time on the device (launch and completion
-        latency), in ns, and how it was measured (a few words for reports); ``(0.0, "")`` where it cannot be told
+    def bracket_overhead(self) -> tuple[dict[str, float], str]:
+        """What a pair of timing events adds to the time of the work it brackets on the device (launch and
+        completion latency), in ns per kind of work (``"kernel"``, and where measured ``"memset"``,
+        ``"memcpy"``), and how it was measured (a few words for reports); ``({}, "")`` where it cannot be told
         apart (the host backend)."""
-        return 0.0, ""
+        return {}, ""
 
     def memory_info(self) -> tuple[int, int] | None:
         """``(free, total)`` bytes of the memory this device's allocations come from, or None if unknown."""

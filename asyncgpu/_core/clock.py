@@ -9,11 +9,13 @@ calibrated by a host ping-pong:
   its clock before the write (h0) and after it sees the acknowledgement (h1): the event's timestamp lies in
   [h0, h1]. Of ``samples`` pings the one with the smallest round trip becomes the *anchor*; any event of the
   device is then placed at ``anchor_host_ns + elapsed(anchor, event)``, within ± half that round trip.
-- **%globaltimer.** One thread of ``kernels/clock.cu`` answers the same pings with ``%globaltimer`` stamps: the
-  offset (stamp − bracket midpoint) of the best sample, with its bound (a PCIe round trip is shorter for an SM
-  than for the stream front end, so this one is tighter). In-kernel records use it. An event recorded right after
-  that kernel lies between the kernel's last stamp and the host seeing the device pass it: when that bracket is
-  tighter than the events' own, that event becomes the anchor.
+- **%globaltimer.** One thread of ``kernels/clock.cu`` answers the same pings with ``%globaltimer`` stamps, each
+  stamp its own acknowledgement (one posted write). Each ping bounds the offset (stamp − host instant) to
+  [stamp − h1, stamp − h0] by causality alone; the intersection over the pings is the offset, and its half width
+  the bound, with no assumption that the two directions take equally long (about ±0.9-1.2 µs on H100: an SM's
+  read of a host word takes ~1.1 µs over PCIe, and the host's loop is Python). In-kernel records use it. An
+  event recorded right after that kernel lies between the kernel's last stamp and the host seeing the device
+  pass it: when that bracket is tighter than the events' own, that event becomes the anchor.
 - **Drift.** Between two calibrations at least a second apart, the globaltimer's rate against the host clock.
 
 Threads: `calibrate` blocks the calling thread for the ping-pong (about 0.1 ms per device; at most the timeout).
@@ -25,17 +27,19 @@ re-measures stale clocks in worker threads, all devices at once, before it place
 
 from __future__ import annotations
 
+import ctypes
 import math
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, cast, final
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, cast, final
 
 import numpy as np
 
 from .._checks import whole
 from .._errors import AsyncGPUError, ClockError, NoDeviceError
 from .._records import KIND_CODES, DeviceClock
+from .hooks import engine_of
 
 if TYPE_CHECKING:
     from .._backends.cuda import CudaDevice
@@ -60,7 +64,7 @@ class ClockCalibration:
     samples: int  #: pings used
     rtt_ns: float  #: the best round trip (ns)
     taken_ns: int  #: host time of the calibration
-    globaltimer_offset_ns: int | None = None  #: ``%globaltimer`` − host time (CUDA), best sample
+    globaltimer_offset_ns: int | None = None  #: ``%globaltimer`` − host time (CUDA): the pings' intersection
     globaltimer_bound_ns: float | None = None  #: its ± bound
     naive_offset_ns: int | None = None  #: the offset a single (first) sample gives, for comparison
     drift_ppm: float | None = None  #: globaltimer rate − host rate, in ppm, when measurable (≥ 1 s of history)
@@ -72,6 +76,9 @@ class ClockCalibration:
     #: how ``bracket_overhead_ns`` was measured: against CUPTI's record of the kernel, or (without CUPTI) against the
     #: kernel's own ``%globaltimer`` span, which leaves its launch and exit out (durations then read ~1 µs short)
     bracket_overhead_source: str = ""
+    #: what a pair adds per kind of work, ns (``"kernel"`` = ``bracket_overhead_ns``; ``"memset"``, ``"memcpy"``
+    #: where CUPTI measured them): kinds not listed take the kernel's
+    bracket_overhead_by_kind_ns: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -113,13 +120,22 @@ class ClockCalibration:
             "kernel_anchor_bound_ns": self.kernel_anchor_bound_ns,
             "bracket_overhead_ns": self.bracket_overhead_ns,
             "bracket_overhead_source": self.bracket_overhead_source,
+            "bracket_overhead_by_kind_ns": dict(self.bracket_overhead_by_kind_ns),
         }
 
 
-# Kinds whose event pairs lose the bracket overhead: on H200 a held pair adds 2.5-2.9 µs to a kernel, a memset and
-# a memcpy alike (against CUPTI, benchmarks/RESULTS.md run 19); work timed in a user block is not corrected.
+# Kinds whose event pairs lose the bracket overhead (measured per kind: `CudaDevice.bracket_overhead`); work timed
+# in a user block is not corrected.
 _LAUNCH_KINDS = ("kernel", "graph", "memset", "memcpy")
 _LAUNCH_CODES = np.array([KIND_CODES[k] for k in _LAUNCH_KINDS], np.int8)
+#: measured apart (a graph's pair is a kernel's); ``memcpy_d2d``: copies between device buffers (`cut_kind`)
+_PAIR_KINDS = ("kernel", "memset", "memcpy", "memcpy_d2d")
+
+
+def cut_kind(kind: str, name: str | None) -> str:
+    """Which of the pair overheads a launch of ``kind`` called ``name`` loses: its kind, but ``"memcpy_d2d"``
+    for a copy between device buffers (another copy engine, primed every time: `hooks.engine_of`)."""
+    return "memcpy_d2d" if kind == "memcpy" and engine_of(kind, name) == "copy_d2d" else kind
 
 
 @final
@@ -132,7 +148,7 @@ class Placement:
     events are placed relative to a fallback anchor (a scope's start mark) or not at all (NaN).
     """
 
-    __slots__ = ("device", "anchor", "anchor_ns", "rate", "overhead_ns", "clock", "calibration")
+    __slots__ = ("device", "anchor", "anchor_ns", "rate", "overhead_ns", "cuts", "clock", "calibration")
 
     def __init__(
         self,
@@ -140,12 +156,22 @@ class Placement:
         anchor: Any,
         anchor_ns: float,
         rate: float,
-        overhead_ns: float,
+        overhead_ns: Mapping[str, float],
         clock: DeviceClock,
         calibration: ClockCalibration | None,
     ) -> None:
+        """``overhead_ns``: what the pair adds per kind of work (ns); a kernel's is taken for graphs and for kinds
+        not given."""
         self.device, self.anchor, self.anchor_ns, self.rate = device, anchor, anchor_ns, rate
-        self.overhead_ns, self.clock, self.calibration = overhead_ns, clock, calibration
+        self.clock, self.calibration = clock, calibration
+        kernel = float(overhead_ns.get("kernel", 0.0))
+        #: the kernel's overhead (ns): what `DeviceClock.overhead_ns` reports
+        self.overhead_ns = kernel
+        #: per kind of work that loses the pair's overhead (`cut_kind`), ns
+        self.cuts = {k: float(overhead_ns.get(k, kernel)) for k in _LAUNCH_KINDS + _PAIR_KINDS}
+        self.cuts["graph"] = kernel
+        if "memcpy_d2d" not in overhead_ns:
+            self.cuts["memcpy_d2d"] = self.cuts["memcpy"]
 
     def host_ns(self, raw_event: Any) -> float:
         """The host time (ns) of a completed timing event of the device (NaN without an anchor). Raises
@@ -154,22 +180,36 @@ class Placement:
             return math.nan
         return self.anchor_ns + self.device.bd.elapsed_ms(self.anchor, raw_event) * 1e6 * self.rate
 
-    def trim(self, kind: str, start_ns: float, duration_ns: float) -> tuple[float, float]:
-        """What the event pair added, taken out of a kernel, graph, memset or memcpy: half from the start, all of it
-        from the duration (never below zero). Other kinds are returned as they are."""
-        if self.overhead_ns <= 0 or kind not in _LAUNCH_KINDS:
+    def trim(self, kind: str, start_ns: float, duration_ns: float, name: str | None = None) -> tuple[float, float]:
+        """What the event pair added, taken out of a kernel, graph, memset or memcpy (called ``name``: `cut_kind`):
+        half from the start, all of it from the duration (never below zero). Other kinds are returned as they
+        are."""
+        cut = self.cuts.get(cut_kind(kind, name), 0.0)
+        if cut <= 0:
             return start_ns, duration_ns
-        cut = min(duration_ns, self.overhead_ns)
+        cut = min(duration_ns, cut)
         return start_ns + cut / 2, duration_ns - cut
 
-    def trim_columns(self, rows: np.ndarray, kind_col: np.ndarray, start_col: np.ndarray, dur_col: np.ndarray) -> None:
-        """`trim`, in place, on the rows of the columns selected by the boolean mask ``rows``."""
-        if self.overhead_ns <= 0:
-            return
-        m = rows & np.isin(kind_col, _LAUNCH_CODES)
-        cut = np.minimum(dur_col[m], self.overhead_ns)
-        start_col[m] += cut / 2
-        dur_col[m] -= cut
+    def trim_columns(
+        self,
+        rows: np.ndarray,
+        kind_col: np.ndarray,
+        start_col: np.ndarray,
+        dur_col: np.ndarray,
+        d2d_rows: np.ndarray | None = None,
+    ) -> None:
+        """`trim`, in place, on the rows of the columns selected by the boolean mask ``rows``; ``d2d_rows``
+        marks the copies between device buffers (`cut_kind`)."""
+        for kind, code in zip(_LAUNCH_KINDS, _LAUNCH_CODES):
+            m = rows & (kind_col == code)
+            cuts = [(m, self.cuts[kind])]
+            if kind == "memcpy" and d2d_rows is not None:
+                cuts = [(m & ~d2d_rows, self.cuts[kind]), (m & d2d_rows, self.cuts["memcpy_d2d"])]
+            for mask, ns in cuts:
+                if ns > 0:
+                    cut = np.minimum(dur_col[mask], ns)
+                    start_col[mask] += cut / 2
+                    dur_col[mask] -= cut
 
     def globaltimer_to_host_ns(self, stamps_ns: Any) -> np.ndarray:
         """``%globaltimer`` stamps (ns) as host time; `ClockError` when the device has no such calibration."""
@@ -200,15 +240,24 @@ def placement(
     except AsyncGPUError as exc:
         clock = DeviceClock(device.name, False, math.nan, reason=f"clock calibration failed ({exc})")
         anchor, anchor_ns = fallback if fallback is not None else (None, 0.0)
-        return Placement(device, anchor, float(anchor_ns), 1.0, 0.0, clock, None)
-    overhead, how = 0.0, ""
-    if subtract_overhead:  # learned on this device's own work when a CUPTI scope has run here, else the calibration's
-        learned = device.pair_excess_ns()
-        if learned is not None:
-            n = len(device.pair_excess_samples)
-            overhead, how = learned, f"learned against CUPTI on this device's work ({n} launches, 20th percentile)"
-        else:
-            overhead, how = cal.bracket_overhead_ns, cal.bracket_overhead_source
+        return Placement(device, anchor, float(anchor_ns), 1.0, {}, clock, None)
+    cuts: dict[str, float] = {}
+    how = ""
+    if subtract_overhead:  # learned on this device's own work where a CUPTI scope has run here, else the calibration's
+        cuts = dict(cal.bracket_overhead_by_kind_ns) or {"kernel": cal.bracket_overhead_ns}
+        learned = [k for k in _PAIR_KINDS if device.pair_excess_ns(k) is not None]
+        for k in learned:
+            cuts[k] = cast(float, device.pair_excess_ns(k))
+        how = cal.bracket_overhead_source
+        if learned:
+            n = sum(len(device.pair_excess_samples[k]) for k in learned)
+            how = f"learned against CUPTI on this device's work ({n} launches, 20th percentile)" + (
+                f"; the other kinds {how}" if set(learned) != set(_PAIR_KINDS) and how else ""
+            )
+        others = [f"{k.replace('_', ' ')} {cuts[k] / 1e3:.2f} µs" for k in _PAIR_KINDS[1:] if k in cuts]
+        if others and how:
+            how += f"; {', '.join(others)}"
+    overhead = cuts.get("kernel", 0.0)
     clock = DeviceClock(
         device.name,
         True,
@@ -219,7 +268,7 @@ def placement(
         overhead_source=how if overhead else "",
     )
     return Placement(
-        device, cal.anchor, float(cal.host_ns), cal.rate, overhead, clock, cal if cal.gt_point is not None else None
+        device, cal.anchor, float(cal.host_ns), cal.rate, cuts, clock, cal if cal.gt_point is not None else None
     )
 
 
@@ -259,9 +308,17 @@ def calibrate(
         mid = (pings[:, 1] + pings[:, 2]) // 2  # int64: %globaltimer counts ns since 1970 (1.8e18), keep it exact
         g_rtt = pings[:, 2] - pings[:, 1]
         b = int(np.argmin(g_rtt))
-        gt_offset, gt_bound = int(pings[b, 0] - mid[b]), float(g_rtt[b]) / 2
+        # Each ping puts the offset in [stamp - h1, stamp - h0] by causality alone: the pings' intersection is
+        # the estimate, its half width a bound that assumes nothing about the two directions' latencies (at
+        # least as tight as the best ping's; pings that disagree, as a preempted host would make them, leave the
+        # best ping's).
+        lo, hi = int((pings[:, 0] - pings[:, 2]).max()), int((pings[:, 0] - pings[:, 1]).min())
+        if hi >= lo:
+            gt_offset, gt_bound = (lo + hi) // 2, (hi - lo) / 2
+        else:
+            gt_offset, gt_bound = int(pings[b, 0] - mid[b]), float(g_rtt[b]) / 2
         naive = int(pings[0, 0] - mid[0])
-        gt_point = (int(pings[b, 0]), float(mid[b]))
+        gt_point = (int(pings[b, 0]), float(pings[b, 0] - gt_offset))
         if previous is not None and previous.gt_point is not None:
             pg, ph = previous.gt_point
             span = gt_point[1] - ph
@@ -278,12 +335,13 @@ def calibrate(
                 host_ns, bound_ns, source = int((lo + exit_seen_ns) / 2), k_bound, "kernel"
     if after_kernel is not anchor:
         spare.append(after_kernel)
-    overhead, overhead_source = 0.0, ""
+    by_kind: Mapping[str, float] = {}
+    overhead_source = ""
     if previous is not None and previous.bracket_overhead_ns:
-        overhead, overhead_source = previous.bracket_overhead_ns, previous.bracket_overhead_source
+        by_kind, overhead_source = previous.bracket_overhead_by_kind_ns, previous.bracket_overhead_source
     elif gt is not None:  # the calibration kernel ran, so SMs are free for this one too
         try:
-            overhead, overhead_source = bd.bracket_overhead()
+            by_kind, overhead_source = bd.bracket_overhead()
         except ClockError:
             pass
     return ClockCalibration(
@@ -299,10 +357,11 @@ def calibrate(
         drift,
         source,
         k_bound,
-        overhead,
+        by_kind.get("kernel", 0.0),
         anchor,
         gt_point,
         bracket_overhead_source=overhead_source,
+        bracket_overhead_by_kind_ns=dict(by_kind),
     )
 
 
@@ -330,7 +389,7 @@ def check_alignment(devices: Iterable[Device], trials: int = 30, samples: int = 
     words = page.words
     streams = [bd.create_stream() for bd in bds]
     flag_off = 0  # the one word every device's kernel spins on
-    per = 64  # bytes per device: started, ack, ev_ack words and one stamp
+    per = 64  # bytes per device: the started word, then (at 16) the ping's stamp and the exit stamp
     rows: dict[str, list] = {k: [] for k in ("raw", "aligned", "naive", "events_aligned")}
     events = [d.timing_pool.take() for d in devs]
     try:
@@ -339,7 +398,8 @@ def check_alignment(devices: Iterable[Device], trials: int = 30, samples: int = 
             for i, bd in enumerate(bds):
                 base = bd.device_pointer(page)
                 off = 256 + i * per
-                bd.launch_pingpong(streams[i], base + flag_off, base + off, base + off + 4, base + off + 16, trial, 1)
+                ctypes.memset(page.ptr + off + 16, 0, 16)  # (its stamps: zero before it runs)
+                bd.launch_pingpong(streams[i], base + flag_off, base + off, base + off + 16, trial, 1)
                 bd.record(events[i], streams[i])  # lands when the kernel ends, just after it saw the flag
             deadline = time.perf_counter_ns() + 1_000_000_000
             while any(words[(256 + i * per) // 4] != trial for i in range(len(devs))):

@@ -102,8 +102,8 @@ class Device:
     _clock_retired: Any
     clock_events: list[Any]
     kept_events: dict[int, Any]
-    pair_excess_samples: deque[float]
-    _pair_excess_ns: float | None
+    pair_excess_samples: dict[str, deque[float]]
+    _pair_excess_ns: dict[str, float]
 
     def __init__(self) -> None:
         raise TypeError("open devices with asyncgpu.device(...) or asyncgpu.devices()")
@@ -156,8 +156,8 @@ class Device:
         self._clock_retired = None  # the previous anchor event, reused one refresh later
         self.clock_events = []  # raw timing events of the calibrations (not from the pools)
         self.kept_events = {}  # id -> raw timing event of its pool that a feature keeps for a while (see `keep`)
-        self.pair_excess_samples = deque(maxlen=255)  # raw event pair minus CUPTI, ns, for the latest launches
-        self._pair_excess_ns = None  # their 20th percentile, once there are 5
+        self.pair_excess_samples = {}  # per kind: raw event pair minus CUPTI, ns, for the latest launches
+        self._pair_excess_ns = {}  # per kind: their 20th percentile, once there are 5
         return self
 
     # -- clock --------------------------------------------------------------------------------------------
@@ -218,21 +218,27 @@ class Device:
                 self._clock = cal
             return cal
 
-    def learn_pair_excess(self, samples_ns: Any) -> None:
-        """Take samples of what a held event pair added to work that CUPTI also timed (raw pair minus CUPTI's
-        span, ns): the CUPTI source hands them over, and the events source then subtracts their 20th percentile
-        (`pair_excess_ns`) instead of the in-kernel estimate. A low quantile, not the median: some brackets hold
-        more than the pair's own latency (the first and last of a sequence of launches read up to 4 µs more on
-        H200; benchmarks/RESULTS.md, run 22), and that excess is not the pair's. Any thread."""
-        self.pair_excess_samples.extend(float(x) for x in samples_ns)
-        samples = list(self.pair_excess_samples)
-        if len(samples) >= 5:
-            self._pair_excess_ns = float(np.percentile(samples, 20))
+    def learn_pair_excess(self, samples_ns: Any, kind: str = "kernel") -> None:
+        """Take samples of what a held event pair added to work of ``kind`` (``"kernel"``, ``"memset"``,
+        ``"memcpy"``) that CUPTI also timed (raw pair minus CUPTI's span, ns): the CUPTI source hands them over,
+        and the events source then subtracts their 20th percentile for that kind (`pair_excess_ns`) instead of
+        the calibration's. A low quantile, not the median: some brackets hold more than the pair's own latency
+        (the first and last of a sequence of launches read up to 4 µs more), and that excess is not the pair's.
+        The latest 255 per kind are kept. Any thread."""
+        kept = self.pair_excess_samples.setdefault(kind, deque(maxlen=255))
+        kept.extend(float(x) for x in samples_ns)
+        if len(kept) >= 5:
+            self._pair_excess_ns[kind] = float(np.percentile(list(kept), 20))
 
-    def pair_excess_ns(self) -> float | None:
-        """The 20th percentile of the learned samples (`learn_pair_excess`), ns; None before there are 5. Never
-        blocks."""
-        return self._pair_excess_ns
+    def pair_excess_ns(self, kind: str = "kernel") -> float | None:
+        """The 20th percentile of the samples learned for ``kind`` (`learn_pair_excess`), ns; None before there
+        are 5. Never blocks."""
+        return self._pair_excess_ns.get(kind)
+
+    def forget_pair_excess(self) -> None:
+        """Drop what CUPTI scopes taught (`learn_pair_excess`): the calibration's overheads apply again."""
+        self.pair_excess_samples.clear()
+        self._pair_excess_ns.clear()
 
     def last_clock(self) -> ClockCalibration | None:
         """The latest clock calibration, however old, without measuring (None before the first). Never blocks."""

@@ -141,6 +141,21 @@ HOLD_USERS = 0
 #: The engine each launch kind runs on: an event bracket whose launch follows the other engine's work on its
 #: stream is primed first (see `launch_now`). Other kinds (graphs, activity blocks) leave the engine unknown.
 ENGINE_OF: dict[str | None, str] = {"kernel": "compute", "memset": "compute", "memcpy": "copy"}
+#: Copies named here run on another copy engine than a copy to the host: a copy between device buffers
+#: (`Stream.copy`). Their brackets are primed with a copy of their own kind every time, behind the hold: unprimed,
+#: the start event completes behind whatever engine ran last (up to 7 µs early after a kernel, ~1 µs early on an
+#: idle stream).
+_COPY_ENGINE_OF_NAME = {"copy": "copy_d2d"}
+_ALWAYS_PRIMED = "copy_d2d"
+
+
+def engine_of(kind: str | None, name: str | None) -> str | None:
+    """The engine a launch of ``kind`` called ``name`` runs on (`ENGINE_OF`; None: unknown)."""
+    if kind == "memcpy":
+        return _COPY_ENGINE_OF_NAME.get(name or "", "copy")
+    return ENGINE_OF.get(kind)
+
+
 _lock = threading.Lock()
 
 
@@ -203,14 +218,17 @@ def launch_now(stream: Stream, name: str, kind: str, fn: Callable[..., Any], arg
         # A record runs behind the engine of its stream's previous operation: after a compute<->copy switch the
         # start event would complete ~5 µs before the work starts. A tiny operation of the launch's own engine
         # first puts the start event behind that engine (`BackendDevice.prime`; measured in RESULTS.md run 26).
-        engine = ENGINE_OF.get(kind)
-        if engine is not None and ENGINE_OF.get(stream.last_kind) != engine:
+        engine = engine_of(kind, name)
+        if engine is not None and engine != _ALWAYS_PRIMED and engine_of(stream.last_kind, stream.tag) != engine:
             bd.prime(stream.raw, engine)
             primed = 1
     # Hold the stream until the observers' brackets and the work are all enqueued: on an idle stream the start
     # event would otherwise complete at once and the bracket count the host's submission time (see `hold`).
     held = bd.hold(stream.raw) if should_hold(bd, stream.raw) else None
     stream.held = held is not None
+    if HOLD_USERS and engine_of(kind, name) == _ALWAYS_PRIMED:  # behind the hold, so it runs right before the work
+        bd.prime(stream.raw, _ALWAYS_PRIMED)
+        primed = 1
     begun: list[tuple[LaunchObserver, Any]] = []
     try:
         for o in observers:
@@ -226,7 +244,7 @@ def launch_now(stream: Stream, name: str, kind: str, fn: Callable[..., Any], arg
         for o, token in reversed(begun):
             o.launch_end(token, True)
     finally:
-        stream.last_kind = kind
+        stream.tag, stream.last_kind = name, kind
         if held is not None:
             stream.held = False
             bd.release(held)
