@@ -195,7 +195,15 @@ def part_c(devs: list, repeats: int) -> dict:
                     k = 1 if state == "busy" else 0
                     xs.append((inner.timeline.duration_ns[k] - outer.timeline.duration_ns[k]) / 1e3)
                 x = np.array(xs)
-                kind = "memset" if "memset" in name else "memcpy_d2d" if "D2D" in name else "memcpy" if "2" in name else "kernel"
+                kind = (
+                    "memset"
+                    if "memset" in name
+                    else "memcpy_d2d"
+                    if "D2D" in name
+                    else "memcpy"
+                    if "2" in name
+                    else "kernel"
+                )
                 err = x - placement(d).cuts[kind] / 1e3  # what the events source reports, less CUPTI
                 res[f"{name} {state}"] = {
                     "p50": float(np.median(x)),

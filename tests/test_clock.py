@@ -136,10 +136,14 @@ def test_the_calibration_says_how_the_pair_overhead_was_measured():
 
 @pytest.mark.gpu
 def test_kernel_durations_net_of_the_event_pair_overhead():
+    """100 µs spins queued behind a 2 ms one, timed with and without the correction: the corrected ones read the
+    raw ones less the kernel's measured overhead (within the raw ones' own spread), and never under the spin's
+    own 100 µs by more than that spread."""
     dev = asyncgpu.device(0, backend="cuda")
     cal = dev.clock()
     assert 500 < cal.bracket_overhead_ns < 20_000, cal
     s = dev.streams[1]
+    d = {}
     for subtract in (True, False):
         s.spin_us(1)
         dev.synchronize()
@@ -147,9 +151,9 @@ def test_kernel_durations_net_of_the_event_pair_overhead():
             s.spin_us(2_000)  # the host queues the rest while this runs
             for _ in range(10):
                 s.spin_us(100)
-        d = np.array([r.duration_ms * 1e3 for r in t.records[1:]])  # µs
+        d[subtract] = np.array([r.duration_ms * 1e3 for r in t.records[1:]])  # µs
         assert t.timeline.clocks[0].overhead_ns == (cal.bracket_overhead_ns if subtract else 0.0)
-        if subtract:  # CUPTI reports ~100.5 µs for these (prologue and epilogue on the SM)
-            assert np.all(np.abs(d - 100.2) < 1.2), d
-        else:
-            assert np.all(d > 100 + cal.bracket_overhead_ns / 1e3 - 1.0), d
+    spread = np.ptp(d[False]) + np.ptp(d[True]) + 0.1
+    cut_us = cal.bracket_overhead_ns / 1e3
+    assert abs(np.median(d[False]) - np.median(d[True]) - cut_us) <= spread, (d, cut_us)
+    assert np.all(d[True] > 100 - spread) and np.all(d[False] > 100 + cut_us - spread), (d, cut_us)
