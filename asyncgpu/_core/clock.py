@@ -7,8 +7,9 @@ calibrated by a host ping-pong:
 - **Events.** The device's calibration stream waits (``cuStreamWaitValue32``, no SM involved) for a value the
   host writes into mapped pinned memory, records a timing event, and writes an acknowledgement. The host reads
   its clock before the write (h0) and after it sees the acknowledgement (h1): the event's timestamp lies in
-  [h0, h1]. Of ``samples`` pings the one with the smallest round trip becomes the *anchor*; any event of the
-  device is then placed at ``anchor_host_ns + elapsed(anchor, event)``, within ± half that round trip.
+  [h0, h1]. Of ``samples`` pings the one with the smallest round trip becomes the *anchor*, placed by the
+  intersection of every ping's bracket (each shifted by its event's time after the anchor); any event of the
+  device is then placed at ``anchor_host_ns + elapsed(anchor, event)``, within ± half that intersection.
 - **%globaltimer.** One thread of ``kernels/clock.cu`` answers the same pings with ``%globaltimer`` stamps, each
   stamp its own acknowledgement (one posted write). Each ping bounds the offset (stamp − host instant) to
   [stamp − h1, stamp − h0] by causality alone; the intersection over the pings is the offset, and its half width
@@ -59,8 +60,8 @@ class ClockCalibration:
     """How one device's clocks map to host time (``time.perf_counter_ns()``), measured at ``taken_ns``."""
 
     device: str
-    host_ns: int  #: host time of the anchor event (the best sample's bracket midpoint)
-    bound_ns: float  #: ± error bound of ``host_ns`` (half the best round trip; 0 on the host backend)
+    host_ns: int  #: host time of the anchor event (the best sample): the middle of the pings' intersection
+    bound_ns: float  #: ± error bound of ``host_ns`` (half the intersection's width; 0 on the host backend)
     samples: int  #: pings used
     rtt_ns: float  #: the best round trip (ns)
     taken_ns: int  #: host time of the calibration
@@ -272,6 +273,24 @@ def placement(
     )
 
 
+def _intersect(bd: Any, anchor: Any, raws: list, brackets: np.ndarray) -> tuple[int, float]:
+    """The host time of ``anchor`` (one of ``raws``, events whose host brackets ``[h0, h1]`` are ``brackets``) and
+    its ± bound, ns. Each ping puts the anchor in ``[h0 - e, h1 - e]`` (``e``: its event's time after the anchor,
+    which events measure to 32 ns): the intersection over the pings, at least as tight as the best ping's own
+    bracket and with no assumption that a ping's two directions take equally long. Pings that disagree (beyond
+    the events' resolution) leave the best ping's midpoint."""
+    best = next(k for k, raw in enumerate(raws) if raw is anchor)
+    mid, half = int((brackets[best, 0] + brackets[best, 1]) // 2), float(brackets[best, 1] - brackets[best, 0]) / 2
+    try:
+        after = np.array([bd.elapsed_ms(anchor, raw) * 1e6 for raw in raws])
+    except AsyncGPUError:
+        return mid, half
+    least, most = float((brackets[:, 0] - after).max()), float((brackets[:, 1] - after).min())
+    if most < least:
+        return mid, half
+    return int((least + most) / 2), (most - least) / 2
+
+
 def calibrate(
     device: Device,
     samples: int = DEFAULT_SAMPLES,
@@ -293,9 +312,8 @@ def calibrate(
     rtt = brackets[:, 1] - brackets[:, 0]
     best = int(np.argmin(rtt))
     anchor = raws[best]
+    host_ns, bound_ns = _intersect(bd, anchor, raws, brackets)
     spare.extend(raw for raw in raws if raw is not anchor)
-    host_ns = int((brackets[best, 0] + brackets[best, 1]) // 2)
-    bound_ns = float(rtt[best]) / 2
     gt_offset = gt_bound = naive = drift = k_bound = None
     gt_point, source = None, "pings"
     after_kernel = spare.pop() if spare else bd.create_event(True)
