@@ -57,6 +57,8 @@ from ._records import KINDS as KINDS
 from ._records import ActivityRecord as ActivityRecord
 from ._records import DeviceClock as DeviceClock
 from ._records import Timeline as Timeline
+from ._steps import StepTimer as StepTimer
+from ._steps import step_timer as step_timer
 from ._summary import activity_summary as activity_summary
 from ._summary import balance as balance
 from ._summary import device_summary as device_summary
@@ -86,6 +88,7 @@ __all__ = [
     "NoDeviceError",
     "ReleasedError",
     "ScopeError",
+    "StepTimer",
     "Stream",
     "Timeline",
     "Timer",
@@ -104,6 +107,7 @@ __all__ = [
     "load_ipython_extension",
     "profiler_range",
     "read_trace",
+    "step_timer",
     "timing_begin",
     "timing_end",
     "timing_print",

@@ -66,7 +66,14 @@ from ._tracebase import (
     trace_meta,
 )
 
-__all__ = ["NATIVE_SUFFIXES", "read_perfetto", "write_perfetto"]
+__all__ = [
+    "NATIVE_SUFFIXES",
+    "packet_bounds",
+    "read_perfetto",
+    "stream_header",
+    "stream_slices",
+    "write_perfetto",
+]
 
 NATIVE_SUFFIXES = (".pftrace", ".perfetto-trace", ".pb")
 _MONOTONIC = 3  # BuiltinClock.BUILTIN_CLOCK_MONOTONIC: time.perf_counter_ns() on Linux
@@ -1228,3 +1235,66 @@ def _pairs(seq: np.ndarray, typ: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if (seq[begins] != seq[ends]).any():
         raise ValueError("a slice ends on another sequence")
     return begins, ends
+
+
+# -- streamed packets (`asyncgpu._steptrace`) ----------------------------------------------------------------------
+# A trace file is the fields of a top-level ``Trace`` message, each a ``TracePacket`` (tag 1): appending packets
+# keeps the file a valid trace at every packet boundary, so a file being written can be opened (or copied) at any
+# time and holds every packet flushed so far. Timestamps are absolute, on CLOCK_MONOTONIC (`_MONOTONIC`).
+def _field(tag: int, data: bytes) -> bytes:
+    return _varint(tag << 3 | 2) + _varint(len(data)) + data
+
+
+def _vfield(tag: int, value: int) -> bytes:
+    return _varint(tag << 3) + _varint(value)
+
+
+def stream_header(seq: int, at_ns: int, tracks: Sequence[tuple[int, int, str]]) -> bytes:
+    """The packets that open a streamed trace: a ``ClockSnapshot`` that makes CLOCK_MONOTONIC the trace's clock
+    (at ``at_ns``), then a ``TrackDescriptor`` per ``(uuid, parent uuid or 0, name)``."""
+    clock = _field(1, _vfield(1, _MONOTONIC) + _vfield(2, at_ns)) + _vfield(2, _MONOTONIC)  # clocks, primary
+    out = [_field(1, _vfield(8, at_ns) + _vfield(58, _MONOTONIC) + _vfield(10, seq) + _field(6, clock))]
+    for uuid, parent, name in tracks:
+        desc = _vfield(1, uuid) + _field(2, name.encode()) + (_vfield(5, parent) if parent else b"")
+        out.append(_field(1, _vfield(10, seq) + _field(60, desc)))
+    return b"".join(out)
+
+
+def stream_slices(seq: int, track: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray, step: np.ndarray) -> bytes:
+    """A slice per row on track uuid ``track``: a ``TYPE_SLICE_BEGIN`` (name "step", debug annotation ``step``)
+    and a ``TYPE_SLICE_END`` packet, absolute CLOCK_MONOTONIC timestamps (ns), encoded column-wise (`_Columns`).
+    Rows whose times are not finite are left out."""
+    ok = np.isfinite(start_ns) & np.isfinite(end_ns)
+    track, step = np.asarray(track, np.uint64)[ok], np.asarray(step, np.int64)[ok]
+    s = np.rint(start_ns[ok]).astype(np.int64)
+    e = np.maximum(np.rint(end_ns[ok]).astype(np.int64), s)
+    n = 2 * len(s)
+    if not n:
+        return b""
+    begin = np.arange(n) % 2 == 0
+    ts = np.empty(n, np.int64)
+    ts[0::2], ts[1::2] = s, e
+    te = _Columns(n)
+    te.varint(b"\x48", np.where(begin, 1, 2))  # type (9): SLICE_BEGIN 1, SLICE_END 2
+    te.varint(b"\x58", np.repeat(track, 2))  # track_uuid (11)
+    te.const(_field(23, b"step"), begin)  # name (23)
+    ann = _Columns(n)
+    ann.const(_field(10, b"step"))  # DebugAnnotation.name (10)
+    ann.varint(b"\x20", np.repeat(step, 2).view(np.uint64))  # int_value (4)
+    te.message(b"\x22", ann, begin)  # debug_annotations (4)
+    packet = _Columns(n)
+    packet.varint(b"\x40", ts.view(np.uint64))  # timestamp (8)
+    packet.const(_vfield(58, _MONOTONIC) + _vfield(10, seq))  # timestamp_clock_id (58), sequence id (10)
+    packet.message(b"\x5a", te)  # track_event (11)
+    out = _Columns(n)
+    out.message(b"\x0a", packet)  # Trace.packet (1)
+    return out.tobytes()
+
+
+def packet_bounds(data: bytes) -> np.ndarray:
+    """The offsets where each ``Trace.packet`` of ``data`` ends (a file cut at any of them is a whole trace);
+    `ValueError` when the data is not a sequence of packets or its last one is cut short."""
+    try:
+        return _frames(data)[1]
+    except (_NotOurs, IndexError) as exc:
+        raise ValueError(f"not a whole Perfetto trace: {exc}") from None

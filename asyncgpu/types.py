@@ -16,6 +16,10 @@ from ._records import DeviceClock as DeviceClock
 from ._records import HostRange as HostRange
 from ._records import ScopeInfo as ScopeInfo
 from ._records import Timeline as Timeline
+from ._steps import Step as Step
+from ._stepstats import DeviceStep as DeviceStep
+from ._stepstats import StepRecord as StepRecord
+from ._stepstats import StepStats as StepStats
 from ._summary import ActivityStats as ActivityStats
 from ._summary import ActivitySummary as ActivitySummary
 from ._summary import BalanceReport as BalanceReport
@@ -34,6 +38,7 @@ __all__ = [
     "DeviceBalance",
     "DeviceClock",
     "DeviceStats",
+    "DeviceStep",
     "DeviceSummary",
     "HandoffRecord",
     "HistoryRecording",
@@ -41,6 +46,9 @@ __all__ = [
     "LaunchRecord",
     "PoolStats",
     "ScopeInfo",
+    "Step",
+    "StepRecord",
+    "StepStats",
     "Timeline",
 ]
 

@@ -6,6 +6,8 @@ merged on the root with the ranks' host clocks aligned, and a balance across ran
         asyncgpu.ranks.mark_collective("allreduce")      # right before each collective, on every rank
     merged = asyncgpu.ranks.gather(t)                    # a RankTimeline on rank 0, None elsewhere
 
+Stragglers while a loop runs, with no per-step barrier: ``asyncgpu.ranks.watch_steps(step_timer, every=50)``.
+
 See `asyncgpu.ranks.gather` for the protocol, the clock offsets and the threads.
 """
 
@@ -20,6 +22,9 @@ from .merge import RankDeviceRow as RankDeviceRow
 from .merge import RankInfo as RankInfo
 from .merge import RankRow as RankRow
 from .merge import RankTimeline as RankTimeline
+from .steps import RankStepReport as RankStepReport
+from .steps import StepWatch as StepWatch
+from .steps import watch_steps as watch_steps
 
 __all__ = [
     "CollectivePoint",
@@ -27,9 +32,12 @@ __all__ = [
     "RankDeviceRow",
     "RankInfo",
     "RankRow",
+    "RankStepReport",
     "RankTimeline",
+    "StepWatch",
     "gather",
     "mark_collective",
+    "watch_steps",
 ]
 
 publish(__name__, globals(), __all__)

@@ -1,0 +1,249 @@
+"""Step timing's overhead: the step time of a training loop bare, with `asyncgpu.step_timer` on (events source), and
+with torch.profiler's peers in the same run, on every GPU, interleaved.
+
+    PYTHONPATH=$PWD python benchmarks/bench_steps.py [--devices N] [--steps 300] [--repeat 5] [--out DIR]
+    PYTHONPATH=$PWD python benchmarks/bench_steps.py --backend host    # the script's logic: numpy work, no peers
+
+Two loops, one task per GPU launching from its device's worker thread (``await dev.run(step)``) on the device's
+asyncgpu stream (handed to torch as an ``ExternalStream``), the loop reading every device's result after each step:
+
+* ``host-bound``: an MLP of ``--layers`` bf16 ``Linear(--width)`` + ReLU on a batch of ``--batch``: forward, MSE,
+  backward, SGD: many small kernels, the host's launching bounds the step.
+* ``gpu-bound``: ``--matmuls`` bf16 ``(--size x --size)`` matmuls per step: the GPU bounds the step.
+
+Modes, interleaved (every mode once per repetition, in turn, after ``--warmup`` steps of its own):
+
+* ``bare``: no timing at all;
+* ``steps``: ``asyncgpu.step_timer(devs)`` around the loop, ``with st.step(i):`` around each step (two pooled events per
+  device per step, harvested off the loop's thread);
+* ``torch.profiler cuda``: ``torch.profiler.profile(activities=[CUDA])`` around the loop (CUPTI, records kept in
+  memory until the end);
+* ``torch.profiler cpu+cuda``: the same with CPU activities too.
+
+A ``source="cupti"`` step timer is not there yet (a follow-up: step_timer has the events source only). The report:
+first, what an empty step costs the host (entry + exit on the loop's thread, and the harvest per step): the
+overhead's floor, without the run-to-run noise of whole steps; then per loop and mode, the median step time over the
+repetitions (each repetition: wall time of ``--steps`` steps / steps), min and max, and the median's ratio to bare.
+JSON goes to ``DIR/bench_steps.json`` with ``--out DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import anyio
+import numpy as np
+
+import asyncgpu
+
+MODES = ("bare", "steps", "torch.profiler cuda", "torch.profiler cpu+cuda")
+
+
+# -- the work ---------------------------------------------------------------------------------------------------------
+def torch_work(dev: asyncgpu.Device, loop: str, args: argparse.Namespace) -> Callable[[asyncgpu.Stream], Any]:
+    import torch
+
+    cuda = torch.device("cuda", dev.index)
+    ts = torch.cuda.ExternalStream(dev.stream.handle, device=cuda)
+    with torch.cuda.device(cuda), torch.cuda.stream(ts):
+        if loop == "host-bound":
+            layers = [m for _ in range(args.layers) for m in (torch.nn.Linear(args.width, args.width), torch.nn.ReLU())]
+            net = torch.nn.Sequential(*layers).to(cuda, torch.bfloat16)
+            opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+            x = torch.randn(args.batch, args.width, device=cuda, dtype=torch.bfloat16)
+        else:
+            a = torch.randn(args.size, args.size, device=cuda, dtype=torch.bfloat16)
+
+    def mlp(stream: asyncgpu.Stream) -> Any:
+        with torch.cuda.device(cuda), torch.cuda.stream(ts):
+            opt.zero_grad(set_to_none=True)
+            loss = net(x).float().square().mean()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+    def matmuls(stream: asyncgpu.Stream) -> Any:
+        with torch.cuda.device(cuda), torch.cuda.stream(ts):
+            out = a
+            for _ in range(args.matmuls):
+                out = a @ out
+            return out
+
+    return mlp if loop == "host-bound" else matmuls
+
+
+def host_work(dev: asyncgpu.Device, loop: str, args: argparse.Namespace) -> Callable[[asyncgpu.Stream], Any]:
+    rng = np.random.default_rng(dev.index)
+    n = 32 if loop == "host-bound" else 256
+    a = rng.standard_normal((n, n), np.float32)
+    kernels = 20 if loop == "host-bound" else 2
+
+    def step(stream: asyncgpu.Stream) -> None:
+        for _ in range(kernels):
+            stream.launch(np.dot, None, a, a, name="dot")
+
+    return step
+
+
+# -- one run ----------------------------------------------------------------------------------------------------------
+async def run_steps(devs: list, work: list, steps: int, st: Any) -> None:
+    for _ in range(steps):
+        if st is not None:
+            with st.step():
+                await _one(devs, work)
+        else:
+            await _one(devs, work)
+        for d in devs:
+            with d.record() as done:
+                await done.wait()
+
+
+async def _one(devs: list, work: list) -> None:
+    async with anyio.create_task_group() as tg:
+        for d, w in zip(devs, work):
+            tg.start_soon(d.run, w)
+
+
+async def one_rep(devs: list, work: list, mode: str, args: argparse.Namespace) -> float:
+    """The mean step time (ms) of ``args.steps`` steps in ``mode``, after its warm-up."""
+    if mode == "steps":
+        async with asyncgpu.step_timer(devs) as st:
+            await run_steps(devs, work, args.warmup, st)
+            t0 = time.perf_counter()
+            await run_steps(devs, work, args.steps, st)
+            dt = time.perf_counter() - t0
+        return dt / args.steps * 1e3
+    if mode.startswith("torch.profiler"):
+        import torch.profiler as tp
+
+        acts = [tp.ProfilerActivity.CUDA] + ([tp.ProfilerActivity.CPU] if "cpu" in mode else [])
+        with tp.profile(activities=acts):
+            await run_steps(devs, work, args.warmup, None)
+            t0 = time.perf_counter()
+            await run_steps(devs, work, args.steps, None)
+            dt = time.perf_counter() - t0
+        return dt / args.steps * 1e3
+    await run_steps(devs, work, args.warmup, None)
+    t0 = time.perf_counter()
+    await run_steps(devs, work, args.steps, None)
+    return (time.perf_counter() - t0) / args.steps * 1e3
+
+
+async def host_cost(devs: list, n: int = 200, reps: int = 5) -> dict[str, Any]:
+    """What a step costs the host, with no work in it: ``with st.step():`` entry + exit on the loop's thread, and
+    the harvest per step (run by hand here, on the loop's thread; normally on the harvest thread), in µs."""
+    enter_exit, harvest = [], []
+    for _ in range(reps):
+        async with asyncgpu.step_timer(devs, harvest_s=3600, max_pending=n + 1) as st:
+            t0 = time.perf_counter_ns()
+            for _ in range(n):
+                with st.step():
+                    pass
+            t1 = time.perf_counter_ns()
+            for d in devs:
+                await d.asynchronize()
+            t2 = time.perf_counter_ns()
+            k = st._harvest()
+            t3 = time.perf_counter_ns()
+        enter_exit.append((t1 - t0) / n / 1e3)
+        harvest.append((t3 - t2) / max(k, 1) / 1e3)
+    return {
+        "devices": len(devs),
+        "enter_exit_us": {"median": statistics.median(enter_exit), "min": min(enter_exit), "all": enter_exit},
+        "harvest_us": {"median": statistics.median(harvest), "min": min(harvest), "all": harvest},
+    }
+
+
+async def bench(devs: list, args: argparse.Namespace, modes: tuple[str, ...]) -> dict[str, Any]:
+    make = host_work if devs[0].backend == "host" else torch_work
+    out: dict[str, Any] = {}
+    for d in devs:
+        await d.prepare()
+    out["host cost per step"] = await host_cost(devs)
+    for loop in ("host-bound", "gpu-bound"):
+        work = [make(d, loop, args) for d in devs]
+        times: dict[str, list[float]] = {m: [] for m in modes}
+        for _ in range(args.repeat):
+            for m in modes:  # interleaved: every mode once per repetition
+                times[m].append(await one_rep(devs, work, m, args))
+        bare = statistics.median(times["bare"])
+        out[loop] = {
+            m: {
+                "median_ms": statistics.median(v),
+                "min_ms": min(v),
+                "max_ms": max(v),
+                "ratio_to_bare": statistics.median(v) / bare,
+                "reps_ms": v,
+            }
+            for m, v in times.items()
+        }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--backend", choices=("cuda", "host"), default=None, help="default: $ASYNCGPU_BACKEND or cuda")
+    ap.add_argument("--devices", type=int, default=None, help="how many devices (default: every one)")
+    ap.add_argument("--steps", type=int, default=300, help="steps per repetition and mode")
+    ap.add_argument("--warmup", type=int, default=30, help="steps before each timed run")
+    ap.add_argument("--repeat", type=int, default=5, help="repetitions (interleaved), at least 5 for the figures")
+    ap.add_argument("--width", type=int, default=2048)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--size", type=int, default=8192, help="matmul size of the gpu-bound loop")
+    ap.add_argument("--matmuls", type=int, default=4, help="matmuls per step of the gpu-bound loop")
+    ap.add_argument("--out", metavar="DIR", help="also write DIR/bench_steps.json")
+    args = ap.parse_args(argv)
+    backend = args.backend or os.environ.get("ASYNCGPU_BACKEND") or "cuda"
+    count = args.devices if args.devices is not None else (2 if backend == "host" else None)
+    devs = asyncgpu.devices(backend, count=count)
+    skipped = {}
+    modes: tuple[str, ...] = MODES
+    if backend == "host":
+        modes = ("bare", "steps")
+        skipped = {m: "the host backend runs no torch: peers need CUDA" for m in MODES[2:]}
+    skipped["steps source=cupti"] = "not built yet: step_timer has the events source only (a follow-up)"
+    results = anyio.run(bench, devs, args, modes)
+    doc = {
+        "devices": [f"{d.name} {d.description}" for d in devs],
+        "python": platform.python_version(),
+        "argv": sys.argv[1:] if argv is None else argv,
+        "steps": args.steps,
+        "repeat": args.repeat,
+        "results": results,
+        "skipped": skipped,
+    }
+    print(f"devices: {', '.join(doc['devices'])}; {args.repeat} interleaved repetitions of {args.steps} steps")
+    cost = results.pop("host cost per step")
+    print(
+        f"host cost per step, {cost['devices']} devices, no work: enter+exit {cost['enter_exit_us']['median']:.2f} µs "
+        f"(loop's thread), harvest {cost['harvest_us']['median']:.2f} µs (harvest thread), medians of 5"
+    )
+    doc["host_cost_per_step"] = cost
+    for loop, rows in results.items():
+        print(f"\n{loop}:  mode                      median ms   min ms    max ms   vs bare")
+        for m, r in rows.items():
+            print(
+                f"    {m:<26} {r['median_ms']:9.3f} {r['min_ms']:9.3f} {r['max_ms']:9.3f}   {r['ratio_to_bare']:.3f}x"
+            )
+    for m, why in skipped.items():
+        print(f"skipped {m}: {why}")
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        path = os.path.join(args.out, "bench_steps.json")
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=2)
+        print(f"wrote {path}")
+    asyncgpu.close_all()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

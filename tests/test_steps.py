@@ -1,0 +1,436 @@
+"""Step timing (`asyncgpu.step_timer`): the ring's bound, the per-step arithmetic against hand-computed values and
+`asyncgpu.balance`, stragglers on host devices, the live view, the streamed trace, bad input, cancellation and
+shutdown, and the rank exchange on gloo (spawned ranks, no per-step barrier)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import anyio
+import numpy as np
+import pytest
+from rich.console import Console
+
+import asyncgpu
+from asyncgpu._perfetto import packet_bounds
+from asyncgpu._records import Timeline
+from asyncgpu._steplive import LiveView, wants_live
+from asyncgpu._stepstats import Quantiles, StepRing
+from asyncgpu._summary import balance, step_split
+from asyncgpu.errors import ScopeError
+
+pytestmark = pytest.mark.anyio
+MS = 1e6
+
+
+def _steps_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("asyncgpu-steps") and t.is_alive()]
+
+
+def _quiet(devs) -> None:
+    """Every event of the devices' timing pools is back (none in use)."""
+    for d in devs:
+        d.synchronize()
+        assert d.pool_stats().in_use == 0, d.pool_stats()
+
+
+async def _aquiet(devs) -> None:
+    for d in devs:
+        await d.asynchronize()
+        assert d.pool_stats().in_use == 0, d.pool_stats()
+
+
+# -- the arithmetic ---------------------------------------------------------------------------------------------------
+def test_step_split_by_hand():
+    # step 0: begins at 0, host exits at 3 ms; dev0 runs [1, 4] (all issued at 2: block [2, 4]), dev1 [0.5, 9] issued
+    # at 1 (block [1, 9]). dev1 ends last; its launch-bound time is 1 of a 9 ms makespan: dev1 bounds the step.
+    # step 1: begins at 10, exits at 20 (a host-bound step: devices end at 12 and 13).
+    begin, exit_ = np.array([0.0, 10 * MS]), np.array([3 * MS, 20 * MS])
+    start = np.array([[1, 0.5], [10, 10.5]]) * MS
+    end = np.array([[4, 9], [12, 13]]) * MS
+    issued = np.array([[2, 1], [11, 12.5]]) * MS
+    s = step_split(begin, exit_, start, end, issued)
+    np.testing.assert_allclose(s.step_ns, [9 * MS, 10 * MS])
+    np.testing.assert_allclose(s.busy_ns, np.array([[2, 8], [1, 0.5]]) * MS)
+    np.testing.assert_allclose(s.launch_bound_ns, np.array([[2, 1], [1, 2.5]]) * MS)
+    np.testing.assert_allclose(s.dependency_ns, np.zeros((2, 2)))
+    assert s.straggler.tolist() == [1, -1]
+
+
+@pytest.mark.parametrize("case", range(40))
+def test_step_split_agrees_with_balance(case):
+    """Random steps (the host exiting before the devices end): the same busy, launch-bound, dependency and straggler
+    as `asyncgpu.balance` of a timeline with one activity per device (its busy block)."""
+    rng = np.random.default_rng(case)
+    nd = int(rng.integers(1, 5))
+    begin = np.array([1e9])
+    start = begin + rng.uniform(0, 5, nd) * MS
+    end = start + rng.uniform(0.1, 5, nd) * MS
+    issued = begin + rng.uniform(0, 6, nd) * MS
+    exit_ = np.array([begin[0] + 0.05 * MS])
+    s = step_split(begin, exit_, start[None], end[None], issued[None])
+    lo = end - s.busy_ns[0]
+    tl = Timeline.from_arrays(
+        devices=[f"host:{d}" for d in range(nd)],
+        device=np.arange(nd),
+        start_ns=lo,
+        end_ns=end,
+        issued_ns=issued,
+        scope_start_ns=int(begin[0]),
+        scope_end_ns=int(exit_[0]),
+    )
+    b = balance(tl)
+    for d, row in enumerate(b.rows):
+        assert row.busy_ms == pytest.approx(s.busy_ns[0, d] / MS, abs=1e-6)
+        assert row.launch_bound_ms == pytest.approx(s.launch_bound_ns[0, d] / MS, abs=1e-6)
+        assert row.dependency_ms == pytest.approx(s.dependency_ns[0, d] / MS, abs=1e-6)
+    code = int(s.straggler[0])
+    assert b.straggler == ("host" if code < 0 else f"host:{code}")
+
+
+def test_quantiles_within_their_stated_error():
+    rng = np.random.default_rng(1)
+    values = rng.lognormal(np.log(2e6), 0.5, size=(20_000, 2))
+    q = Quantiles(2, rel_error=0.01)
+    for chunk in np.array_split(values, 7):
+        q.add(chunk)
+    got = q.quantile([0.5, 0.9, 0.99])
+    want = np.quantile(values, [0.5, 0.9, 0.99], axis=0, method="inverted_cdf")
+    np.testing.assert_allclose(got, want, rtol=0.0101)
+    before = q.counts.nbytes
+    q.add(values)
+    assert q.counts.nbytes == before  # constant memory
+
+
+def test_ring_keeps_the_last_steps_and_aggregates_all():
+    ring = StepRing(("host:0", "host:1"), keep=4)
+    n = 10
+    begin = np.arange(n) * 10 * MS
+    start = np.column_stack([begin, begin])
+    end = np.column_stack([begin + 2 * MS, begin + (1 + np.arange(n)) * 0.5 * MS])  # dev1 longer from step 3
+    issued = start.copy()
+    exit_ = begin + 0.1 * MS
+    for a, b in ((0, 3), (3, 10)):
+        sl = slice(a, b)
+        split = step_split(begin[sl], exit_[sl], start[sl], end[sl], issued[sl])
+        b64, e64 = begin[sl].astype(np.int64), exit_[sl].astype(np.int64)
+        ring.add(np.arange(a, b), b64, e64, start[sl], end[sl], issued[sl], split)
+    recent = ring.recent()
+    assert [r.index for r in recent] == [6, 7, 8, 9]
+    assert ring.index.shape == (4,)
+    s = ring.stats("t", 0, 0, 0, 4)
+    assert s.steps == 10
+    # dev1 ends at 0.5, 1, 1.5, 2, 2.5... ms against dev0's 2 ms: steps 0-3 are dev0's (a tie goes to the first)
+    assert s.stragglers == {"host:0": 4, "host:1": 6}
+    step_ms = np.maximum(2.0, (1 + np.arange(n)) * 0.5)
+    assert s.step_ms["p50"] == pytest.approx(np.quantile(step_ms, 0.5, method="inverted_cdf"), rel=0.0101)
+    assert s.busy_ms["host:0"]["p99"] == pytest.approx(2.0, rel=0.0101)
+    assert recent[-1].devices[1].busy_ms == pytest.approx(5.0)
+
+
+# -- on host devices --------------------------------------------------------------------------------------------------
+async def _loop(st, devs, n, work_us, host_us=0.0, first=0):
+    """``n`` steps: each device spins ``work_us[d]`` on its stream; the host spends ``host_us`` inside the step after
+    launching (a sleep, as a data loader's wait: the GIL is free for the host devices' threads); then the loop waits
+    for the step's work on every device (as a loss.item() would)."""
+    for i in range(first, first + n):
+        with st.step(i):
+            for d, us in zip(devs, work_us):
+                d.stream.spin_us(us)
+            if host_us:
+                time.sleep(host_us / 1e6)
+        for d in devs:
+            with d.record() as done:
+                await done.wait()
+
+
+async def test_a_slow_device_is_the_straggler(anyio_backend, two_devs):
+    devs = two_devs
+    async with asyncgpu.step_timer(devs, keep=16) as st:
+        await _loop(st, devs, 30, [300, 1500])
+    s = st.stats()
+    assert s.steps == 30 and s.pending == 0 and s.dropped == 0
+    assert s.stragglers.get(devs[1].name, 0) >= 0.8 * s.steps, s.stragglers
+    assert s.busy_ms[devs[1].name]["p50"] > 2 * s.busy_ms[devs[0].name]["p50"]  # (5x the work: a ratio, not a figure)
+    assert s.verdict.startswith(f"device-bound: {devs[1].name}")
+    assert len(st.steps()) == 16
+    rec = st.steps()[-1]
+    assert rec.straggler == st.balance(rec.index).straggler == devs[1].name
+    await _aquiet(devs)
+
+
+async def test_a_slow_host_is_the_straggler(anyio_backend, two_devs):
+    devs = two_devs
+    async with asyncgpu.step_timer(devs) as st:
+        await _loop(st, devs, 20, [50, 50], host_us=2000)
+    s = st.stats()
+    assert s.stragglers.get("host", 0) >= 0.8 * s.steps, s.stragglers
+    assert s.verdict.startswith("host-bound")
+    rec = st.steps()[-1]
+    assert rec.step_ms >= rec.devices[0].busy_ms * 4  # the host's 2 ms against 50 µs of work: a ratio
+
+
+async def test_a_wait_inside_the_step_after_issued_leaves_the_device_bounding_it(anyio_backend, two_devs):
+    devs = two_devs
+    async with asyncgpu.step_timer(devs) as st:
+        for i in range(20):
+            with st.step(i) as step:
+                for d, us in zip(devs, [300, 1500]):
+                    d.stream.spin_us(us)
+                step.issued()  # everything is issued: the wait below is the devices'
+                for d in devs:  # (a loss.item() inside the step)
+                    with d.record() as done:
+                        await done.wait()
+            with pytest.raises(ScopeError, match="not open"):
+                step.issued()
+    s = st.stats()
+    assert s.stragglers.get(devs[1].name, 0) >= 0.8 * s.steps, s.stragglers
+    rec = st.steps()[-1]
+    assert rec.devices[1].busy_ms >= 0.5 * rec.step_ms  # (the wait is not the host's launch-bound time)
+
+
+async def test_pending_steps_are_bounded_and_dropped_steps_give_their_events_back(anyio_backend):
+    dev = asyncgpu.device(0, backend="host")
+    gate = threading.Event()
+    dev.stream.launch(gate.wait, None, name="held")  # the device is held: no step can finish
+    async with asyncgpu.step_timer(dev, max_pending=3) as st:
+        for _ in range(10):
+            with st.step():
+                dev.stream.spin_us(10)
+        s = st.stats()
+        assert (s.pending, s.dropped) == (3, 7)
+        gate.set()
+    s = st.stats()
+    assert (s.steps, s.pending, s.dropped) == (3, 0, 7)
+    await _aquiet([dev])
+
+
+async def test_cancelled_exit_waits_for_nothing_and_leaks_nothing(anyio_backend):
+    dev = asyncgpu.device(0, backend="host")
+    gate = threading.Event()
+    dev.stream.launch(gate.wait, None, name="held")
+    t0 = time.monotonic()
+    with anyio.move_on_after(0.2):
+        async with asyncgpu.step_timer(dev, trace=None) as st:
+            for i in range(5):
+                with st.step(i):
+                    dev.stream.spin_us(10)
+            await anyio.sleep(10)
+    assert time.monotonic() - t0 < 5  # (the held device did not hold the exit)
+    assert not _steps_threads()
+    s = st.stats()
+    assert (s.steps, s.pending, s.dropped) == (0, 0, 5)
+    gate.set()
+    await _aquiet([dev])
+
+
+def test_the_blocking_form_in_a_plain_thread():
+    devs = asyncgpu.devices("host", count=2)
+    out = {}
+
+    def run():
+        with asyncgpu.step_timer(devs, keep=5) as st:
+            for _ in range(12):
+                with st.step():
+                    for d in devs:
+                        d.stream.spin_us(100)
+        out["s"] = st.stats()
+
+    th = threading.Thread(target=run)
+    th.start()
+    th.join(30)
+    assert out["s"].steps == 12 and len(out["s"].recent) == 5
+    assert not _steps_threads()
+    _quiet(devs)
+
+
+async def test_steps_on_a_named_stream(anyio_backend):
+    dev = asyncgpu.device(0, backend="host", streams=2)
+    other = dev.streams[1]
+    async with asyncgpu.step_timer(dev, streams={dev: other}) as st:
+        for _ in range(5):
+            with st.step():
+                other.spin_us(500)
+                dev.stream.spin_us(10)  # (another stream: not in the step's events)
+            with other.device.record(other) as done:
+                await done.wait()
+    assert min(r.devices[0].span_ms for r in st.steps()) >= 0.4
+
+
+# -- bad input --------------------------------------------------------------------------------------------------------
+async def test_bad_input_gets_clear_errors(anyio_backend):
+    dev = asyncgpu.device(0, backend="host")
+    with pytest.raises(ValueError, match="keep"):
+        asyncgpu.step_timer(dev, keep=0)
+    with pytest.raises(ValueError, match="live is True, False or 'auto'"):
+        asyncgpu.step_timer(dev, live="yes")
+    with pytest.raises(TypeError, match="streams="):
+        asyncgpu.step_timer(dev, streams=[dev.stream, dev.stream])
+    st = asyncgpu.step_timer(dev)
+    with pytest.raises(ScopeError, match="has not been entered"):
+        with st.step():
+            pass
+    async with st:
+        with st.step(0):
+            with pytest.raises(ScopeError, match="step 0 is still open"):
+                with st.step(1):
+                    pass
+        step = st.step(2)
+        with step:
+            pass
+        with pytest.raises(ScopeError, match="already used"):
+            with step:
+                pass
+    with pytest.raises(ScopeError, match="was already used"):
+        async with st:
+            pass
+    with pytest.raises(ScopeError, match="has ended"):
+        with st.step():
+            pass
+    # a step never closed: the exit says so and gives its events back
+    st2 = asyncgpu.step_timer(dev)
+    with pytest.raises(ScopeError, match="step 7 was never closed"):
+        async with st2:
+            st2.step(7).__enter__()
+    assert not _steps_threads()
+    await _aquiet([dev])
+
+
+# -- the live view ----------------------------------------------------------------------------------------------------
+async def test_live_view_is_quiet_without_a_terminal_and_draws_on_one(anyio_backend, monkeypatch):
+    devs = asyncgpu.devices("host", count=2)
+    assert not wants_live("auto", io.StringIO())
+    monkeypatch.setattr(sys, "stdout", io.StringIO())  # (not a terminal)
+    async with asyncgpu.step_timer(devs, live="auto") as st:
+        assert st._live is None
+        await _loop(st, devs, 10, [100, 600])
+    assert sys.stdout.getvalue() == ""
+    out = io.StringIO()
+    Console(file=out, width=100, force_terminal=True).print(st)
+    text = out.getvalue()
+    for words in ("10 steps", "step p50", "busy p50", "host:1", "◀ straggler", "verdict: device-bound"):
+        assert words in text, text
+    plain = io.StringIO()
+    Console(file=plain, width=100, color_system=None).print(st.stats())
+    assert "host:0" in plain.getvalue()
+
+
+def test_live_view_redraws_from_its_own_thread():
+    ring = StepRing(("host:0",), keep=4)
+    out = io.StringIO()
+    view = LiveView(lambda: ring.stats("t", 0, 0, 0, 4), refresh_hz=20, console=Console(file=out, force_terminal=True))
+    deadline = time.monotonic() + 5
+    while view.frames < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    view.close()
+    assert view.frames >= 3
+    assert "0 steps" in out.getvalue()
+    assert not _steps_threads()
+
+
+# -- the streamed trace -----------------------------------------------------------------------------------------------
+async def test_streamed_trace_reads_back_cut_at_any_packet(anyio_backend, two_devs, tmp_path):
+    pb = pytest.importorskip("perfetto.protos.perfetto.trace.perfetto_trace_pb2")
+    devs = two_devs
+    path = tmp_path / "steps.pftrace"
+    async with asyncgpu.step_timer(devs, trace=path, harvest_s=0.01) as st:
+        await _loop(st, devs, 10, [100, 300])
+        await anyio.sleep(0.1)
+        data = path.read_bytes()  # while the timer is open: a whole trace of what was written
+        packet_bounds(data)
+        await _loop(st, devs, 15, [100, 300], first=10)
+    data = path.read_bytes()
+    ends = packet_bounds(data)
+    n = 25
+    assert len(ends) == 1 + 3 + 2 * 3 * n  # clock snapshot, three tracks, a begin and end per track per step
+    for k in (1, 4, 5, len(ends) // 2, len(ends) - 1, len(ends)):
+        t = pb.Trace()
+        t.ParseFromString(data[: int(ends[k - 1])])
+        assert len(t.packet) == k
+    t = pb.Trace()
+    t.ParseFromString(data)
+    names = {p.track_descriptor.uuid: p.track_descriptor.name for p in t.packet if p.HasField("track_descriptor")}
+    assert names == {1: "steps", 2: devs[0].name, 3: devs[1].name}
+    ev = [p for p in t.packet if p.HasField("track_event")]
+    begins = [p for p in ev if p.track_event.type == pb.TrackEvent.TYPE_SLICE_BEGIN]
+    assert sorted(p.track_event.debug_annotations[0].int_value for p in begins if p.track_event.track_uuid == 3) == (
+        list(range(n))
+    )
+    recs = {r.index: r for r in st.steps()}
+    dev1 = {p.track_event.debug_annotations[0].int_value: p.timestamp for p in begins if p.track_event.track_uuid == 3}
+    for i, r in recs.items():
+        assert dev1[i] == round(r.devices[1].start_ns)
+    with pytest.raises(ValueError, match="cut short"):
+        packet_bounds(data[:-1])
+
+
+# -- the benchmark script, smoke-tested on the host backend ------------------------------------------------------------
+def test_bench_steps_runs_on_the_host_backend(tmp_path):
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "bench_steps.py"), "--backend", "host", "--steps", "5"]
+        + ["--warmup", "1", "--repeat", "2", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    doc = json.loads((tmp_path / "bench_steps.json").read_text())
+    assert set(doc["results"]) == {"host-bound", "gpu-bound"}
+    assert set(doc["results"]["host-bound"]) == {"bare", "steps"}
+    assert "torch.profiler cuda" in doc["skipped"] and doc["host_cost_per_step"]["enter_exit_us"]["median"] > 0
+    assert "skipped torch.profiler cuda" in out.stdout
+
+
+# -- ranks ------------------------------------------------------------------------------------------------------------
+WORLD, EVERY, STEPS = 2, 5, 30
+
+
+def _rank_worker(rank: int, world: int, store: str, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    devs = asyncgpu.devices("host", count=2)
+    slow = 3000 if rank == 1 else 300  # rank 1's second device is the straggler of the job
+
+    async def main():
+        async with asyncgpu.step_timer(devs) as st:
+            watch = asyncgpu.ranks.watch_steps(st, every=EVERY, timeout_s=60)
+            await _loop(st, devs, STEPS, [300, slow])  # no barrier, no collective in the loop
+        return watch
+
+    watch = anyio.run(main)
+    reps = [r.to_dict() for r in watch.reports]
+    Path(out).write_text(json.dumps({"reports": reps, "error": repr(watch.error), "flags": watch.flags}))
+    dist.destroy_process_group()
+
+
+def test_rank_exchange_on_gloo_flags_the_straggler_rank_and_gpu(tmp_path):
+    pytest.importorskip("torch.distributed", reason="torch is not installed (pip install 'asyncgpu[torch]')")
+    from tests.test_gather import _env, _run_ranks
+
+    outs = [tmp_path / f"rank{r}.json" for r in range(WORLD)]
+    cmd = [sys.executable, "-m", "tests.test_steps", "worker"]
+    _run_ranks([[*cmd, str(r), str(WORLD), str(tmp_path / "store"), str(outs[r])] for r in range(WORLD)], 120, _env())
+    res = [json.loads(o.read_text()) for o in outs]
+    assert res[0]["error"] == res[1]["error"] == "None"
+    assert res[0]["reports"] == res[1]["reports"]  # every rank sees the same reports
+    reps = res[0]["reports"]
+    assert [r["block"] for r in reps] == list(range(STEPS // EVERY))
+    first = reps[0]  # flagged within the first EVERY steps
+    assert first["flagged"] and first["straggler_rank"] == 1 and first["straggler"] == "host:1"
+    assert first["excess_ms"][1] > 0 == first["excess_ms"][0]
+    assert len(first["lateness_ms"]) == WORLD
+    assert all(r["straggler_rank"] == 1 for r in reps)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["worker"]:
+    _rank_worker(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])
