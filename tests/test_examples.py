@@ -118,12 +118,12 @@ sys.path.insert(0, sys.argv[1])
 import anyio, asyncgpu, train_loop
 marks = {}
 def on_step(i):
-    if i + 1 in (A, B):
+    if i + 1 in (FIRST, LAST):
         gc.collect()
         marks[i + 1] = tracemalloc.get_traced_memory()[0]
 tracemalloc.start()
 devs = asyncgpu.devices("host", count=2)
-st = anyio.run(lambda: train_loop.train(devs, B, trace=sys.argv[2], width=8, layers=1, batch=2, on_step=on_step))
+st = anyio.run(lambda: train_loop.train(devs, LAST, trace=sys.argv[2], width=8, layers=1, batch=2, on_step=on_step))
 print(json.dumps({"marks": marks, "steps": st.stats().steps}))
 asyncgpu.close_all()
 """
@@ -134,13 +134,16 @@ def test_train_loop_memory_stays_flat(tmp_path):
     trace stream and the event pools included), extrapolated to steps 2,000 -> 20,000: within 10 %. Measured over
     2,500 steps of tiny host work (20,000 would take ~20 s under tracemalloc): the growth per step times 18,000."""
     a, b = 1000, 3500
-    code = _MEMORY.replace("A", str(a)).replace("B", str(b))
+    code = _MEMORY.replace("FIRST", str(a)).replace("LAST", str(b))
     out = subprocess.run(
         [sys.executable, "-c", code, str(EXAMPLES), str(tmp_path / "t.pftrace")],
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "PYTHONPATH": str(EXAMPLES.parent)},
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(EXAMPLES.parent), os.environ.get("PYTHONPATH")])),
+        },
     )
     assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads(out.stdout)
