@@ -44,7 +44,7 @@ from ._core.clock import CLOCK_MAX_AGE_S, placement
 from ._core.device import Device
 from ._core.hooks import QUEUE_LIMIT
 from ._core.stream import Stream
-from ._errors import AsyncGPUError, ScopeError
+from ._errors import AsyncGPUError, ClockError, ScopeError
 from ._records import Timeline
 from ._steplive import LiveView, wants_live
 from ._stepstats import StepRecord, StepRing, StepStats, render_stats
@@ -375,8 +375,19 @@ class StepTimer:
         return [s.device.record(s) for s in self._streams] if busy else []
 
     async def __aenter__(self) -> StepTimer:
+        import anyio
+
+        async with anyio.create_task_group() as tg:  # every device's clock first, off the loop's thread, at once
+            for d in self.devices:
+                tg.start_soon(self._clock_of, d)
         self._start()
         return self
+
+    async def _clock_of(self, d: Device) -> None:
+        try:
+            await d.aclock(max_age_s=self._max_age_s)
+        except ClockError:
+            pass  # (placed relative to the step's own events then; the timeline's clock says why)
 
     async def __aexit__(self, et: Any, exc: Any, tb: Any) -> None:
         import anyio
@@ -399,6 +410,11 @@ class StepTimer:
             raise ScopeError(unclosed)
 
     def __enter__(self) -> StepTimer:
+        for d in self.devices:  # every device's clock first (the first one measures the event pair's overhead too)
+            try:
+                d.clock(max_age_s=self._max_age_s)
+            except ClockError:
+                pass
         self._start()
         return self
 

@@ -11,7 +11,9 @@ asyncgpu stream (handed to torch as an ``ExternalStream``), the loop reading eve
   backward, SGD: many small kernels, the host's launching bounds the step.
 * ``gpu-bound``: ``--matmuls`` bf16 ``(--size x --size)`` matmuls per step: the GPU bounds the step.
 
-Modes, interleaved (every mode once per repetition, in turn, after ``--warmup`` steps of its own):
+Modes, each against bare in ``--repeat`` pairs whose order alternates (bare first, then the mode first: the machine's
+drift over the run cancels), the step timer's pairs before any profiler has run in the process; each run after
+``--warmup`` steps of its own:
 
 * ``bare``: no timing at all;
 * ``steps``: ``asyncgpu.step_timer(devs)`` around the loop, ``with st.step(i):`` around each step (two pooled events per
@@ -23,7 +25,7 @@ Modes, interleaved (every mode once per repetition, in turn, after ``--warmup`` 
 A ``source="cupti"`` step timer is not there yet (a follow-up: step_timer has the events source only). The report:
 first, what an empty step costs the host (entry + exit on the loop's thread, and the harvest per step): the
 overhead's floor, without the run-to-run noise of whole steps; then per loop and mode, the median step time over the
-repetitions (each repetition: wall time of ``--steps`` steps / steps), min and max, and the median's ratio to bare.
+runs (each: wall time of ``--steps`` steps / steps), min and max, and the median of the pairs' ratios to bare.
 JSON goes to ``DIR/bench_steps.json`` with ``--out DIR``.
 """
 
@@ -162,6 +164,10 @@ async def host_cost(devs: list, n: int = 200, reps: int = 5) -> dict[str, Any]:
 
 
 async def bench(devs: list, args: argparse.Namespace, modes: tuple[str, ...]) -> dict[str, Any]:
+    """Each mode against bare in pairs, bare and the mode taking turns to go first (ABBA: a drift of the machine
+    over the run, as after a profiler has left CUPTI's callbacks on, cancels within a pair of pairs); the ratio is
+    the median of the pairs' ratios. The step timer's pairs come first, before any profiler has run in the
+    process: the profilers' pairs after."""
     make = host_work if devs[0].backend == "host" else torch_work
     out: dict[str, Any] = {}
     for d in devs:
@@ -170,16 +176,22 @@ async def bench(devs: list, args: argparse.Namespace, modes: tuple[str, ...]) ->
     for loop in ("host-bound", "gpu-bound"):
         work = [make(d, loop, args) for d in devs]
         times: dict[str, list[float]] = {m: [] for m in modes}
-        for _ in range(args.repeat):
-            for m in modes:  # interleaved: every mode once per repetition
-                times[m].append(await one_rep(devs, work, m, args))
-        bare = statistics.median(times["bare"])
+        ratios: dict[str, list[float]] = {m: [] for m in modes}
+        for m in modes[1:]:
+            for k in range(args.repeat):
+                order = ("bare", m) if k % 2 == 0 else (m, "bare")
+                pair = {mode: await one_rep(devs, work, mode, args) for mode in order}
+                times["bare"].append(pair["bare"])
+                times[m].append(pair[m])
+                ratios[m].append(pair[m] / pair["bare"])
+        ratios["bare"] = [1.0]
         out[loop] = {
             m: {
                 "median_ms": statistics.median(v),
                 "min_ms": min(v),
                 "max_ms": max(v),
-                "ratio_to_bare": statistics.median(v) / bare,
+                "ratio_to_bare": statistics.median(ratios[m]),
+                "paired_ratios": ratios[m],
                 "reps_ms": v,
             }
             for m, v in times.items()
@@ -193,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--devices", type=int, default=None, help="how many devices (default: every one)")
     ap.add_argument("--steps", type=int, default=300, help="steps per repetition and mode")
     ap.add_argument("--warmup", type=int, default=30, help="steps before each timed run")
-    ap.add_argument("--repeat", type=int, default=5, help="repetitions (interleaved), at least 5 for the figures")
+    ap.add_argument("--repeat", type=int, default=6, help="pairs per mode (bare first, then the mode first...)")
     ap.add_argument("--width", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--batch", type=int, default=16)
@@ -220,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         "results": results,
         "skipped": skipped,
     }
-    print(f"devices: {', '.join(doc['devices'])}; {args.repeat} interleaved repetitions of {args.steps} steps")
+    print(f"devices: {', '.join(doc['devices'])}; {args.repeat} pairs per mode against bare, of {args.steps} steps")
     cost = results.pop("host cost per step")
     print(
         f"host cost per step, {cost['devices']} devices, no work: enter+exit {cost['enter_exit_us']['median']:.2f} µs "
@@ -228,10 +240,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     doc["host_cost_per_step"] = cost
     for loop, rows in results.items():
-        print(f"\n{loop}:  mode                      median ms   min ms    max ms   vs bare")
+        print(f"\n{loop}:  mode                      median ms   min ms    max ms   vs bare (paired: p50 [min, max])")
         for m, r in rows.items():
+            pr = r["paired_ratios"]
             print(
-                f"    {m:<26} {r['median_ms']:9.3f} {r['min_ms']:9.3f} {r['max_ms']:9.3f}   {r['ratio_to_bare']:.3f}x"
+                f"    {m:<26} {r['median_ms']:9.3f} {r['min_ms']:9.3f} {r['max_ms']:9.3f}   {r['ratio_to_bare']:.3f}x "
+                f"[{min(pr):.3f}, {max(pr):.3f}]"
             )
     for m, why in skipped.items():
         print(f"skipped {m}: {why}")

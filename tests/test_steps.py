@@ -380,7 +380,7 @@ def test_bench_steps_runs_on_the_host_backend(tmp_path):
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "PYTHONPATH": str(root)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))},
     )
     assert out.returncode == 0, out.stderr[-3000:]
     doc = json.loads((tmp_path / "bench_steps.json").read_text())

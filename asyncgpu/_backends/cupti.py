@@ -352,13 +352,18 @@ def release(channel: int) -> None:
             return
     from cupti import cupti
 
+    with _lock:
+        if _users == 0 and _subscriber is not None:
+            for kind in _kinds:  # first: no record may open a buffer after the flush below
+                cupti.activity_disable(kind)
     try:
+        # Forced: every buffer CUPTI holds comes back through our callback now, even a partly filled one. A buffer
+        # left behind would be completed later to whichever profiler registered its callbacks after us
+        # (torch.profiler's: "bufferCompleted called with unknown buffer", then a double free at exit).
         cupti.activity_flush_all(1)
     finally:
         with _lock:
             if _users == 0 and _subscriber is not None:
-                for kind in _kinds:
-                    cupti.activity_disable(kind)
                 _quiet_apis(cupti, 1)  # as found: a profiler after us (torch.profiler) sees every API again
                 cupti.unsubscribe(_subscriber)
                 _subscriber = None
