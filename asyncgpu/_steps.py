@@ -39,6 +39,7 @@ from typing import Any, Callable, Mapping, final
 
 import numpy as np
 
+from ._backends import cupti
 from ._checks import number, whole
 from ._core.clock import CLOCK_MAX_AGE_S, placement
 from ._core.device import Device
@@ -46,6 +47,7 @@ from ._core.hooks import QUEUE_LIMIT
 from ._core.stream import Stream
 from ._errors import AsyncGPUError, ClockError, ScopeError
 from ._records import Timeline
+from ._stepcupti import StepRecords, totals
 from ._steplive import LiveView, wants_live
 from ._stepstats import StepRecord, StepRing, StepStats, render_stats
 from ._steptrace import TraceStream
@@ -123,6 +125,7 @@ class StepTimer:
         harvest_s: float,
         refresh_hz: float,
         max_clock_age_s: float,
+        source: str = "events",
     ) -> None:
         self.devices = tuple(devices)
         self.label = label
@@ -144,6 +147,12 @@ class StepTimer:
         self._live: LiveView | None = None
         self._trace: TraceStream | None = None
         self.error: BaseException | None = None  #: the harvest's latest failure (a failed device), if any
+        self._source_arg = source
+        #: where busy time comes from: ``"events"`` (the step's event pair) or ``"cupti"`` (every kernel's record)
+        self.source = "events"
+        self.source_note = ""  #: why ``source="auto"`` gave the events source, if it did
+        self._cupti: StepRecords | None = None
+        self._names: tuple[list[dict[str, list[float]]], threading.Lock] | None = None
 
     # -- the loop's side ----------------------------------------------------------------------------------------
     def step(self, index: int | None = None) -> Step:
@@ -266,7 +275,13 @@ class StepTimer:
                 end[i, d] = place.host_ns(it[4][d])
                 pool.give(it[3][d])
                 pool.give(it[4][d])
-        split = step_split(begin.astype(np.float64), exit_.astype(np.float64), start, end, issued)
+        measured = None
+        records = self._cupti
+        if records is not None:
+            records.take()
+            measured = records.measured(start, end, issued)
+            records.forget_before(end[-1])
+        split = step_split(begin.astype(np.float64), exit_.astype(np.float64), start, end, issued, measured)
         with self._lock:
             self._ring.add(index, begin, exit_, start, end, issued, split)
         if self._trace is not None:
@@ -296,6 +311,17 @@ class StepTimer:
         with self._lock:
             return self._ring.recent()
 
+    def kernels(self, top: int = 10) -> dict[str, list[tuple[str, int, float]]]:
+        """With ``source="cupti"``: per device, the ``top`` kernels by total time while the timer ran, as
+        ``(name, count, total ms)`` (memsets and memcpys under their kind); empty with the events source. Any
+        thread."""
+        top = whole("top", top, minimum=1, hint="how many kernels per device")
+        if self._names is None:
+            return {}
+        names, lock = self._names
+        with lock:
+            return {d.name: totals(n, top) for d, n in zip(self.devices, names)}
+
     def balance(self, index: int) -> BalanceReport:
         """`asyncgpu.balance` of kept step ``index``: one activity per device (its busy block), the step as the
         scope. `KeyError` when that step is not kept (any more)."""
@@ -324,8 +350,17 @@ class StepTimer:
             self._closers.append(close)
 
     # -- entry and exit -----------------------------------------------------------------------------------------
+    def _pick_source(self) -> None:
+        """Open CUPTI's session for ``source="cupti"``/``"auto"`` (blocks: the process's first session takes
+        tens of ms; async entries run it in a worker thread)."""
+        self.source, self.source_note = cupti.choose(self._source_arg, self.devices, cupti.STEPS, "this step timer")
+        if self.source == "cupti":
+            self._cupti = StepRecords([d.index for d in self.devices])
+            self._names = self._cupti.names, self._cupti.names_lock  # (kept after the timer ends)
+
     def _start(self) -> None:
         if self._state != _NEW:
+            self._drop_source()
             raise ScopeError(f"step_timer {self.label!r} was already used: make a new one for each loop")
         for d in self.devices:
             d.check_open()
@@ -337,6 +372,7 @@ class StepTimer:
         except BaseException:
             if self._trace is not None:
                 self._trace.close()
+            self._drop_source()
             raise
         self._state = _OPEN
         self._thread = threading.Thread(target=self._run, name="asyncgpu-steps", daemon=True)
@@ -358,8 +394,14 @@ class StepTimer:
             for item in left:
                 self._give_back(item[3], item[4])
         finally:
+            self._drop_source()
             for close in [*self._closers, *(c.close for c in (self._live, self._trace) if c is not None)]:
                 close()
+
+    def _drop_source(self) -> None:
+        if self._cupti is not None:
+            self._cupti = None
+            cupti.release(cupti.STEPS)
 
     def _open_step_left(self) -> str | None:
         step, self._current = self._current, None
@@ -377,6 +419,8 @@ class StepTimer:
     async def __aenter__(self) -> StepTimer:
         import anyio
 
+        if self._source_arg != "events":
+            await anyio.to_thread.run_sync(self._pick_source)
         async with anyio.create_task_group() as tg:  # every device's clock first, off the loop's thread, at once
             for d in self.devices:
                 tg.start_soon(self._clock_of, d)
@@ -410,6 +454,8 @@ class StepTimer:
             raise ScopeError(unclosed)
 
     def __enter__(self) -> StepTimer:
+        if self._source_arg != "events":
+            self._pick_source()
         for d in self.devices:  # every device's clock first (the first one measures the event pair's overhead too)
             try:
                 d.clock(max_age_s=self._max_age_s)
@@ -453,6 +499,7 @@ def step_timer(
     harvest_s: float = 0.05,
     refresh_hz: float = 2.0,
     max_clock_age_s: float = CLOCK_MAX_AGE_S,
+    source: str = "events",
 ) -> StepTimer:
     """Always-on timing of the steps of a loop over ``devices`` (a device, a list, specs like ``"cuda:1"``;
     default: every device of the default backend). See the module `asyncgpu._steps` for the cost and threads.
@@ -466,7 +513,15 @@ def step_timer(
     ``"auto"`` draws only when stdout is a terminal, ``True`` always, ``False`` (default) never. ``trace``: a
     path to stream the steps to as a Perfetto trace (`asyncgpu._steptrace`: valid at every packet boundary, open it
     while it grows). ``harvest_s``: how often (seconds) finished steps are taken. ``max_clock_age_s`` as in
-    `gpu_timer`."""
+    `gpu_timer`.
+
+    ``source``: where busy time comes from. ``"events"`` (default): the step's event pair (device time while the
+    host still issued the step counts as the host's). ``"cupti"``: CUPTI's record of every kernel, memset and
+    memcpy (cupti-python, the extra ``asyncgpu[cupti]``): busy time is exact, idle time inside the step is split
+    at the host's issue, and `StepTimer.kernels` names where it went. Records only (nothing is pushed around
+    launches), flushed and parsed in bulk on the harvest thread; `SourceError` naming the fix when CUPTI cannot
+    be had (another profiler holds it, host devices). ``"auto"``: CUPTI when it can be had, else events
+    (`StepTimer.source_note` says why)."""
     from ._core.select import resolve_devices
 
     devs = resolve_devices(devices)
@@ -477,8 +532,19 @@ def step_timer(
     harvest_s = number("harvest_s", harvest_s, unit="seconds", minimum=1e-4)
     refresh_hz = number("refresh_hz", refresh_hz, unit="redraws per second", minimum=2.0)
     wants_live(live)  # (checks the value)
+    cupti.check_source(source)
     return StepTimer(
-        devs, _streams(devs, streams), keep, max_pending, live, trace, label, harvest_s, refresh_hz, max_clock_age_s
+        devs,
+        _streams(devs, streams),
+        keep,
+        max_pending,
+        live,
+        trace,
+        label,
+        harvest_s,
+        refresh_hz,
+        max_clock_age_s,
+        source,
     )
 
 

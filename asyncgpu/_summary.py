@@ -934,7 +934,12 @@ class StepSplit(NamedTuple):
 
 
 def step_split(
-    begin_ns: np.ndarray, exit_ns: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray, issued_ns: np.ndarray
+    begin_ns: np.ndarray,
+    exit_ns: np.ndarray,
+    start_ns: np.ndarray,
+    end_ns: np.ndarray,
+    issued_ns: np.ndarray,
+    measured: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> StepSplit:
     """The balance of many steps at once, each step a scope with one busy block per device: the arithmetic of
     `device_summary` and `balance` for that case, over whole arrays (no Python loop per step).
@@ -948,16 +953,28 @@ def step_split(
     is launch-bound or it ends last only because its work came later (`_bound`). `balance`'s makespan ends at the
     last device's end; a step ends at the later of that and the host's exit, and the host's time after the last
     device end (its tail) counts with the critical device's launch-bound time: the host is the straggler when those
-    two make at least half of the step (with no tail, `_bound`'s own "launch" rule)."""
+    two make at least half of the step (with no tail, `_bound`'s own "launch" rule).
+
+    ``measured`` = ``(busy_ns, busy_before_issue_ns)`` (steps, devices): the device's work inside its step, as a
+    record of each kernel gives it (CUPTI), in all and before ``issued``: then busy is that, and the device's idle
+    time of the step is launch-bound while the host was still issuing, dependency after."""
     n, nd = start_ns.shape
     begin = begin_ns[:, None]
-    lo = np.maximum(start_ns, np.minimum(end_ns, issued_ns))
-    lo = np.maximum(lo, begin)
-    end = np.maximum(end_ns, lo)
-    busy = end - lo
-    gap = lo - begin
-    launch = np.clip(issued_ns - begin, 0.0, gap)
-    dependency = gap - launch
+    if measured is None:
+        lo = np.maximum(start_ns, np.minimum(end_ns, issued_ns))
+        lo = np.maximum(lo, begin)
+        end = np.maximum(end_ns, lo)
+        busy = end - lo
+        gap = lo - begin
+        launch = np.clip(issued_ns - begin, 0.0, gap)
+        dependency = gap - launch
+    else:
+        end = np.maximum(end_ns, begin)
+        window = end - begin
+        busy = np.clip(measured[0], 0.0, window)
+        idle = window - busy
+        launch = np.clip(np.clip(issued_ns - begin, 0.0, window) - measured[1], 0.0, idle)
+        dependency = idle - launch
     last = end.max(axis=1) if nd else np.full(n, -np.inf)
     step = np.maximum(exit_ns, last) - begin_ns
     straggler = np.full(n, -1, np.int64)

@@ -18,12 +18,13 @@ drift over the run cancels), the step timer's pairs before any profiler has run 
 * ``bare``: no timing at all;
 * ``steps``: ``asyncgpu.step_timer(devs)`` around the loop, ``with st.step(i):`` around each step (two pooled events per
   device per step, harvested off the loop's thread);
+* ``steps cupti``: the same with ``source="cupti"`` (every kernel's record, records-only, flushed and attributed to
+  steps on the harvest thread);
 * ``torch.profiler cuda``: ``torch.profiler.profile(activities=[CUDA])`` around the loop (CUPTI, records kept in
-  memory until the end);
+  memory until the end; once it has run, torch holds CUPTI for the rest of the process, so it comes after);
 * ``torch.profiler cpu+cuda``: the same with CPU activities too.
 
-A ``source="cupti"`` step timer is not there yet (a follow-up: step_timer has the events source only). The report:
-first, what an empty step costs the host (entry + exit on the loop's thread, and the harvest per step): the
+The report: first, what an empty step costs the host (entry + exit on the loop's thread, and the harvest per step): the
 overhead's floor, without the run-to-run noise of whole steps; then per loop and mode, the median step time over the
 runs (each: wall time of ``--steps`` steps / steps), min and max, and the median of the pairs' ratios to bare.
 JSON goes to ``DIR/bench_steps.json`` with ``--out DIR``.
@@ -45,7 +46,7 @@ import numpy as np
 
 import asyncgpu
 
-MODES = ("bare", "steps", "torch.profiler cuda", "torch.profiler cpu+cuda")
+MODES = ("bare", "steps", "steps cupti", "torch.profiler cuda", "torch.profiler cpu+cuda")
 
 
 # -- the work ---------------------------------------------------------------------------------------------------------
@@ -115,8 +116,8 @@ async def _one(devs: list, work: list) -> None:
 
 async def one_rep(devs: list, work: list, mode: str, args: argparse.Namespace) -> float:
     """The mean step time (ms) of ``args.steps`` steps in ``mode``, after its warm-up."""
-    if mode == "steps":
-        async with asyncgpu.step_timer(devs) as st:
+    if mode.startswith("steps"):
+        async with asyncgpu.step_timer(devs, source="cupti" if mode == "steps cupti" else "events") as st:
             await run_steps(devs, work, args.warmup, st)
             t0 = time.perf_counter()
             await run_steps(devs, work, args.steps, st)
@@ -220,8 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     modes: tuple[str, ...] = MODES
     if backend == "host":
         modes = ("bare", "steps")
-        skipped = {m: "the host backend runs no torch: peers need CUDA" for m in MODES[2:]}
-    skipped["steps source=cupti"] = "not built yet: step_timer has the events source only (a follow-up)"
+        skipped = {m: "the host backend has no CUPTI and runs no torch: CUDA only" for m in MODES[2:]}
     results = anyio.run(bench, devs, args, modes)
     doc = {
         "devices": [f"{d.name} {d.description}" for d in devs],

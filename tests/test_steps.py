@@ -372,6 +372,125 @@ async def test_streamed_trace_reads_back_cut_at_any_packet(anyio_backend, two_de
 
 
 # -- the benchmark script, smoke-tested on the host backend ------------------------------------------------------------
+# -- the CUPTI source ----------------------------------------------------------------------------------------------
+def test_step_split_with_measured_busy_by_hand():
+    # one step, begins at 0, host exits (all issued) at 4 ms; the device's window [1, 10]: its records cover 3 ms,
+    # 1 ms of it before 4: idle 7 of which launch-bound = (4 - 0) - 1 = 3 (the window counts from the step's begin)
+    begin, exit_ = np.array([0.0]), np.array([4 * MS])
+    start, end, issued = np.array([[1 * MS]]), np.array([[10 * MS]]), np.array([[4 * MS]])
+    s = step_split(begin, exit_, start, end, issued, (np.array([[3 * MS]]), np.array([[1 * MS]])))
+    np.testing.assert_allclose(
+        [s.busy_ns[0, 0], s.launch_bound_ns[0, 0], s.dependency_ns[0, 0]], [3 * MS, 3 * MS, 4 * MS]
+    )
+    np.testing.assert_allclose(s.step_ns, [10 * MS])
+
+
+def test_records_are_attributed_to_steps_by_their_union():
+    from asyncgpu._stepcupti import StepRecords
+
+    r = StepRecords([0])
+    r._start[0] = np.array([5.0, 0.0, 2.0, 10.0]) * MS  # overlapping: [0, 4] [5, 7] [10, 12]
+    r._end[0] = np.array([7.0, 3.0, 4.0, 12.0]) * MS
+    busy, before = r.measured(
+        np.array([[1.0], [6.0]]) * MS, np.array([[6.0], [11.0]]) * MS, np.array([[2.0], [20.0]]) * MS
+    )
+    np.testing.assert_allclose(busy[:, 0], [4 * MS, 2 * MS])  # [1, 6]: 3 + 1; [6, 11]: 1 + 1
+    np.testing.assert_allclose(before[:, 0], [1 * MS, 2 * MS])  # [1, 2]: 1; issued after the window: all of it
+    r.forget_before(np.array([8.0 * MS]))
+    assert list(r._end[0]) == [12 * MS]
+
+
+async def test_the_cupti_source_on_host_devices_names_the_fix_and_auto_falls_back(anyio_backend, two_devs):
+    with pytest.raises(asyncgpu.errors.SourceError, match="source='events'"):
+        async with asyncgpu.step_timer(two_devs, source="cupti"):
+            pass
+    async with asyncgpu.step_timer(two_devs, source="auto") as st:
+        with st.step():
+            two_devs[0].stream.spin_us(10)
+    assert st.source == "events" and "CUDA devices only" in st.source_note and st.kernels() == {}
+    with pytest.raises(ValueError, match="events"):
+        asyncgpu.step_timer(two_devs, source="nvtx")
+    await _aquiet(two_devs)
+
+
+async def test_cupti_records_give_each_step_its_busy_time_and_kernel_names(anyio_backend, two_devs, monkeypatch):
+    """A stand-in for CUPTI's records-only channel on host devices: each "kernel" (a callable on a host stream)
+    writes its own start and end, as CUPTI would; the step's busy time is their union inside the step, not the
+    span of its event pair, and the names are counted."""
+    from asyncgpu._backends import cupti
+
+    seen: list[tuple] = []
+    state = {"users": 0}
+
+    def choose(source, devices, channel, what):
+        state["users"] += 1
+        return "cupti", ""
+
+    def flush(channel):
+        out, seen[:] = list(seen), []
+        return out, {}
+
+    monkeypatch.setattr(cupti, "choose", choose)
+    monkeypatch.setattr(cupti, "flush", flush)
+    monkeypatch.setattr(cupti, "host_offset_ns", lambda samples=16: 0)
+    monkeypatch.setattr(cupti, "release", lambda channel: state.__setitem__("users", state["users"] - 1))
+
+    def kernel(index: int, name: str, us: float) -> None:
+        t0 = time.perf_counter_ns()
+        while time.perf_counter_ns() - t0 < us * 1e3:
+            pass
+        seen.append(("kernel", t0, time.perf_counter_ns(), 0, index, 0, name))
+
+    async with asyncgpu.step_timer(two_devs, source="cupti") as st:
+        assert st.source == "cupti"
+        for i in range(6):
+            with st.step(i):
+                for d in two_devs:
+                    d.stream.launch(kernel, None, d.index, "short", 200)
+                    d.stream.launch(time.sleep, None, 0.002)  # idle for CUPTI: no record
+                    d.stream.launch(kernel, None, d.index, "long", 600)
+            for d in two_devs:
+                with d.record() as done:
+                    await done.wait()
+    assert state["users"] == 0  # released at the exit
+    for rec in st.steps():
+        for dev in rec.devices:
+            assert 0.8 <= dev.busy_ms <= 1.2, rec  # 0.2 + 0.6 ms of records, not the ~2.8 ms span
+    names = st.kernels()
+    assert [n for n, _, _ in names[two_devs[0].name]] == ["long", "short"]
+    assert names[two_devs[1].name][0][1] == 6  # six of each
+    await _aquiet(two_devs)
+
+
+@pytest.mark.gpu
+def test_the_cupti_source_times_the_kernels_inside_each_step_on_a_gpu():
+    """Two 200 µs spins per step with 2 ms of host time between them: the event pair spans ~2.4 ms, CUPTI's records
+    cover 0.4 ms, and name the kernel."""
+    from asyncgpu._backends import cupti
+
+    ok, why = cupti.available()
+    if not ok:
+        pytest.skip(f"CUPTI cannot be used here: {why}")
+    dev = asyncgpu.device(0, backend="cuda")
+    s = dev.stream
+    s.spin_us(1)
+    dev.synchronize()
+    with asyncgpu.step_timer(dev, source="cupti") as st:
+        for i in range(8):
+            with st.step(i):
+                s.spin_us(200)
+                time.sleep(0.002)
+                s.spin_us(200)
+            dev.synchronize()
+    assert st.source == "cupti"
+    busy = np.array([r.devices[0].busy_ms for r in st.steps()])
+    assert np.all((busy >= 0.4) & (busy < 0.4 + 0.02)), busy  # the spins' own time plus their launch and exit
+    top = st.kernels()[dev.name]
+    assert top[0][0] == "asyncgpu_spin" and top[0][1] >= 16, top
+    assert cupti.available()[0]  # released at the exit
+    _quiet([dev])
+
+
 def test_bench_steps_runs_on_the_host_backend(tmp_path):
     root = Path(__file__).resolve().parent.parent
     out = subprocess.run(

@@ -35,6 +35,7 @@ __all__ = [
     "CALIBRATION",
     "HISTORY",
     "SOURCES",
+    "STEPS",
     "TIMER",
     "CuptiRecord",
     "Router",
@@ -53,10 +54,11 @@ __all__ = [
 BUFFER_BYTES = 8 << 20
 SOURCES = ("auto", "cupti", "events")  #: what ``source=`` accepts, wherever it is accepted
 TIMER, BENCH, HISTORY = 0, 1, 2  #: channels: `gpu_timer` scopes, `benchmark` runs, the kernel history
-#: a fourth channel, records only (no external ids: never `push`ed): a device's clock calibration measures what an
-#: event pair adds to a kernel against CUPTI's own record of that kernel
-CALIBRATION = 3
-_CHANNELS = 4
+#: records-only channels (no external ids: never `push`ed): a device's clock calibration measures what an event pair
+#: adds to its work against CUPTI's own records of it; a step timer attributes records to steps by their times
+CALIBRATION, STEPS = 3, 4
+_CHANNELS = 5
+_RECORDS_ONLY = (CALIBRATION, STEPS)  # while only these are open, no API record is made (each costs a parse)
 #: ``(kind, start_ns, end_ns, correlation_id, device_id, stream_id, name)``; kind: "kernel", "memset", "memcpy"
 CuptiRecord = tuple
 
@@ -70,7 +72,8 @@ _channel_users = [0] * _CHANNELS
 _inbox: list[list[CuptiRecord]] = [[] for _ in range(_CHANNELS)]  # records not flushed yet, per open channel
 _external: list[dict[int, int]] = [{} for _ in range(_CHANNELS)]  # per channel: correlation id -> external id
 _subscriber: Any = None
-_kinds: tuple = ()
+_kinds: tuple = ()  # the activity kinds enabled now
+_api_kinds: tuple = ()  # the kinds that carry external ids (API calls, correlations): on while a channel needs them
 _ext_kinds: tuple = ()  # CUPTI's external correlation kind of each channel
 _channel_of: dict[int, int] = {}  # and back
 _api: Any = None  # the ``cupti`` module, once a session was opened
@@ -286,10 +289,12 @@ def acquire(channel: int) -> None:
     """Open (or share) the process's CUPTI session for a user of ``channel``. `SourceError` when CUPTI is
     missing, held by another tool, or does not match the driver. Any thread; blocks briefly (enabling the
     activity kinds)."""
-    global _users, _subscriber, _kinds, _why_not, _ext_kinds, _channel_of, _api
+    global _users, _subscriber, _kinds, _why_not, _ext_kinds, _channel_of, _api, _api_kinds
     cupti = _cupti()
     with _lock:
         if _users:
+            if channel not in _RECORDS_ONLY and not set(_api_kinds) <= set(_kinds):
+                _enable_api_kinds(cupti)
             _users += 1
             _channel_users[channel] += 1
             return
@@ -309,7 +314,9 @@ def acquire(channel: int) -> None:
             _why_not = f"CUPTI cannot start ({exc})"
             raise SourceError(_why_not + ": use source='events' on this machine") from None
         k = cupti.ActivityKind
-        kinds = (k.CONCURRENT_KERNEL, k.MEMSET, k.MEMCPY, k.EXTERNAL_CORRELATION, k.DRIVER, k.RUNTIME)
+        kinds = (k.CONCURRENT_KERNEL, k.MEMSET, k.MEMCPY)
+        if channel not in _RECORDS_ONLY:
+            kinds += _id_kinds(k)
         enabled: list = []
         try:
             # Every time: a profiler that ran in between (torch.profiler) registered its own callbacks.
@@ -331,8 +338,23 @@ def acquire(channel: int) -> None:
         _api, _ext_kinds = cupti, (ek.CUSTOM0, ek.CUSTOM1, ek.CUSTOM2)
         _channel_of = {int(kind): channel for channel, kind in enumerate(_ext_kinds)}
         _kinds = kinds
+        _api_kinds = _id_kinds(k)
         _users = 1
         _channel_users[channel] += 1
+
+
+def _id_kinds(k: Any) -> tuple:
+    """The kinds that carry external ids: CUPTI emits them only with API records (DRIVER, RUNTIME)."""
+    return (k.EXTERNAL_CORRELATION, k.DRIVER, k.RUNTIME)
+
+
+def _enable_api_kinds(cupti: Any) -> None:
+    """A channel that pushes external ids joins a records-only session: turn the API kinds on (under `_lock`)."""
+    global _kinds
+    for kind in _api_kinds:
+        if kind not in _kinds:
+            cupti.activity_enable(kind)
+            _kinds += (kind,)
 
 
 def release(channel: int) -> None:
