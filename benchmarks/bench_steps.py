@@ -19,7 +19,8 @@ drift over the run cancels), the step timer's pairs before any profiler has run 
 * ``steps``: ``asyncgpu.step_timer(devs)`` around the loop, ``with st.step(i):`` around each step (two pooled events per
   device per step, harvested off the loop's thread);
 * ``steps cupti``: the same with ``source="cupti"`` (every kernel's record, records-only, flushed and attributed to
-  steps on the harvest thread);
+  steps on the harvest thread), in a child process that takes CUPTI before torch loads (torch's profiler subscribes
+  to CUPTI when torch starts CUDA, and CUPTI has one subscriber), against that process's own bare runs;
 * ``torch.profiler cuda``: ``torch.profiler.profile(activities=[CUDA])`` around the loop (CUPTI, records kept in
   memory until the end; once it has run, torch holds CUPTI for the rest of the process, so it comes after);
 * ``torch.profiler cpu+cuda``: the same with CPU activities too.
@@ -46,7 +47,8 @@ import numpy as np
 
 import asyncgpu
 
-MODES = ("bare", "steps", "steps cupti", "torch.profiler cuda", "torch.profiler cpu+cuda")
+MODES = ("bare", "steps", "torch.profiler cuda", "torch.profiler cpu+cuda")
+CUPTI_MODES = ("bare", "steps cupti")  # a child process: CUPTI taken before torch loads (see `main`)
 
 
 # -- the work ---------------------------------------------------------------------------------------------------------
@@ -200,6 +202,26 @@ async def bench(devs: list, args: argparse.Namespace, modes: tuple[str, ...]) ->
     return out
 
 
+def _cupti_child(argv: list[str], results: dict, skipped: dict) -> None:
+    """Run the CUPTI step timer's pairs in a child process and add them to ``results`` (as ``"steps cupti"``, its
+    ratio against the child's own bare runs)."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        rest = [a for i, a in enumerate(argv) if a != "--out" and (i == 0 or argv[i - 1] != "--out")]
+        out = subprocess.run([sys.executable, __file__, *rest, "--cupti-child", "--out", tmp], text=True)
+        path = os.path.join(tmp, "bench_steps.json")
+        if out.returncode != 0 or not os.path.exists(path):
+            skipped["steps cupti"] = f"its child process failed (exit {out.returncode})"
+            return
+        with open(path) as f:
+            child = json.load(f)["results"]
+    for loop, rows in child.items():
+        if loop in results:
+            results[loop]["steps cupti"] = rows["steps cupti"] | {"bare_of_its_process_ms": rows["bare"]["median_ms"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--backend", choices=("cuda", "host"), default=None, help="default: $ASYNCGPU_BACKEND or cuda")
@@ -213,7 +235,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", type=int, default=8192, help="matmul size of the gpu-bound loop")
     ap.add_argument("--matmuls", type=int, default=4, help="matmuls per step of the gpu-bound loop")
     ap.add_argument("--out", metavar="DIR", help="also write DIR/bench_steps.json")
+    ap.add_argument("--cupti-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.cupti_child:
+        # torch's profiler (kineto) subscribes to CUPTI when torch starts CUDA, and CUPTI has one subscriber: the
+        # CUPTI step timer takes it first, here, before torch loads (torch.profiler then has no GPU events in this
+        # process: hence a process of its own)
+        from asyncgpu._backends import cupti
+
+        cupti.acquire(cupti.STEPS)
     backend = args.backend or os.environ.get("ASYNCGPU_BACKEND") or "cuda"
     count = args.devices if args.devices is not None else (2 if backend == "host" else None)
     devs = asyncgpu.devices(backend, count=count)
@@ -221,8 +251,14 @@ def main(argv: list[str] | None = None) -> int:
     modes: tuple[str, ...] = MODES
     if backend == "host":
         modes = ("bare", "steps")
-        skipped = {m: "the host backend has no CUPTI and runs no torch: CUDA only" for m in MODES[2:]}
+        skipped = {
+            m: "the host backend has no CUPTI and runs no torch: CUDA only" for m in (*MODES[2:], *CUPTI_MODES[1:])
+        }
+    elif args.cupti_child:
+        modes = CUPTI_MODES
     results = anyio.run(bench, devs, args, modes)
+    if backend != "host" and not args.cupti_child:
+        _cupti_child(argv if argv is not None else sys.argv[1:], results, skipped)
     doc = {
         "devices": [f"{d.name} {d.description}" for d in devs],
         "python": platform.python_version(),

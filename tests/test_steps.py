@@ -484,7 +484,9 @@ def test_the_cupti_source_times_the_kernels_inside_each_step_on_a_gpu():
             dev.synchronize()
     assert st.source == "cupti"
     busy = np.array([r.devices[0].busy_ms for r in st.steps()])
-    assert np.all((busy >= 0.4) & (busy < 0.4 + 0.02)), busy  # the spins' own time plus their launch and exit
+    # the spins' own time plus their launch and exit, less what the two clocks' placements (CUPTI's and the step
+    # events', each within a few µs) may cut at the window's edges
+    assert np.all((busy >= 0.4 - 0.004) & (busy < 0.4 + 0.02)), busy
     top = st.kernels()[dev.name]
     assert top[0][0] == "asyncgpu_spin" and top[0][1] >= 16, top
     assert cupti.available()[0]  # released at the exit

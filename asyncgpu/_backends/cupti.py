@@ -359,8 +359,10 @@ def _enable_api_kinds(cupti: Any) -> None:
 
 def release(channel: int) -> None:
     """A user of ``channel`` leaves the session (that channel's unflushed records go once it has no user); the
-    last user of all flushes, disables the kinds and unsubscribes. Never raises."""
-    global _users, _subscriber
+    last user of all disables the kinds, flushes and unsubscribes, under the session's lock (`_completed` takes
+    only the records' lock, so CUPTI may call it meanwhile): an `acquire` racing it waits and opens a new session.
+    Never raises."""
+    global _users, _subscriber, _kinds
     with _lock:
         if _users == 0 or _channel_users[channel] == 0:
             return
@@ -370,29 +372,25 @@ def release(channel: int) -> None:
             with _records_lock:
                 _inbox[channel].clear()
                 _external[channel].clear()
-        if _users:
+        if _users or _subscriber is None:
             return
-    from cupti import cupti
+        from cupti import cupti
 
-    with _lock:
-        if _users == 0 and _subscriber is not None:
+        try:
             for kind in _kinds:  # first: no record may open a buffer after the flush below
                 cupti.activity_disable(kind)
-    try:
-        # Forced: every buffer CUPTI holds comes back through our callback now, even a partly filled one. A buffer
-        # left behind would be completed later to whichever profiler registered its callbacks after us
-        # (torch.profiler's: "bufferCompleted called with unknown buffer", then a double free at exit).
-        cupti.activity_flush_all(1)
-    finally:
-        with _lock:
-            if _users == 0 and _subscriber is not None:
-                _quiet_apis(cupti, 1)  # as found: a profiler after us (torch.profiler) sees every API again
-                cupti.unsubscribe(_subscriber)
-                _subscriber = None
-                with _records_lock:
-                    for channel in range(_CHANNELS):
-                        _inbox[channel].clear()
-                        _external[channel].clear()
+            # Forced: every buffer CUPTI holds comes back through our callback now, even a partly filled one. A
+            # buffer left behind would be completed later to whichever profiler registered its callbacks after
+            # us (torch.profiler's: "bufferCompleted called with unknown buffer", then a double free at exit).
+            cupti.activity_flush_all(1)
+        finally:
+            _quiet_apis(cupti, 1)  # as found: a profiler after us (torch.profiler) sees every API again
+            cupti.unsubscribe(_subscriber)
+            _subscriber, _kinds = None, ()
+            with _records_lock:
+                for c in range(_CHANNELS):
+                    _inbox[c].clear()
+                    _external[c].clear()
 
 
 def push(external_id: int, channel: int) -> None:
