@@ -178,10 +178,15 @@ class StepTimer:
             )
         self._current = step
         step._begin_ns = time.perf_counter_ns()
+        starts = step._starts
         try:
-            step._starts = [_record(s) for s in self._streams]
-        except BaseException:
+            for s in self._streams:
+                starts.append(_record(s))
+        except BaseException:  # (a full stream in a loop's thread, a failed device): the recorded ones go back
             self._current = None
+            for s, raw in zip(self._streams, starts):
+                s.device.recycle_later(raw)
+            starts.clear()
             raise
 
     def _issue(self, step: Step) -> None:
