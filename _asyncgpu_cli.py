@@ -12,16 +12,16 @@ import sys
 
 __all__ = ["EXIT_INTERRUPTED", "main"]
 
-#: 128 + SIGINT, as shells report a process ended by Ctrl-C (`asyncgpu._cli.EXIT_INTERRUPTED`, which cannot be
+#: 128 + SIGINT, as shells report a process ended by Ctrl-C (`asyncgpu._cli.main.EXIT_INTERRUPTED`, which cannot be
 #: imported before the guard: a test checks that they agree)
 EXIT_INTERRUPTED = 130
 
 
 def main() -> int:
-    """Run the ``asyncgpu`` command (`asyncgpu._cli.main`) and return its exit code; interrupted before the
+    """Run the ``asyncgpu`` command (`asyncgpu._cli.main.main`) and return its exit code; interrupted before the
     command's own handling of Ctrl-C begins, print one line and return `EXIT_INTERRUPTED`."""
     try:
-        from asyncgpu._cli import main as command  # noqa: PLC2701 - the command line this file guards
+        from asyncgpu._cli.main import main as command  # noqa: PLC2701 - the command line this file guards
 
         return command()
     except KeyboardInterrupt:

@@ -5,10 +5,10 @@ exit code 130 (the console script, ``_asyncgpu_cli``, guards the package's impor
 import sys
 
 try:
-    from ._cli import main
+    from asyncgpu._cli.main import main
 
     code = main()
 except KeyboardInterrupt:
     print("asyncgpu: interrupted", file=sys.stderr, flush=True)
-    code = 130  # (`asyncgpu._cli.EXIT_INTERRUPTED`, which may not be imported yet)
+    code = 130  # (`asyncgpu._cli.main.EXIT_INTERRUPTED`, which may not be imported yet)
 sys.exit(code)

@@ -3,29 +3,29 @@ types of the specialist parts live in their submodules (`asyncgpu.kernel`, `asyn
 
 from __future__ import annotations
 
-from ._bench import BenchmarkResult as BenchmarkResult
-from ._core.clock import ClockCalibration as ClockCalibration
-from ._core.pool import PoolStats as PoolStats
-from ._handoff import HandoffRecord as HandoffRecord
-from ._history import HistoryRecording as HistoryRecording
-from ._history import LaunchRecord as LaunchRecord
-from ._public import publish
-from ._records import ActivityRecord as ActivityRecord
-from ._records import CollectiveMark as CollectiveMark
-from ._records import DeviceClock as DeviceClock
-from ._records import HostRange as HostRange
-from ._records import ScopeInfo as ScopeInfo
-from ._records import Timeline as Timeline
-from ._steps import Step as Step
-from ._stepstats import DeviceStep as DeviceStep
-from ._stepstats import StepRecord as StepRecord
-from ._stepstats import StepStats as StepStats
-from ._summary import ActivityStats as ActivityStats
-from ._summary import ActivitySummary as ActivitySummary
-from ._summary import BalanceReport as BalanceReport
-from ._summary import DeviceBalance as DeviceBalance
-from ._summary import DeviceStats as DeviceStats
-from ._summary import DeviceSummary as DeviceSummary
+from asyncgpu._analysis.summary import ActivityStats as ActivityStats
+from asyncgpu._analysis.summary import ActivitySummary as ActivitySummary
+from asyncgpu._analysis.summary import BalanceReport as BalanceReport
+from asyncgpu._analysis.summary import DeviceBalance as DeviceBalance
+from asyncgpu._analysis.summary import DeviceStats as DeviceStats
+from asyncgpu._analysis.summary import DeviceSummary as DeviceSummary
+from asyncgpu._base.publish import publish
+from asyncgpu._base.records import ActivityRecord as ActivityRecord
+from asyncgpu._base.records import CollectiveMark as CollectiveMark
+from asyncgpu._base.records import DeviceClock as DeviceClock
+from asyncgpu._base.records import HostRange as HostRange
+from asyncgpu._base.records import ScopeInfo as ScopeInfo
+from asyncgpu._base.records import Timeline as Timeline
+from asyncgpu._handoff.channel import HandoffRecord as HandoffRecord
+from asyncgpu._runtime.clock import ClockCalibration as ClockCalibration
+from asyncgpu._runtime.pool import PoolStats as PoolStats
+from asyncgpu._timing.bench import BenchmarkResult as BenchmarkResult
+from asyncgpu._timing.history import HistoryRecording as HistoryRecording
+from asyncgpu._timing.history import LaunchRecord as LaunchRecord
+from asyncgpu._timing.step_stats import DeviceStep as DeviceStep
+from asyncgpu._timing.step_stats import StepRecord as StepRecord
+from asyncgpu._timing.step_stats import StepStats as StepStats
+from asyncgpu._timing.steps import Step as Step
 
 __all__ = [
     "ActivityRecord",

@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_load as B  # noqa: E402
 
 import asyncgpu  # noqa: E402
-from asyncgpu._core import engine as E  # noqa: E402
+from asyncgpu._runtime import engine as E  # noqa: E402
 
 
 def _variants(spec: str) -> tuple[tuple[str, str], object]:
@@ -97,7 +97,7 @@ def _variants(spec: str) -> tuple[tuple[str, str], object]:
         return ("keep", "forget"), (use_forget, state)
     if spec.startswith("engine:"):
         path = spec.split(":", 1)[1]
-        name = "asyncgpu._core.engine_b"  # (inside the package: its relative imports resolve)
+        name = "asyncgpu._runtime.engine_b"  # (inside the package: its relative imports resolve)
         loader_spec = importlib.util.spec_from_file_location(name, path)
         if loader_spec is None or loader_spec.loader is None:
             raise SystemExit(f"cannot load an engine module from {path}")

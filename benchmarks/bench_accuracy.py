@@ -3,7 +3,7 @@
     python3 benchmarks/bench_accuracy.py [--out results/accuracy.json]
 
 Part 1, the cases users hit (one stream of the first GPU, each case with the launch hold on and off, see
-`asyncgpu._core.hooks.launch_now`): a memset, an ``inc_loop``, a copy to pinned memory and a 50 µs spin each
+`asyncgpu._runtime.hooks.launch_now`): a memset, an ``inc_loop``, a copy to pinned memory and a 50 µs spin each
 launched on an idle GPU; a kernel launched right after an ``await`` left the stream idle; the first launch of user
 kernels; a busy stream; the demo's sequence. Per case: CUPTI's p50, asyncgpu's error p50 and max, and the share of
 activities of 5 µs or more within max(1 %, 1 µs).
@@ -35,7 +35,7 @@ import time
 import numpy as np
 
 import asyncgpu
-from asyncgpu._core import hooks
+from asyncgpu._runtime import hooks
 
 LENGTHS_US = (5, 20, 50, 200, 1000, 2000)
 REPEAT = 20

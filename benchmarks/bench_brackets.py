@@ -18,7 +18,7 @@ import sys
 import numpy as np
 
 import asyncgpu
-from asyncgpu._core import hooks
+from asyncgpu._runtime import hooks
 
 N = 10_000_000
 SEQS = "S,C,SS,CC,SC,CS,SpC,CqS,KC,CK,MKKKC,pMKKKC,qMKKKC,BMKKKC,BCCC,Sc,cS"

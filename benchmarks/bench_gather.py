@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from asyncgpu._records import HostRange, Timeline
-from asyncgpu._report import render
+from asyncgpu._analysis.report import render
+from asyncgpu._base.records import HostRange, Timeline
 from asyncgpu.ranks.merge import Merger, RankTimeline
 from asyncgpu.ranks.report import rank_report
 from asyncgpu.ranks.wire import HostRanges, Marks, timeline_to_payload
@@ -244,7 +244,7 @@ def run_processes(k: int, devices: int, per_device: int, marks: int, timeout_s: 
 def _rank_main(rank: int, world: int, tmp: str, devices: int, per_device: int, marks: int) -> None:
     import torch.distributed as dist
 
-    from asyncgpu._records import CollectiveMark
+    from asyncgpu._base.records import CollectiveMark
     from asyncgpu.ranks import gather
 
     dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=world)

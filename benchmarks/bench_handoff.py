@@ -33,7 +33,7 @@ import time
 import numpy as np
 
 import asyncgpu
-from asyncgpu._handoff import _host_ns
+from asyncgpu._handoff.channel import _host_ns
 
 _now = time.perf_counter_ns
 

@@ -575,7 +575,7 @@ def queue_depth(dev, truth) -> dict:
 def host_cost(dev, n: int = 300, rounds: int = 15) -> dict:
     """Median ns per call over ``rounds`` rounds of ``n`` calls (the device drained between rounds): raw records,
     asyncgpu's record + release, a timed activity block, a launch untimed and timed (hold always / never)."""
-    from asyncgpu._core import hooks
+    from asyncgpu._runtime import hooks
 
     s = dev.stream
     raw_ev = _check(drv.cuEventCreate(0))

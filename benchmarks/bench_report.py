@@ -40,8 +40,8 @@ from rich.segment import Segment
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_scale import make_timeline
 
-from asyncgpu import _report
-from asyncgpu._report import render, timeline_report
+from asyncgpu._analysis import report as _report
+from asyncgpu._analysis.report import render, timeline_report
 
 
 def timed(fn: Callable[[], Any], repeat: int) -> float:

@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from asyncgpu._records import KIND_CODES, Timeline
-from asyncgpu._summary import activity_summary, balance, device_summary
+from asyncgpu._analysis.summary import activity_summary, balance, device_summary
+from asyncgpu._base.records import KIND_CODES, Timeline
 
 NAMES = [
     ("gemm", "kernel", 120.0),

@@ -39,8 +39,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_scale import make_timeline  # noqa: E402
 
-from asyncgpu._export import read_trace, write_trace  # noqa: E402
-from asyncgpu._records import Timeline  # noqa: E402
+from asyncgpu._base.records import Timeline  # noqa: E402
+from asyncgpu._trace.export import read_trace, write_trace  # noqa: E402
 
 
 def fifo(tl: Timeline) -> Timeline:

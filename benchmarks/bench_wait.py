@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 import asyncgpu
-from asyncgpu._core import engine as _engine
+from asyncgpu._runtime import engine as _engine
 
 try:
     from cuda.bindings import driver as drv

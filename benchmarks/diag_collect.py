@@ -4,7 +4,7 @@ the waiter thread); also one ``cuEventQuery``'s cost on this host.
 
     PYTHONPATH=$PWD python benchmarks/diag_collect.py [asyncio,uvloop,trio] [1000@150k,1000@40k,1000@burst]
 
-A diagnostic: it wraps `asyncgpu._core.engine.Engine.collect` and the backend's query. Each case also runs the
+A diagnostic: it wraps `asyncgpu._runtime.engine.Engine.collect` and the backend's query. Each case also runs the
 loop's floor (`bench_load.py`) for comparison. Needs a CUDA GPU.
 """
 
@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_load as B  # noqa: E402
 
 import asyncgpu  # noqa: E402
-from asyncgpu._core import engine as E  # noqa: E402
+from asyncgpu._runtime import engine as E  # noqa: E402
 
 _now = time.perf_counter_ns
 _TL = threading.local()

@@ -2,7 +2,7 @@
 
     PYTHONPATH=$PWD python benchmarks/diag_load.py 1000@150k[,N@RATE...] [asyncio,uvloop,trio] [repetitions]
 
-Wraps the engine's collect / dispatch / resume / arm / pause (a diagnostic: it patches asyncgpu._core.engine) and
+Wraps the engine's collect / dispatch / resume / arm / pause (a diagnostic: it patches asyncgpu._runtime.engine) and
 prints, per case and repetition, the first hand-overs after the first completion, the three latest waits with every
 engine step around them, and the gaps between the waiter thread's and the loop's looks. Needs a CUDA GPU.
 """
@@ -18,7 +18,7 @@ import bench_load as B  # noqa: E402
 import numpy as np  # noqa: E402
 
 import asyncgpu  # noqa: E402
-from asyncgpu._core import engine as E  # noqa: E402
+from asyncgpu._runtime import engine as E  # noqa: E402
 
 _now = time.perf_counter_ns
 LOG = []

@@ -22,7 +22,7 @@ import bench_load as B  # noqa: E402
 import numpy as np  # noqa: E402
 
 import asyncgpu  # noqa: E402
-from asyncgpu._core import engine as E  # noqa: E402
+from asyncgpu._runtime import engine as E  # noqa: E402
 
 _now = time.perf_counter_ns
 _WHO = threading.local()

@@ -19,8 +19,8 @@ import time
 
 import numpy as np
 
-from asyncgpu._core import engine as E
-from asyncgpu._core.waiting import await_completion
+from asyncgpu._runtime import engine as E
+from asyncgpu._runtime.waiting import await_completion
 
 _now = time.perf_counter_ns
 N = 256

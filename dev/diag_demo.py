@@ -14,9 +14,10 @@ import io
 import threading
 import time
 
-from asyncgpu import _cli, _timer
-from asyncgpu._core.device import Device
-from asyncgpu._core.stream import Stream
+from asyncgpu._cli import main as _cli
+from asyncgpu._runtime.device import Device
+from asyncgpu._runtime.stream import Stream
+from asyncgpu._timing import scope as _timer
 
 LOG: list[tuple[str, str, int, int]] = []
 

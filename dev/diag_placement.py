@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 import asyncgpu
-from asyncgpu._core.clock import placement
+from asyncgpu._runtime.clock import placement
 
 LEAN = r"""
 __device__ __forceinline__ unsigned long long gt() {

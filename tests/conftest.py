@@ -15,7 +15,7 @@ import pytest
 import asyncgpu
 from asyncgpu._backends import cuda as _cuda
 from asyncgpu._backends import load_backend
-from asyncgpu._core import select as _select
+from asyncgpu._runtime import select as _select
 
 CUDA_OK, CUDA_WHY = load_backend("cuda").available()
 CUDA_COUNT = load_backend("cuda").device_count() if CUDA_OK else 0
@@ -51,9 +51,9 @@ BACKENDS = ["host", pytest.param("cuda", marks=pytest.mark.gpu)]
 def _close_workers():
     """Every test starts with no open worker and must leave no thread of ours behind."""
     yield
-    from asyncgpu import _timer
     from asyncgpu._backends import cupti
-    from asyncgpu._core import hooks
+    from asyncgpu._runtime import hooks
+    from asyncgpu._timing import scope as _timer
 
     functional = list(_timer._functional)  # timing_begin without timing_end: end them (the test failed there)
     for t in functional:

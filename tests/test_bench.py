@@ -14,10 +14,10 @@ import pytest
 from rich.console import Console
 
 import asyncgpu
-from asyncgpu import _bench
-from asyncgpu._bench import NOISE_MIN_REPEATS, BenchmarkError, BenchmarkResult, benchmark
-from asyncgpu._history import kernel_history
-from asyncgpu._report import render
+from asyncgpu._analysis.report import render
+from asyncgpu._timing import bench as _bench
+from asyncgpu._timing.bench import NOISE_MIN_REPEATS, BenchmarkError, BenchmarkResult, benchmark
+from asyncgpu._timing.history import kernel_history
 from asyncgpu.errors import UnknownDeviceError
 
 

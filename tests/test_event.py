@@ -12,8 +12,8 @@ import pytest
 
 import asyncgpu
 from asyncgpu import BackendError, ClosedError, DeviceMismatchError, ReleasedError, TimingDisabledError
-from asyncgpu._core import engine as engine_mod
-from asyncgpu._core.stream import SEQ_BITS
+from asyncgpu._runtime import engine as engine_mod
+from asyncgpu._runtime.stream import SEQ_BITS
 from asyncgpu.errors import BlockingCallWarning, NotReadyError, NotRecordedError, PoolExhaustedError
 
 pytestmark = pytest.mark.anyio

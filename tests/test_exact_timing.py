@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from asyncgpu import gpu_timer
-from asyncgpu._core import hooks
+from asyncgpu._runtime import hooks
 
 SLOW_HOST_S = 0.02  # host time spent between the start record and the work's submission
 
@@ -448,7 +448,7 @@ def test_benchmark_on_host_devices_has_no_cupti_and_auto_says_why(two_devs, back
     if backend != "host":
         pytest.skip("the host backend's errors")
     from asyncgpu import benchmark
-    from asyncgpu._report import render
+    from asyncgpu._analysis.report import render
     from asyncgpu.errors import SourceError
 
     with pytest.raises(
@@ -469,7 +469,7 @@ def test_benchmark_on_host_devices_has_no_cupti_and_auto_says_why(two_devs, back
 def test_history_without_cuda_has_no_cupti_and_auto_says_why(dev, monkeypatch):
     from asyncgpu import kernel_history
     from asyncgpu._backends import load_backend
-    from asyncgpu._core import hooks
+    from asyncgpu._runtime import hooks
     from asyncgpu.errors import ScopeError, SourceError
 
     monkeypatch.setattr(load_backend("cuda"), "available", lambda: (False, "no CUDA driver: stand-in"))
@@ -524,7 +524,7 @@ def test_benchmark_times_each_call_from_cuptis_records(stand_in_cupti, backend):
 
 
 def render_text(r):
-    from asyncgpu._report import render
+    from asyncgpu._analysis.report import render
 
     return render(r, width=200)
 
@@ -534,7 +534,7 @@ def test_history_takes_cuptis_times_inside_a_cupti_block(stand_in_cupti, backend
         pytest.skip("the stand-in replaces CUPTI")
     import asyncgpu
     from asyncgpu import kernel_history
-    from asyncgpu._core import hooks
+    from asyncgpu._runtime import hooks
 
     d = asyncgpu.device("host:0")
     with kernel_history.recording(source="cupti") as rec:
@@ -599,7 +599,7 @@ def test_a_failed_cupti_flush_keeps_the_event_times_and_says_why(stand_in_cupti,
 
 
 def test_bench_command_takes_a_source(capsys, tmp_path):
-    from asyncgpu._cli import main
+    from asyncgpu._cli.main import main
 
     path = tmp_path / "benchmod_source.py"
     path.write_text("def step(stream):\n    stream.spin_us(20)\n")

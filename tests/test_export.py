@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from asyncgpu import ScopeError, gpu_timer
-from asyncgpu._export import read_trace, to_csv, to_json, trace_dict, write_trace
-from asyncgpu._records import DeviceClock, HostRange, Timeline
+from asyncgpu._base.records import DeviceClock, HostRange, Timeline
+from asyncgpu._trace.export import read_trace, to_csv, to_json, trace_dict, write_trace
 
 pytestmark = pytest.mark.anyio
 
@@ -396,7 +396,7 @@ def test_a_timeline_from_arrays_without_clocks_gives_one_answer_everywhere():
 async def test_host_times_and_collective_marks_survive_a_trace_round_trip(dev, tmp_path):
     """The report needs no live scope: what it reads (host times, marks) is in the timeline and in the trace."""
     from asyncgpu import ranks
-    from asyncgpu._report import render, timeline_report
+    from asyncgpu._analysis.report import render, timeline_report
 
     async with gpu_timer(dev, label="step") as t:
         dev.stream.spin_us(100)
@@ -541,7 +541,7 @@ def test_how_the_pair_overhead_was_measured_travels_with_the_timeline(tmp_path, 
     """Each device's clock says what was taken out of its brackets and how it was measured: traces bring it back,
     a rank payload carries it, and the report's footer says it."""
     pytest.importorskip("perfetto") if suffix == ".pftrace" else None
-    from asyncgpu._report import durations_from
+    from asyncgpu._analysis.report import durations_from
     from asyncgpu.ranks import wire
 
     how = "against CUPTI (21 kernels)"

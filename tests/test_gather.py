@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 import asyncgpu
-from asyncgpu._records import Timeline
-from asyncgpu._report import render
+from asyncgpu._analysis.report import render
+from asyncgpu._base.records import Timeline
 from asyncgpu.ranks import exchange as _gather
 from asyncgpu.ranks import wire as _wire_ranks
 from asyncgpu.ranks.exchange import GatherError, gather, mark_collective, offset_from_pings
@@ -57,7 +57,7 @@ def _steps(devs: list, rank: int, barrier) -> asyncgpu.Timer:
 
 def _shifted(tl: Timeline, marks: list, shift_ns: int) -> Timeline:
     """``tl`` as a host whose clock reads ``shift_ns`` more would have recorded it."""
-    from asyncgpu._records import CollectiveMark, HostRange
+    from asyncgpu._base.records import CollectiveMark, HostRange
 
     return Timeline(
         tl.label,

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import asyncgpu
-from asyncgpu import _history
-from asyncgpu._history import kernel_history
+from asyncgpu._timing import history as _history
+from asyncgpu._timing.history import kernel_history
 from asyncgpu.types import LaunchRecord
 
 

@@ -14,9 +14,9 @@ import pytest
 import asyncgpu
 from asyncgpu._backends import cuda as _cuda
 from asyncgpu._backends.kernels import FORMAT, HostLane, format_path, parse_format
-from asyncgpu._errors import DeviceMismatchError, KernelRecordsError, KernelRecordsOverflowError
-from asyncgpu._export import trace_dict
-from asyncgpu._records import Timeline
+from asyncgpu._base.errors import DeviceMismatchError, KernelRecordsError, KernelRecordsOverflowError
+from asyncgpu._base.records import Timeline
+from asyncgpu._trace.export import trace_dict
 from asyncgpu.kernel.profiler import INC_LOOP_STAGES, KernelLayer, KernelProfiler
 from asyncgpu.kernel.records import KernelRecords, decode, decode_tirx
 

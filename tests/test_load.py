@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 import asyncgpu
-from asyncgpu._core import device as device_mod
-from asyncgpu._core import engine as engine_mod
-from asyncgpu._core import stream as stream_mod
+from asyncgpu._runtime import device as device_mod
+from asyncgpu._runtime import engine as engine_mod
+from asyncgpu._runtime import stream as stream_mod
 from asyncgpu.errors import BlockingCallWarning, QueueFullError
 
 pytestmark = pytest.mark.anyio
@@ -308,7 +308,7 @@ async def test_ten_thousand_records_behind_held_streams_never_hang_and_lose_noth
 
 
 async def test_a_failing_callback_is_reported_and_the_waiter_thread_goes_on(monkeypatch):
-    from asyncgpu._core.engine import KIND_CALLBACK
+    from asyncgpu._runtime.engine import KIND_CALLBACK
 
     seen = []
     monkeypatch.setattr("sys.unraisablehook", lambda args: seen.append(args.exc_value))

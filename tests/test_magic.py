@@ -13,9 +13,9 @@ from IPython.core.error import UsageError  # noqa: E402
 from IPython.testing import globalipapp  # noqa: E402
 from IPython.testing.tools import AssertPrints  # noqa: E402
 
-from asyncgpu._bench import BenchmarkError, BenchmarkResult  # noqa: E402
+from asyncgpu._timing.bench import BenchmarkError, BenchmarkResult  # noqa: E402
 
-EXTENSION = "asyncgpu._magic"  # what `%load_ext asyncgpu` loads, through asyncgpu.load_ipython_extension
+EXTENSION = "asyncgpu._integrations.ipython"  # what `%load_ext asyncgpu` loads, through asyncgpu.load_ipython_extension
 
 
 @pytest.fixture
@@ -33,7 +33,7 @@ def ip(shell):
 
 
 def test_load_ext_asyncgpu_registers_the_magics(shell):
-    from asyncgpu import _magic
+    from asyncgpu._integrations import ipython as _magic
 
     shell.run_line_magic("load_ext", "asyncgpu")
     try:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from asyncgpu import KINDS, ScopeError, _nvtx, profiler_range
+from asyncgpu import KINDS, ScopeError, profiler_range
+from asyncgpu._timing import nvtx as _nvtx
 
 pytestmark = pytest.mark.anyio
 

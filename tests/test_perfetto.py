@@ -22,9 +22,9 @@ import pytest
 
 import asyncgpu
 from asyncgpu import Channel, gpu_timer
-from asyncgpu._export import read_trace, write_trace
-from asyncgpu._records import HostRange, Timeline
-from asyncgpu._trace import layer_from_data
+from asyncgpu._base.layers import layer_from_data
+from asyncgpu._base.records import HostRange, Timeline
+from asyncgpu._trace.export import read_trace, write_trace
 from asyncgpu.kernel import KernelProfiler
 
 from .test_export import assert_same, synthetic, with_issue_times
@@ -601,7 +601,7 @@ def test_import_asyncgpu_does_not_import_perfetto():
 
 @needs_perfetto
 def test_cli_report_reads_a_native_trace(tmp_path, capsys):
-    from asyncgpu._cli import main
+    from asyncgpu._cli.main import main
 
     devs = asyncgpu.devices("host")
     with gpu_timer(devs, label="saved") as t:

@@ -1,5 +1,5 @@
-"""The pytest plugin (asyncgpu.pytest_plugin): the ``gpu`` marker and the ``asyncgpu_timer`` fixture, run in
-inner pytest sessions through ``pytester``."""
+"""The pytest plugin (asyncgpu._integrations.pytest_plugin): the ``gpu`` marker and the ``asyncgpu_timer`` fixture,
+run in inner pytest sessions through ``pytester``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from .conftest import CUDA_COUNT, CUDA_OK
 
 pytest_plugins = ["pytester"]
 
-PLUGIN = ("-p", "asyncgpu.pytest_plugin")
+PLUGIN = ("-p", "asyncgpu._integrations.pytest_plugin")
 
 
 @pytest.fixture

@@ -17,10 +17,11 @@ import pytest
 from rich.console import Console
 from rich.segment import Segment
 
-from asyncgpu import _report, gpu_timer
-from asyncgpu._records import DeviceClock, Timeline
-from asyncgpu._report import balance_renderable, records_report, render, timeline_report, timeline_table
-from asyncgpu._summary import balance
+from asyncgpu import gpu_timer
+from asyncgpu._analysis import report as _report
+from asyncgpu._analysis.report import balance_renderable, records_report, render, timeline_report, timeline_table
+from asyncgpu._analysis.summary import balance
+from asyncgpu._base.records import DeviceClock, Timeline
 
 MS = 1_000_000
 T0 = 7_000_000_000

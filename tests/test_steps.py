@@ -19,11 +19,11 @@ import pytest
 from rich.console import Console
 
 import asyncgpu
-from asyncgpu._perfetto import packet_bounds
-from asyncgpu._records import Timeline
-from asyncgpu._steplive import LiveView, wants_live
-from asyncgpu._stepstats import Quantiles, StepRing
-from asyncgpu._summary import balance, step_split
+from asyncgpu._analysis.summary import balance, step_split
+from asyncgpu._base.records import Timeline
+from asyncgpu._timing.step_live import LiveView, wants_live
+from asyncgpu._timing.step_stats import Quantiles, StepRing
+from asyncgpu._trace.perfetto import packet_bounds
 from asyncgpu.errors import ScopeError
 
 pytestmark = pytest.mark.anyio
@@ -386,7 +386,7 @@ def test_step_split_with_measured_busy_by_hand():
 
 
 def test_records_are_attributed_to_steps_by_their_union():
-    from asyncgpu._stepcupti import StepRecords
+    from asyncgpu._timing.step_cupti import StepRecords
 
     r = StepRecords([0])
     r._start[0] = np.array([5.0, 0.0, 2.0, 10.0]) * MS  # overlapping: [0, 4] [5, 7] [10, 12]

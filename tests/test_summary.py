@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from asyncgpu._records import DeviceClock, Timeline
-from asyncgpu._summary import activity_summary, balance, device_summary
+from asyncgpu._analysis.summary import activity_summary, balance, device_summary
+from asyncgpu._base.records import DeviceClock, Timeline
 
 MS = 1_000_000  # ns
 T0 = 5_000_000_000  # an absolute scope start, in host ns

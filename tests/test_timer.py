@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import asyncgpu
-from asyncgpu import ScopeError, _nvtx, gpu_timer
+from asyncgpu import ScopeError, gpu_timer
+from asyncgpu._timing import nvtx as _nvtx
 
 pytestmark = pytest.mark.anyio
 
@@ -221,7 +222,7 @@ async def test_report_in_time_order(two_devs):
         a.stream.spin_us(1_000)
     issue = [r.name for r in t.records]
     assert issue == ["spin"] * 3
-    text = asyncgpu._report.render(t.report(order="time"))
+    text = asyncgpu._analysis.report.render(t.report(order="time"))
     rows = [ln for ln in text.splitlines() if "│ spin" in ln]
     starts = [float(ln.split("│")[0].replace(",", "")) for ln in rows]
     assert starts == sorted(starts) and len(starts) == 3
@@ -251,7 +252,7 @@ def test_functional_form_and_report_func(dev, capsys):
 async def test_a_long_scope_gives_finished_events_back_and_places_them_on_the_host_clock(monkeypatch):
     """Activities the device has finished give their events back before the scope ends (harvested on the waiter
     thread): a scope of thousands of activities holds a bounded number of events, and their times stay exact."""
-    from asyncgpu import _timer
+    from asyncgpu._timing import scope as _timer
 
     monkeypatch.setattr(_timer, "_CHAIN_STEP_MS", 0.05)  # rotate the chain's reference often
     monkeypatch.setattr(_timer, "_CHAIN_GAP_MS", 2.0)  # and start new chains after short idle gaps

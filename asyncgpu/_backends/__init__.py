@@ -2,8 +2,8 @@
 sources with their in-kernel record format (`kernels`), which needs no CUDA.
 
 Backends are loaded lazily, by name: ``import asyncgpu`` never imports the CUDA backend module; the first device
-of a backend imports it (`load_backend`). This is the bottom layer with `asyncgpu._errors` and
-`asyncgpu._records`: nothing here imports the core or a feature.
+of a backend imports it (`load_backend`). This is the bottom layer with `asyncgpu._base.errors` and
+`asyncgpu._base.records`: nothing here imports the core or a feature.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import threading
 
-from .contract import Backend, BackendDevice
+from asyncgpu._backends.contract import Backend, BackendDevice
 
 __all__ = ["BACKEND_NAMES", "Backend", "BackendDevice", "load_backend"]
 
@@ -24,7 +24,7 @@ _lock = threading.Lock()
 def load_backend(name: str) -> Backend:
     """Import ``asyncgpu._backends.<name>`` on first use and return its single `Backend` instance."""
     if name not in BACKEND_NAMES:
-        from .._errors import UnknownDeviceError
+        from asyncgpu._base.errors import UnknownDeviceError
 
         raise UnknownDeviceError(f"unknown backend {name!r}: use one of {', '.join(BACKEND_NAMES)}")
     with _lock:

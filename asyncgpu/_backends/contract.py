@@ -107,10 +107,10 @@ class BackendDevice(ABC):
 
     def prime(self, raw_stream: Any, engine: str) -> None:  # noqa: B027 - optional: hosts have no engines
         """Enqueue a tiny untimed operation on ``engine`` (``"compute"``, ``"copy"`` to the host, or ``"copy_d2d"``
-        between device buffers: `asyncgpu._core.hooks.engine_of`) of ``raw_stream``, so that
+        between device buffers: `asyncgpu._runtime.hooks.engine_of`) of ``raw_stream``, so that
         the next event record runs behind that engine. On CUDA a record runs behind the engine of the stream's
         previous operation: a bracket's start recorded right after a compute<->copy switch completes ~5 µs before
-        its work starts (``asyncgpu._core.hooks.launch_now`` primes at switches). Takes one launch slot; any
+        its work starts (``asyncgpu._runtime.hooks.launch_now`` primes at switches). Takes one launch slot; any
         thread; never blocks (but for the driver's full queue, as a launch)."""
 
     def stream_idle(self, raw_stream: Any) -> bool:

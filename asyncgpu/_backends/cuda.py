@@ -24,7 +24,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .._errors import (
+from asyncgpu._backends.contract import Backend, BackendDevice, pinned_array
+from asyncgpu._backends.kernels import kernels_dir
+from asyncgpu._base.errors import (
     BackendError,
     ClockError,
     DeviceMismatchError,
@@ -33,8 +35,6 @@ from .._errors import (
     SourceError,
     UnknownDeviceError,
 )
-from .contract import Backend, BackendDevice, pinned_array
-from .kernels import kernels_dir
 
 __all__ = ["CudaBackend", "CudaDevice", "backend_class", "nvrtc_available"]
 
@@ -499,7 +499,7 @@ class CudaDevice(BackendDevice):
         is compared with. Otherwise only the kernel is measured, against its first-to-last ``%globaltimer`` span,
         which leaves out its own launch and exit (~1 µs): durations then read that much short. Blocks about 4 ms
         (the first CUPTI session of a process: longer)."""
-        from . import cupti
+        from asyncgpu._backends import cupti
 
         use_cupti = cupti.available()[0]
         if use_cupti:

@@ -28,7 +28,7 @@ import itertools
 import threading
 from typing import Any, Iterable, Sequence, final
 
-from .._errors import SourceError
+from asyncgpu._base.errors import SourceError
 
 __all__ = [
     "BENCH",
@@ -96,7 +96,7 @@ def choose(source: str, devices: Sequence[Any] | None, channel: int, what: str) 
     if source == "events":
         return "events", ""
     if devices is None:
-        from . import load_backend
+        from asyncgpu._backends import load_backend
 
         ok, why_no_cuda = load_backend("cuda").available()
         why = "" if ok else f"CUPTI times CUDA devices only, and {what} has none ({why_no_cuda})"

@@ -21,8 +21,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .._errors import BackendError, NotReadyError, ScopeError, UnknownDeviceError
-from .contract import Backend, BackendDevice, pinned_array
+from asyncgpu._backends.contract import Backend, BackendDevice, pinned_array
+from asyncgpu._base.errors import BackendError, NotReadyError, ScopeError, UnknownDeviceError
 
 __all__ = ["HostBackend", "HostDevice", "backend_class"]
 
@@ -346,7 +346,7 @@ _PROFILED_BLOCK = 1 << 16  # elements per block (record lane) of the host inc_lo
 
 def _inc_loop_profiled(a: np.ndarray, iterations: int, records: np.ndarray) -> None:
     """inc_loop in blocks of `_PROFILED_BLOCK` elements, each block's stages recorded as a GPU leader would."""
-    from .kernels import HostLane
+    from asyncgpu._backends.kernels import HostLane
 
     blocks = max(1, -(-a.size // _PROFILED_BLOCK))
     for b in range(blocks):

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
-from .._checks import whole
+from asyncgpu._base.checks import whole
 
 __all__ = ["FORMAT", "HostLane", "format_path", "kernels_dir", "parse_format", "words_of"]
 

@@ -12,16 +12,16 @@ from host-backend "kernels". The wire format is defined once, in ``kernels/async
 
 from __future__ import annotations
 
-from .._backends.kernels import FORMAT as FORMAT
-from .._backends.kernels import HostLane as HostLane
-from .._public import publish
-from .profiler import INC_LOOP_STAGES as INC_LOOP_STAGES
-from .profiler import KernelProfiler as KernelProfiler
-from .profiler import include_dir as include_dir
-from .records import KernelRecords as KernelRecords
-from .records import StageSummary as StageSummary
-from .records import decode as decode
-from .records import decode_tirx as decode_tirx
+from asyncgpu._backends.kernels import FORMAT as FORMAT
+from asyncgpu._backends.kernels import HostLane as HostLane
+from asyncgpu._base.publish import publish
+from asyncgpu.kernel.profiler import INC_LOOP_STAGES as INC_LOOP_STAGES
+from asyncgpu.kernel.profiler import KernelProfiler as KernelProfiler
+from asyncgpu.kernel.profiler import include_dir as include_dir
+from asyncgpu.kernel.records import KernelRecords as KernelRecords
+from asyncgpu.kernel.records import StageSummary as StageSummary
+from asyncgpu.kernel.records import decode as decode
+from asyncgpu.kernel.records import decode_tirx as decode_tirx
 
 __all__ = [
     "FORMAT",

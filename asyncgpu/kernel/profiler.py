@@ -27,19 +27,19 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence, final
 
 import numpy as np
 
-from .._backends.kernels import FORMAT, kernels_dir
-from .._checks import whole
-from .._core import hooks, loops
-from .._core.clock import placement
-from .._core.memory import DeviceArray
-from .._core.stream import MAX_ITERATIONS
-from .._errors import ClockError, DeviceMismatchError, KernelRecordsError
-from .._trace import Canvas, column, from_column, register_layer
-from .records import KernelRecords, check_stages, decode
+from asyncgpu._backends.kernels import FORMAT, kernels_dir
+from asyncgpu._base.checks import whole
+from asyncgpu._base.errors import ClockError, DeviceMismatchError, KernelRecordsError
+from asyncgpu._base.layers import Canvas, column, from_column, register_layer
+from asyncgpu._runtime import hooks, loops
+from asyncgpu._runtime.clock import placement
+from asyncgpu._runtime.memory import DeviceArray
+from asyncgpu._runtime.stream import MAX_ITERATIONS
+from asyncgpu.kernel.records import KernelRecords, check_stages, decode
 
 if TYPE_CHECKING:
-    from .._core.device import Device
-    from .._core.stream import Stream
+    from asyncgpu._runtime.device import Device
+    from asyncgpu._runtime.stream import Stream
 
 __all__ = ["INC_LOOP_STAGES", "KernelLayer", "KernelProfiler", "include_dir"]
 
@@ -65,7 +65,7 @@ class KernelProfiler:
         name: str = "kernel",
         max_tracks: int = 16,
     ) -> None:
-        from .._core.select import device as open_device
+        from asyncgpu._runtime.select import device as open_device
 
         capacity = whole(
             "capacity",
@@ -335,7 +335,7 @@ def _blocks(grid: int | Sequence[int]) -> int:
 
 
 class KernelLayer:
-    """The records of one collect as a layer of a timeline's trace (see `asyncgpu._trace`): on the device's
+    """The records of one collect as a layer of a timeline's trace (see `asyncgpu._base.layers`): on the device's
     process, a track named after the kernel holding one track per (block, group) for the first ``max_tracks``
     lanes that have records (the first one's name says how many exist), regions as slices (a second track per
     lane where regions overlap without nesting), instants as instant events."""

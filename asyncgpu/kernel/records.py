@@ -23,8 +23,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .._backends.kernels import FORMAT
-from .._errors import KernelRecordsError, KernelRecordsOverflowError
+from asyncgpu._backends.kernels import FORMAT
+from asyncgpu._base.errors import KernelRecordsError, KernelRecordsOverflowError
 
 __all__ = ["KernelRecords", "StageSummary", "check_stages", "decode", "decode_tirx"]
 

@@ -13,18 +13,18 @@ See `asyncgpu.ranks.gather` for the protocol, the clock offsets and the threads.
 
 from __future__ import annotations
 
-from .._public import publish
-from .exchange import gather as gather
-from .exchange import mark_collective as mark_collective
-from .merge import CollectivePoint as CollectivePoint
-from .merge import RankBalance as RankBalance
-from .merge import RankDeviceRow as RankDeviceRow
-from .merge import RankInfo as RankInfo
-from .merge import RankRow as RankRow
-from .merge import RankTimeline as RankTimeline
-from .steps import RankStepReport as RankStepReport
-from .steps import StepWatch as StepWatch
-from .steps import watch_steps as watch_steps
+from asyncgpu._base.publish import publish
+from asyncgpu.ranks.exchange import gather as gather
+from asyncgpu.ranks.exchange import mark_collective as mark_collective
+from asyncgpu.ranks.merge import CollectivePoint as CollectivePoint
+from asyncgpu.ranks.merge import RankBalance as RankBalance
+from asyncgpu.ranks.merge import RankDeviceRow as RankDeviceRow
+from asyncgpu.ranks.merge import RankInfo as RankInfo
+from asyncgpu.ranks.merge import RankRow as RankRow
+from asyncgpu.ranks.merge import RankTimeline as RankTimeline
+from asyncgpu.ranks.steps import RankStepReport as RankStepReport
+from asyncgpu.ranks.steps import StepWatch as StepWatch
+from asyncgpu.ranks.steps import watch_steps as watch_steps
 
 __all__ = [
     "CollectivePoint",

@@ -58,14 +58,14 @@ from typing import Any
 
 import numpy as np
 
-from .. import _timer
-from .._checks import number, whole
-from .._errors import GatherError, ScopeError
-from .._records import Timeline
-from .._timer import Timer
-from . import wire
-from .merge import Merger, RankTimeline, merged_from_payload, merged_to_payload
-from .wire import Marks
+from asyncgpu._base.checks import number, whole
+from asyncgpu._base.errors import GatherError, ScopeError
+from asyncgpu._base.records import Timeline
+from asyncgpu._timing import scope as _timer
+from asyncgpu._timing.scope import Timer
+from asyncgpu.ranks import wire
+from asyncgpu.ranks.merge import Merger, RankTimeline, merged_from_payload, merged_to_payload
+from asyncgpu.ranks.wire import Marks
 
 __all__ = ["gather", "mark_collective", "offset_from_pings"]
 
@@ -211,7 +211,7 @@ def _scope(source: Any) -> tuple[Timeline, Marks, str]:
 
 
 def _version() -> str:
-    from .._version import __version__
+    from asyncgpu._version import __version__
 
     return __version__
 

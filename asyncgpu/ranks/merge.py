@@ -33,9 +33,17 @@ from typing import Any, Sequence, final
 
 import numpy as np
 
-from .._records import DeviceClock, ScopeInfo, Timeline
-from .._summary import DeviceSummary, Plain, busy_split, device_summary
-from .wire import ROW_COLUMNS, GatherError, HostRanges, Marks, payload_to_timeline, timeline_to_payload, unpack
+from asyncgpu._analysis.summary import DeviceSummary, Plain, busy_split, device_summary
+from asyncgpu._base.records import DeviceClock, ScopeInfo, Timeline
+from asyncgpu.ranks.wire import (
+    ROW_COLUMNS,
+    GatherError,
+    HostRanges,
+    Marks,
+    payload_to_timeline,
+    timeline_to_payload,
+    unpack,
+)
 
 __all__ = [
     "CollectivePoint",
@@ -141,7 +149,7 @@ class RankBalance(Plain):
     notes: tuple[str, ...]
 
     def __rich_console__(self, console: Any, options: Any) -> Any:
-        from .report import balance_group
+        from asyncgpu.ranks.report import balance_group
 
         yield balance_group(self)
 
@@ -224,14 +232,14 @@ class RankTimeline:
         """One Perfetto trace: a process per (rank, device), host tracks ``r{rank}/<thread>`` (in a Perfetto
         trace, a host process per rank), collective marks as zero-length host ranges. As `asyncgpu.write_trace`:
         ``.pftrace`` for Perfetto's native format, JSON otherwise (`asyncgpu.read_trace` reads both)."""
-        from .._export import write_trace
+        from asyncgpu._trace.export import write_trace
 
         write_trace(self.timeline, path)
 
     def report(self, limit: int = 64, work_units: Any = None) -> Any:
         """The report as a rich renderable: the ranks and their clocks, then the balance (at most ``limit``
         device rows)."""
-        from .report import rank_report
+        from asyncgpu.ranks.report import rank_report
 
         return rank_report(self, self.balance(work_units), limit)
 
@@ -251,7 +259,7 @@ class RankTimeline:
         yield self.report()
 
     def __str__(self) -> str:
-        from .._report import render
+        from asyncgpu._analysis.report import render
 
         return render(self.report())
 

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from .._report import bar, ms, new_table
+from asyncgpu._analysis.report import bar, ms, new_table
 
 if TYPE_CHECKING:
-    from .merge import RankBalance, RankTimeline
+    from asyncgpu.ranks.merge import RankBalance, RankTimeline
 
 __all__ = ["balance_group", "rank_report"]
 

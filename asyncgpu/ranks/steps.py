@@ -37,10 +37,10 @@ from typing import Any, final
 
 import numpy as np
 
-from .._checks import number, whole
-from .._errors import GatherError
-from .._steps import StepTimer
-from .._summary import HOST, Plain
+from asyncgpu._analysis.summary import HOST, Plain
+from asyncgpu._base.checks import number, whole
+from asyncgpu._base.errors import GatherError
+from asyncgpu._timing.steps import StepTimer
 
 __all__ = ["RankStepReport", "StepWatch", "watch_steps"]
 

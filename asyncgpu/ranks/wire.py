@@ -36,8 +36,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from .._errors import GatherError
-from .._records import DeviceClock, HostRange, ScopeInfo, Timeline
+from asyncgpu._base.errors import GatherError
+from asyncgpu._base.records import DeviceClock, HostRange, ScopeInfo, Timeline
 
 __all__ = [
     "MAGIC",

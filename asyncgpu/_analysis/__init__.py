@@ -1,0 +1,1 @@
+"""Analysis of a finished Timeline: summaries, balance, the rich report. Never touches a device."""

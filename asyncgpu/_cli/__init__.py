@@ -1,0 +1,1 @@
+"""The ``asyncgpu`` command line."""

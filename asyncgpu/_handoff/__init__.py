@@ -1,0 +1,1 @@
+"""Thread-to-thread GPU work handoff (`Channel`), timed."""

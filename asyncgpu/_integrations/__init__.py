@@ -1,0 +1,1 @@
+"""Integrations with other tools: the IPython magic and the pytest plugin."""

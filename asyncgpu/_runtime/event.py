@@ -1,0 +1,231 @@
+"""`Event`: a pooled backend event with awaitable completion.
+
+Events come from `Device.record` (recorded at once) or `Device.create_event` (recorded later with
+`Event.record` / `Stream.record`). They return to their device's pool on `release()` (or when the ``with``
+block or the garbage collector ends them), and only once the device can no longer touch them.
+
+Threads: every method may be called from any thread; ``await wait()`` from any asyncio (uvloop) or trio loop.
+An event of a closed worker (`Device.close`, or one the parent opened before ``os.fork()``) raises `ClosedError`.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import TYPE_CHECKING, Any, Coroutine, final
+
+from asyncgpu._base.checks import timeout_s as check_timeout_s
+from asyncgpu._base.errors import DeviceMismatchError, NotRecordedError, ReleasedError, TimingDisabledError
+from asyncgpu._runtime import loops
+from asyncgpu._runtime.hooks import QUEUE_LIMIT
+from asyncgpu._runtime.waiting import await_completion, block_until_complete
+
+if TYPE_CHECKING:
+    from asyncgpu._runtime.device import Device
+    from asyncgpu._runtime.stream import Stream
+
+__all__ = ["Event"]
+
+_now = time.perf_counter_ns
+
+
+@final
+class Event:
+    """A point in a stream's work on one device. Create with `Device.record` or `Device.create_event`."""
+
+    __slots__ = ("device", "timing", "raw", "key", "seq", "record_ns", "tag", "__weakref__")
+    device: Device
+    timing: bool
+    raw: Any
+    key: int | None
+    seq: int
+    record_ns: int
+    tag: Any
+
+    def __init__(self) -> None:
+        raise TypeError("events come from device.record() or device.create_event()")
+
+    @classmethod
+    def _create(cls, device: Device, raw: Any, timing: bool) -> Event:
+        self = object.__new__(cls)
+        self.device = device
+        self.timing = timing
+        self.raw = raw
+        self.key = None  # the stream it was last recorded on (None: never recorded)
+        self.seq = 0
+        self.record_ns = 0
+        self.tag = None
+        return self
+
+    @classmethod
+    def _recorded(cls, device: Device, raw: Any, timing: bool, key: int, seq: int, record_ns: int, tag: Any) -> Event:
+        """An event that ``raw``'s record on stream ``key`` (record number ``seq``) has just made (`Device.record`:
+        the hot path, every field set once)."""
+        self = object.__new__(cls)
+        self.device, self.timing, self.raw = device, timing, raw
+        self.key, self.seq, self.record_ns, self.tag = key, seq, record_ns, tag
+        return self
+
+    # -- recording ---------------------------------------------------------------------------------------
+    def record(self, stream: Stream | Any | None = None, *, tag: Any = None) -> Event:
+        """Record (or re-record) on ``stream`` (default: the device's default stream). Returns ``self``.
+
+        ``tag`` names the work before this point (default: the workload launched on that stream since its last
+        record, if any); the completion engine learns how long each tag takes to wake waiters just in time.
+        """
+        raw = self.live()
+        s = self.device.stream_of(stream)
+        if self.timing and s.ops - s.done_ops >= QUEUE_LIMIT:
+            s.check_room()  # (a full stream, in a loop's thread: `QueueFullError`, the event untouched)
+        s.bd.record(raw, s.raw)
+        if self.timing:  # a timing record takes one of the driver's launch slots (a plain one does not)
+            s.counted()
+        self.key = s.handle
+        self.seq = next(s.seqs)
+        self.record_ns = _now()
+        self.tag = s.tag if tag is None else tag
+        s.tag = None  # a second record right behind this one has no work of its own before it
+        return self
+
+    @property
+    def recorded(self) -> bool:
+        return self.key is not None
+
+    # -- completion ---------------------------------------------------------------------------------------
+    def query(self) -> bool:
+        """True once the device has passed the event. Never blocks."""
+        return self.device.bd.query(self.checked())
+
+    def wait_sync(self, *, timeout_s: float | None = None) -> None:
+        """Block the calling thread (GIL released) until the device has passed the event: the blocking form of
+        `wait` (asyncgpu's convention: ``await x.verb()`` is async, ``x.verb_sync()`` blocks the thread).
+
+        Without ``timeout_s`` this is the driver's own wait (``cuEventSynchronize``: it spins a core, lowest
+        latency). With ``timeout_s`` (seconds) the device's waiter thread wakes this thread (little CPU) and
+        `TimeoutError` is raised if the device has not passed the event by then; the event is untouched. Called
+        from an event loop's thread on an event the device has not passed, it warns (`BlockingCallWarning`):
+        ``await event.wait()`` there.
+        """
+        raw = self.checked()
+        if timeout_s is not None:
+            timeout_s = check_timeout_s(timeout_s)
+        if self.device.bd.query(raw):
+            return
+        loops.warn_blocking("event.wait_sync()", "`await event.wait()`")
+        self.block(timeout_s)
+
+    def block(self, timeout_s: float | None = None) -> None:
+        """`wait_sync` without its event-loop check, for asyncgpu's own blocking forms (which warned already,
+        or run in a plain thread). ``timeout_s``: checked by the caller."""
+        if timeout_s is None:
+            self.device.bd.sync_event(self.checked())
+        elif not self.block_until(_now() + int(timeout_s * 1e9)):
+            raise TimeoutError(f"{self.device.name} had not passed the event after {timeout_s} s")
+
+    def sync(self, timeout: float | None = None) -> None:
+        """Deprecated name of `wait_sync` (``timeout`` is ``timeout_s`` there)."""
+        warnings.warn(
+            "Event.sync() is now Event.wait_sync(timeout_s=...) (the old name goes in the next release)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        self.wait_sync(timeout_s=timeout)
+
+    def block_until(self, deadline_ns: int | None) -> bool:
+        """Block this plain thread (GIL released) until the event completes or ``deadline_ns`` passes (False):
+        the waiter thread wakes it shortly before the predicted completion; without a deadline it then
+        finishes with the driver's spin wait."""
+        dev = self.device
+        raw = self.checked()
+        key = self.key
+        assert key is not None  # checked() raised otherwise
+        return block_until_complete(
+            dev.engine,
+            dev.bd.query,
+            raw,
+            key,
+            self.seq,
+            self.tag,
+            self.record_ns,
+            deadline_ns,
+            dev.bd.sync_event,
+            self,
+        )
+
+    def wait(self) -> Coroutine[Any, Any, None]:
+        """``await event.wait()``: resume the calling task once the device has passed the event; the loop runs
+        other tasks meanwhile.
+
+        A checkpoint, even when the event is already complete. Cancellation withdraws the wait at once and
+        leaves the event untouched (still recorded, still yours). Raises `BackendError` if the device fails
+        (a sticky CUDA error) and `ClosedError` if the device is closed while waiting; a released or never
+        recorded event raises at the call. (A plain method that returns the waiting coroutine: one frame less
+        for the loop to pass through at every wake, the loop's cost of a burst of completions.)
+        """
+        raw = self.checked()
+        dev = self.device
+        key = self.key
+        assert key is not None  # checked() raised otherwise
+        return await_completion(dev.engine, dev.bd.query, raw, key, self.seq, self.tag, self.record_ns, self)
+
+    # -- timing -------------------------------------------------------------------------------------------
+    def elapsed_ms(self, start: Event) -> float:
+        """Milliseconds from ``start`` to this event (same device; both recorded, complete, with timing)."""
+        if not isinstance(start, Event):
+            raise TypeError(f"elapsed_ms() takes an asyncgpu Event, not {type(start).__name__}")
+        if start.device is not self.device:
+            raise DeviceMismatchError(
+                f"cannot time between {start.device.name} and {self.device.name}: each device has its own clock. "
+                "Time events of one device, or compare activity records on the aligned timeline"
+            )
+        for ev in (start, self):
+            if not ev.timing:
+                raise TimingDisabledError(
+                    "an event recorded with timing=False has no timestamp: record it with device.record(timing=True)"
+                )
+        return self.device.bd.elapsed_ms(start.checked(), self.checked())
+
+    def __sub__(self, start: Event) -> float:
+        """``end - start``: `elapsed_ms` in milliseconds."""
+        return self.elapsed_ms(start)
+
+    # -- lifetime -----------------------------------------------------------------------------------------
+    def release(self) -> None:
+        """Give the event back to its pool (at once if complete, else once the device passes it). Idempotent."""
+        raw = self.raw
+        if raw is not None:
+            self.raw = None
+            self.device.recycle(raw, self.timing, self.key, self.seq)
+
+    def __enter__(self) -> Event:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __del__(self) -> None:
+        raw = getattr(self, "raw", None)
+        if raw is not None:
+            self.raw = None
+            self.device.recycle(raw, self.timing, self.key, self.seq)
+
+    def live(self) -> Any:
+        """The backend event; `ReleasedError` once released, `ClosedError` once its worker is closed."""
+        raw = self.raw
+        if raw is None:
+            raise ReleasedError(
+                "this event went back to its pool (released, or its scope closed): take a new one with device.record()"
+            )
+        if self.device.closed:
+            raise self.device.closed_error("this event")
+        return raw
+
+    def checked(self) -> Any:
+        raw = self.live()
+        if self.key is None:
+            raise NotRecordedError("this event was never recorded: call event.record(stream) first")
+        return raw
+
+    def __repr__(self) -> str:
+        state = "released" if self.raw is None else ("recorded" if self.key is not None else "unrecorded")
+        return f"<asyncgpu.Event {self.device.name} {state}{'' if self.timing else ' timing=False'}>"

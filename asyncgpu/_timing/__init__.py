@@ -1,0 +1,1 @@
+"""Timing features: the scope (`gpu_timer`), the kernel history, the benchmark, NVTX ranges, and step timing."""
