@@ -16,9 +16,7 @@ The top level holds what most programs use. Specialist parts are public submodul
 `asyncgpu.types` (every type the library returns). ``ARCHITECTURE.md`` describes the layers behind them.
 """
 
-import warnings as _warnings
-
-from asyncgpu import errors as errors  # noqa: E402  (public submodules, importable as attributes)
+from asyncgpu import errors as errors  # (public submodules, importable as attributes)
 from asyncgpu import kernel as kernel
 from asyncgpu import ranks as ranks
 from asyncgpu import types as types
@@ -39,8 +37,8 @@ from asyncgpu._base.records import ActivityRecord as ActivityRecord
 from asyncgpu._base.records import DeviceClock as DeviceClock
 from asyncgpu._base.records import Timeline as Timeline
 from asyncgpu._handoff.channel import Channel as Channel
-from asyncgpu._handoff.channel import Handoff as Handoff
-from asyncgpu._handoff.channel import HandoffRecord as HandoffRecord
+from asyncgpu._handoff.records import Handoff as Handoff
+from asyncgpu._handoff.records import HandoffRecord as HandoffRecord
 from asyncgpu._integrations.ipython import load_ipython_extension as load_ipython_extension
 from asyncgpu._runtime.clock import check_alignment as check_alignment
 from asyncgpu._runtime.device import Device as Device
@@ -54,13 +52,13 @@ from asyncgpu._runtime.select import devices as devices
 from asyncgpu._runtime.stream import Stream as Stream
 from asyncgpu._timing.bench import BenchmarkResult as BenchmarkResult
 from asyncgpu._timing.bench import benchmark as benchmark
+from asyncgpu._timing.functional import timing_begin as timing_begin
+from asyncgpu._timing.functional import timing_end as timing_end
+from asyncgpu._timing.functional import timing_print as timing_print
 from asyncgpu._timing.history import kernel_history as kernel_history
 from asyncgpu._timing.nvtx import profiler_range as profiler_range
 from asyncgpu._timing.scope import Timer as Timer
 from asyncgpu._timing.scope import gpu_timer as gpu_timer
-from asyncgpu._timing.scope import timing_begin as timing_begin
-from asyncgpu._timing.scope import timing_end as timing_end
-from asyncgpu._timing.scope import timing_print as timing_print
 from asyncgpu._timing.steps import StepTimer as StepTimer
 from asyncgpu._timing.steps import step_timer as step_timer
 from asyncgpu._trace.export import read_trace as read_trace
@@ -118,45 +116,36 @@ __all__ = [
 
 _EXCEPTIONS = {n for n in __all__ if n.endswith("Error")}  # their public path is asyncgpu.errors
 
-# Names that lived at the top level before 0.2: they still work, with a DeprecationWarning naming the new place.
+# Names that lived at the top level before 0.2, removed in 0.3 (CHANGELOG.md): the error names their new place.
 _MOVED = {
-    "capture": ("asyncgpu", "profiler_range"),
-    "KernelProfiler": ("asyncgpu.kernel", "KernelProfiler"),
-    "KernelRecords": ("asyncgpu.kernel", "KernelRecords"),
-    "HostLane": ("asyncgpu.kernel", "HostLane"),
-    "KernelRecordsError": ("asyncgpu.errors", "KernelRecordsError"),
-    "gather": ("asyncgpu.ranks", "gather"),
-    "mark_collective": ("asyncgpu.ranks", "mark_collective"),
-    "RankTimeline": ("asyncgpu.ranks", "RankTimeline"),
-    "GatherError": ("asyncgpu.errors", "GatherError"),
-    "BenchmarkError": ("asyncgpu.errors", "BenchmarkError"),
-    "ClockError": ("asyncgpu.errors", "ClockError"),
-    "NotReadyError": ("asyncgpu.errors", "NotReadyError"),
-    "NotRecordedError": ("asyncgpu.errors", "NotRecordedError"),
-    "PoolExhaustedError": ("asyncgpu.errors", "PoolExhaustedError"),
-    "UnknownDeviceError": ("asyncgpu.errors", "UnknownDeviceError"),
-    "ClockCalibration": ("asyncgpu.types", "ClockCalibration"),
-    "PoolStats": ("asyncgpu.types", "PoolStats"),
-    "ActivitySummary": ("asyncgpu.types", "ActivitySummary"),
-    "DeviceSummary": ("asyncgpu.types", "DeviceSummary"),
-    "BalanceReport": ("asyncgpu.types", "BalanceReport"),
+    "capture": "asyncgpu.profiler_range",
+    "KernelProfiler": "asyncgpu.kernel.KernelProfiler",
+    "KernelRecords": "asyncgpu.kernel.KernelRecords",
+    "HostLane": "asyncgpu.kernel.HostLane",
+    "KernelRecordsError": "asyncgpu.errors.KernelRecordsError",
+    "gather": "asyncgpu.ranks.gather",
+    "mark_collective": "asyncgpu.ranks.mark_collective",
+    "RankTimeline": "asyncgpu.ranks.RankTimeline",
+    "GatherError": "asyncgpu.errors.GatherError",
+    "BenchmarkError": "asyncgpu.errors.BenchmarkError",
+    "ClockError": "asyncgpu.errors.ClockError",
+    "NotReadyError": "asyncgpu.errors.NotReadyError",
+    "NotRecordedError": "asyncgpu.errors.NotRecordedError",
+    "PoolExhaustedError": "asyncgpu.errors.PoolExhaustedError",
+    "UnknownDeviceError": "asyncgpu.errors.UnknownDeviceError",
+    "ClockCalibration": "asyncgpu.types.ClockCalibration",
+    "PoolStats": "asyncgpu.types.PoolStats",
+    "ActivitySummary": "asyncgpu.types.ActivitySummary",
+    "DeviceSummary": "asyncgpu.types.DeviceSummary",
+    "BalanceReport": "asyncgpu.types.BalanceReport",
 }
 
 
 def __getattr__(name: str) -> object:
-    moved = _MOVED.get(name)
-    if moved is None:
+    where = _MOVED.get(name)
+    if where is None:
         raise AttributeError(f"module 'asyncgpu' has no attribute {name!r}")
-    import importlib
-
-    module, attr = moved
-    where = f"{module}.{attr}"
-    _warnings.warn(
-        f"asyncgpu.{name} moved to {where}: import it from there (the old name goes in the next release)",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"asyncgpu.{name} is {where} (the old name was removed in 0.3): import it from there")
 
 
 _publish(__name__, globals(), [n for n in __all__ if n not in _EXCEPTIONS])

@@ -16,7 +16,7 @@ from asyncgpu._base.records import DeviceClock as DeviceClock
 from asyncgpu._base.records import HostRange as HostRange
 from asyncgpu._base.records import ScopeInfo as ScopeInfo
 from asyncgpu._base.records import Timeline as Timeline
-from asyncgpu._handoff.channel import HandoffRecord as HandoffRecord
+from asyncgpu._handoff.records import HandoffRecord as HandoffRecord
 from asyncgpu._runtime.clock import ClockCalibration as ClockCalibration
 from asyncgpu._runtime.pool import PoolStats as PoolStats
 from asyncgpu._timing.bench import BenchmarkResult as BenchmarkResult

@@ -33,7 +33,7 @@ import time
 import numpy as np
 
 import asyncgpu
-from asyncgpu._handoff.channel import _host_ns
+from asyncgpu._handoff.records import host_ns as _host_ns
 
 _now = time.perf_counter_ns
 

@@ -30,8 +30,8 @@ import numpy as np
 import asyncgpu
 from asyncgpu._backends import load_backend
 from asyncgpu._backends.kernels import FORMAT as F
+from asyncgpu.kernel import decode
 from asyncgpu.kernel.profiler import KernelProfiler
-from asyncgpu.kernel.records import decode
 
 M32 = 0xFFFFFFFF
 

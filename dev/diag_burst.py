@@ -2,18 +2,23 @@
 stream refuses (`QueueFullError`), with a cold pool (every event created during the burst) and a warm one (the
 same burst again). Prints µs per record and the loop's worst tick.
 
-    python dev/diag_burst.py [--backend cuda|host] [--chunk 50]
+    python dev/diag_burst.py [--backend cuda|host] [--chunk 50] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import os as _os
+import sys as _sys
 import time
 
 import anyio
 
 import asyncgpu
 from asyncgpu.errors import QueueFullError
+
+_sys.path.insert(0, _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))))  # the repository root
+from benchmarks._common import tee_stdout_to
 
 
 async def burst(dev: asyncgpu.Device, chunk: int) -> tuple[float, float, int]:
@@ -69,5 +74,7 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--backend", default="cuda")
     p.add_argument("--chunk", type=int, default=50)
+    p.add_argument("--out", help="also write what is printed to this file")
     a = p.parse_args()
+    tee_stdout_to(a.out)
     anyio.run(main, a.backend, a.chunk)

@@ -2,7 +2,7 @@
 task makes (alloc, prepare, pinned allocation, launches, records) and of the timer's start, in ms from the
 scope's start, per thread.
 
-    python dev/diag_demo.py [--devices 2]
+    python dev/diag_demo.py [--devices 2] [--out FILE]
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import argparse
 import contextlib
 import functools
 import io
+import os as _os
+import sys as _sys
 import threading
 import time
 
@@ -18,6 +20,9 @@ from asyncgpu._cli import main as _cli
 from asyncgpu._runtime.device import Device
 from asyncgpu._runtime.stream import Stream
 from asyncgpu._timing import scope as _timer
+
+_sys.path.insert(0, _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))))  # the repository root
+from benchmarks._common import tee_stdout_to
 
 LOG: list[tuple[str, str, int, int]] = []
 
@@ -56,7 +61,9 @@ def _who(obj: object) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--devices", type=int, default=2)
+    p.add_argument("--out", help="also write what is printed to this file")
     a = p.parse_args()
+    tee_stdout_to(a.out)
     for name in ("alloc", "aalloc", "prepare", "aalloc_pinned", "record", "clock", "aclock", "mark_now"):
         logged(Device, name)
     for name in ("memset", "inc_loop", "copy_to_host"):

@@ -2,14 +2,16 @@
 task that awaits room when refused, a release after 0.3 s, then the drain (await every event). ``--switch S``
 sets ``sys.setswitchinterval`` (a tick late by the GIL's switch interval points at a thread that holds the GIL).
 
-    python dev/diag_drain.py [--backend cuda] [--switch 0.005] [--runs 3]
+    python dev/diag_drain.py [--backend cuda] [--switch 0.005] [--runs 3] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import os as _os
 import sys
+import sys as _sys
 import threading
 import time
 
@@ -17,6 +19,9 @@ import anyio
 
 import asyncgpu
 from asyncgpu.errors import QueueFullError
+
+_sys.path.insert(0, _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))))  # the repository root
+from benchmarks._common import tee_stdout_to
 
 
 async def once(backend: str) -> list[tuple[float, str]]:
@@ -79,7 +84,9 @@ def main() -> None:
     p.add_argument("--switch", type=float)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--loop", choices=("asyncio", "uvloop", "trio"), default="asyncio")
+    p.add_argument("--out", help="also write what is printed to this file")
     a = p.parse_args()
+    tee_stdout_to(a.out)
     if a.switch:
         sys.setswitchinterval(a.switch)
     for _ in range(a.runs):

@@ -3,7 +3,7 @@ pipeline of examples/handoff_two_gpus.py with more items: the latency of every t
 asking if later, to the consumer running), split into the takes asked before and after the work was done, and the
 first 8 takes (a fresh run's) apart from the rest.
 
-    python dev/diag_handoff.py [--items 200] [--backend cuda|host]
+    python dev/diag_handoff.py [--items 200] [--backend cuda|host] [--out FILE]
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
 import handoff_two_gpus as pipeline
 
 import asyncgpu
+from benchmarks._common import tee_stdout_to
 
 
 def run(consumer: str, backend: str, items: int) -> dict:
@@ -84,7 +86,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--items", type=int, default=200)
     p.add_argument("--backend", default="cuda")
+    p.add_argument("--out", help="also write what is printed to this file")
     args = p.parse_args()
+    tee_stdout_to(args.out)
     for consumer in ("thread", "asyncio", "uvloop", "trio", "thread", "trio"):
         r = run(consumer, args.backend, args.items)
         print(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()), flush=True)

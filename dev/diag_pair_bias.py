@@ -2,22 +2,29 @@
 source with the pair overhead of the device's calibration (nothing learned from a CUPTI scope yet). An events
 scope nested in a CUPTI-source scope: the inner one ends (and places its events) first.
 
-    python dev/diag_pair_bias.py [--repeats 20]
+    python dev/diag_pair_bias.py [--repeats 20] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import os as _os
+import sys as _sys
 
 import numpy as np
 
 import asyncgpu
 
+_sys.path.insert(0, _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))))  # the repository root
+from benchmarks._common import tee_stdout_to
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--out", help="also write what is printed to this file")
     a = p.parse_args()
+    tee_stdout_to(a.out)
     dev = asyncgpu.device(0, backend="cuda")
     cal = dev.clock()
     print(f"{dev.description}: pair overhead (ns) {cal.bracket_overhead_by_kind_ns}, {cal.bracket_overhead_source}")

@@ -1,20 +1,25 @@
 """Where each device's `prepare()` spends its time when every device prepares at once (the demo's start): a log of
 the backend's compile, load, primer and calibration calls per worker thread, in ms from the start.
 
-    python dev/diag_prepare.py [--devices N]
+    python dev/diag_prepare.py [--devices N] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import os as _os
+import sys as _sys
 import threading
 import time
 
 import anyio
 
 import asyncgpu
-from asyncgpu._backends import cuda as cuda_mod
+from asyncgpu._backends.cuda import hotpath as cuda_mod  # `_compiled` is looked up there
+
+_sys.path.insert(0, _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))))  # the repository root
+from benchmarks._common import tee_stdout_to
 
 LOG: list[tuple[str, str, float, float]] = []
 T0 = time.perf_counter()
@@ -40,7 +45,9 @@ def logged(owner: object, name: str) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--devices", type=int)
+    p.add_argument("--out", help="also write what is printed to this file")
     args = p.parse_args()
+    tee_stdout_to(args.out)
     device_class = type(asyncgpu.device("cuda:0").bd)
     for name in ("prepare", "prepare_kernel", "_make_primer", "_calibration", "_kernel"):
         if hasattr(device_class, name):

@@ -2,10 +2,12 @@
 # The whole GPU check in one call on the device machine (see README "Developing"): GPU tests on every GPU and on
 # one, the demo, the examples, the benchmarks. Everything goes to $OUT/all.txt (JSON results next to it); the
 # tail of each step is printed, and a table of every step last (step, exit code, seconds, key figure). Exits 1
-# when a step failed.
+# when a step failed. The benchmarks run through their runner, one suite a step (`python -m benchmarks SUITE`):
+# each step writes $OUT/benchmarks/benchmarks-<time>.json, and `python -m benchmarks.table $OUT/benchmarks`
+# renders the table of current figures from them (benchmarks/RESULTS.md says how).
 #   carry: [".whl"]   (made by ../shared/device/fetch-wheels.sh: nvtx, pytest-asyncio, trio, cupti-python, perfetto…)
 #   ONLY=REGEX: run only the steps whose name matches (e.g. ONLY='demo|workers|balance')
-#   SKIP=REGEX: leave out the steps whose name matches (e.g. SKIP='bench_wait|bench_load|accuracy')
+#   SKIP=REGEX: leave out the steps whose name matches (e.g. SKIP='waits|timing'; a suite's step names its scripts)
 #   extra arguments go to the pytest steps
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -65,24 +67,21 @@ step "examples/handoff_two_gpus.py" 90 5 python3 examples/handoff_two_gpus.py --
 if [ -f examples/gather_ranks.py ] && command -v torchrun >/dev/null; then
   step "torchrun examples/gather_ranks.py" 120 25 torchrun --standalone --nproc-per-node "$NGPU" examples/gather_ranks.py --trace /tmp/gather.pftrace
 fi
-for n in 2 4 8; do
-  [ "$NGPU" -ge "$n" ] && step "bench_workers, $n GPUs" 240 14 python3 benchmarks/bench_workers.py --devices "$n" --out "$OUT/workers$n.json"
-  [ "$NGPU" -ge "$n" ] && step "bench_balance, $n GPUs" 240 14 python3 benchmarks/bench_balance.py --devices "$n" --out "$OUT/balance$n.json"
-done
+BENCH=(python3 -m benchmarks --out "$OUT/benchmarks")
+[ "$NGPU" -ge 2 ] && step "benchmarks orchestration (bench_workers, bench_balance on 2, 4, 8 GPUs)" 1500 40 "${BENCH[@]}" --limit 240 orchestration
 [ "$NGPU" -ge 2 ] && step "dev/diag_handoff (trio handoff)" 120 8 python3 dev/diag_handoff.py --items 200
 step "pytest orchestration (queue, workers, balance)" 240 4 python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=60 tests/test_load.py tests/test_workers.py tests/test_summary.py tests/test_cli.py "$@"
 step "pytest, every GPU" 420 6 python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=60 tests "$@"
 step "pytest -m gpu, one GPU" 150 2 env CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -p no:cacheprovider -m gpu tests "$@"
-step "bench_clock" 90 12 python3 benchmarks/bench_clock.py --out "$OUT/clock.json"
 step "dev/diag_placement (reference, per-kind excess, placement)" 240 40 python3 dev/diag_placement.py --repeats 12 --out "$OUT"
 step "examples/train_loop.py (2000 steps, streamed trace)" 180 6 python3 examples/train_loop.py --steps 2000 --trace "$OUT/train.pftrace"
-step "bench_steps (step timing's overhead vs torch.profiler)" 420 40 python3 benchmarks/bench_steps.py --repeat 5 --out "$OUT"
-step "bench_kprofile" 120 14 python3 benchmarks/bench_kprofile.py --out "$OUT/kprofile.json"
-step "bench_peers" 120 12 python3 benchmarks/bench_peers.py --out "$OUT/peers.json"
-step "bench_handoff" 150 16 python3 benchmarks/bench_handoff.py --out "$OUT/handoff.json"
-step "bench_accuracy" 120 10 python3 benchmarks/bench_accuracy.py --out "$OUT/accuracy.json"
-step "bench_wait" 300 30 python3 benchmarks/bench_wait.py --out "$OUT/bench_wait.json"
-step "bench_load" 400 32 python3 benchmarks/bench_load.py --queue --cost --ticker --out "$OUT/bench_load.json"
+step "benchmarks steps (bench_steps: step timing's overhead vs torch.profiler)" 420 46 "${BENCH[@]}" --limit 400 steps
+step "benchmarks kprofile (bench_kprofile)" 120 20 "${BENCH[@]}" --limit 110 kprofile
+step "benchmarks peers (bench_peers)" 120 18 "${BENCH[@]}" --limit 110 peers
+step "benchmarks handoff (bench_handoff)" 150 22 "${BENCH[@]}" --limit 140 handoff
+step "benchmarks timing (bench_accuracy, bench_clock)" 210 26 "${BENCH[@]}" --limit 120 timing
+step "benchmarks waits (bench_wait, bench_load --queue --cost --ticker)" 700 66 "${BENCH[@]}" --limit 400 waits
+[ -d "$OUT/benchmarks" ] && python3 -m benchmarks.table "$OUT/benchmarks" > "$OUT/benchmarks/table.md" 2>> "$ALL"
 echo
 echo "== steps ($NGPU GPU(s)): name, exit code, seconds, key figure"
 printf '%s\n' "${TABLE[@]}" | tee -a "$ALL"

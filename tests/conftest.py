@@ -53,7 +53,7 @@ def _close_workers():
     yield
     from asyncgpu._backends import cupti
     from asyncgpu._runtime import hooks
-    from asyncgpu._timing import scope as _timer
+    from asyncgpu._timing import functional as _timer
 
     functional = list(_timer._functional)  # timing_begin without timing_end: end them (the test failed there)
     for t in functional:

@@ -12,7 +12,7 @@ import pytest
 
 import asyncgpu
 from asyncgpu import Channel, ClosedError, ScopeError, gpu_timer, kernel
-from asyncgpu._backends import cuda as _cuda
+from asyncgpu._backends.cuda import compiler as _cuda  # (its `_nvrtc_probe`)
 from asyncgpu._runtime.select import DEFAULT_MAX_EVENTS
 from asyncgpu.errors import NoDeviceError, PoolExhaustedError, UnknownDeviceError
 

@@ -558,7 +558,7 @@ def test_demo_follows_asyncgpu_backend(capsys, monkeypatch):
 
 
 def test_demo_with_a_wrong_result_exits_1_and_says_where_on_stderr(capsys, monkeypatch):
-    from asyncgpu._cli import main as _cli
+    from asyncgpu._cli import demo as _cli
 
     real = _cli._demo_device
 
@@ -599,7 +599,7 @@ def test_the_demos_devices_start_their_work_together_and_it_overlaps(capsys, mon
     issues every device's first activity within a small part of the time one pinned allocation takes (measured
     here: the host backend makes a pinned block resident page by page, as CUDA does), which each device's task
     used to pay before its first launch, one after the other."""
-    from asyncgpu._cli import main as _cli
+    from asyncgpu._cli import demo as _cli
 
     n = 1 << 23  # 32 MiB per device (CUDA pins 40 MB in ~20 ms)
     probe = asyncgpu.device("host:0")

@@ -24,13 +24,12 @@ def test_import_asyncgpu_loads_no_cuda():
     assert out.strip() == "[]"
 
 
-def test_event_wait_sync_and_its_old_name(dev):
+def test_event_wait_sync_and_no_old_name(dev):
     dev.stream.spin_us(200)
     ev = dev.record()
     ev.wait_sync(timeout_s=10)
     assert ev.query()
-    with pytest.warns(DeprecationWarning, match=r"Event.wait_sync\(timeout_s=...\)"):
-        ev.sync(timeout=10)
+    assert not hasattr(ev, "sync")  # (its old name, removed in 0.3)
     ev.release()
 
 
@@ -101,11 +100,10 @@ def test_timer_records_is_called_like_the_others(dev):
     assert [r.name for r in t.records()] == ["spin"]
 
 
-def test_clock_calibration_to_dict_and_its_old_name(dev):
+def test_clock_calibration_to_dict_and_no_old_name(dev):
     cal = dev.clock()
     assert cal.to_dict()["device"] == dev.name
-    with pytest.warns(DeprecationWarning, match="to_dict"):
-        assert cal.as_dict() == cal.to_dict()
+    assert not hasattr(cal, "as_dict")  # (its old name, removed in 0.3)
 
 
 def test_memory_info(dev):

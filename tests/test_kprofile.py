@@ -17,8 +17,8 @@ from asyncgpu._backends.kernels import FORMAT, HostLane, format_path, parse_form
 from asyncgpu._base.errors import DeviceMismatchError, KernelRecordsError, KernelRecordsOverflowError
 from asyncgpu._base.records import Timeline
 from asyncgpu._trace.export import trace_dict
+from asyncgpu.kernel import KernelRecords, decode, decode_tirx
 from asyncgpu.kernel.profiler import INC_LOOP_STAGES, KernelLayer, KernelProfiler
-from asyncgpu.kernel.records import KernelRecords, decode, decode_tirx
 
 F = FORMAT
 M32 = 0xFFFFFFFF
@@ -230,7 +230,7 @@ def test_host_time_placement_is_affine_and_exact():
 
 @pytest.mark.parametrize("seed", range(8))
 def test_fast_and_general_paths_match_a_reference_decoder(seed, monkeypatch):
-    from asyncgpu.kernel import records as _kdecode
+    from asyncgpu.kernel import asyncgpu_format as _kdecode
 
     paths = []
     fast = _kdecode._decode_pairs
@@ -279,7 +279,7 @@ def simple_pairs_decode(buf: np.ndarray, to_host) -> dict[str, list]:
     """The fast path's results the simple way: each lane's (begin, end) pairs one at a time, with Python ints and
     floats, in the fast path's order of float operations (start = since * rate + lane start, end = duration * rate
     + start), so that the two agree to the bit."""
-    from asyncgpu.kernel.records import _Clock
+    from asyncgpu.kernel.decoding import Clock as _Clock
 
     h = [int(x) for x in buf[: F.HEADER_WORDS].view(np.uint32)]
     groups, lanes, cap = h[F.HDR_GROUPS], h[F.HDR_LANES], h[F.HDR_CAPACITY]
@@ -312,7 +312,7 @@ def test_the_fast_path_equals_a_simple_decode_bit_for_bit(seed, monkeypatch):
     """Random buffers of begin/end pairs (lanes empty, partly and completely full; stamps wrapping the low word;
     an affine host clock or none), decoded in chunks of one lane, a few lanes and all: every column is the simple
     decode's, value for value and dtype for dtype."""
-    from asyncgpu.kernel import records as _kdecode
+    from asyncgpu.kernel import asyncgpu_format as _kdecode
 
     paths = []
     fast = _kdecode._decode_pairs

@@ -252,7 +252,7 @@ def test_functional_form_and_report_func(dev, capsys):
 async def test_a_long_scope_gives_finished_events_back_and_places_them_on_the_host_clock(monkeypatch):
     """Activities the device has finished give their events back before the scope ends (harvested on the waiter
     thread): a scope of thousands of activities holds a bounded number of events, and their times stay exact."""
-    from asyncgpu._timing import scope as _timer
+    from asyncgpu._timing import harvest as _timer
 
     monkeypatch.setattr(_timer, "_CHAIN_STEP_MS", 0.05)  # rotate the chain's reference often
     monkeypatch.setattr(_timer, "_CHAIN_GAP_MS", 2.0)  # and start new chains after short idle gaps

@@ -47,6 +47,7 @@ __all__ = [
     "ActivitySummary",
     "BalanceReport",
     "BusySplit",
+    "BusySpread",
     "DeviceBalance",
     "DeviceStats",
     "DeviceSummary",
@@ -56,6 +57,8 @@ __all__ = [
     "balance",
     "bar",
     "busy_split",
+    "busy_spread",
+    "device_note",
     "device_summary",
     "ms",
     "step_split",
@@ -367,6 +370,7 @@ def balance(source: Timeline | DeviceSummary, work_units: Any = None) -> Balance
     units = _work_units([r.device for r in rows], work_units)
     integral = work_units is not None
     busy = np.array([r.busy_ms for r in rows])
+    spread = busy_spread(busy)
     fit = busy_split(units, busy, integral)
     active = [r.count > 0 and r.last_end_ms is not None for r in rows]
     if any(active) and all(r.aligned for r, a in zip(rows, active) if a):
@@ -375,7 +379,6 @@ def balance(source: Timeline | DeviceSummary, work_units: Any = None) -> Balance
         wall = _busy_only(rows, units, fit)
     amount = wall.amount
     share = amount / units.sum() if units.sum() > 0 else np.zeros_like(units)
-    mean = float(busy.mean()) if busy.size else 0.0
     m = fit.measured
     out = [
         DeviceBalance(
@@ -387,7 +390,7 @@ def balance(source: Timeline | DeviceSummary, work_units: Any = None) -> Balance
             float(fit.throughput[i]) if fit.measured[i] else None,
             float(share[i]),
             int(amount[i]) if integral else None,
-            _row_note(r, i == wall.reference, wall.straggler == HOST),
+            device_note(r, ("ends last" if wall.straggler == HOST else "straggler") if i == wall.reference else ""),
             r.first_start_ms,
             wall.offsets[i],
             r.launch_bound_ms,
@@ -406,10 +409,10 @@ def balance(source: Timeline | DeviceSummary, work_units: Any = None) -> Balance
         wall.path,
         wall.makespan_ms,
         wall.predicted_ms,
-        float(busy.max()) if busy.size else 0.0,
+        spread.max_ms,
         float((amount[m] / fit.throughput[m]).max()) if m.any() else None,
-        mean,
-        float(busy.max()) / mean if mean > 0 else None,
+        spread.mean_ms,
+        spread.imbalance,
         all(r.aligned for r in rows),
         integral,
         int(units.sum()),
@@ -421,6 +424,23 @@ def _issue_rate(r: DeviceStats) -> float | None:
     """Activities the host issued to the device per ms, between its first and last issue."""
     first, last = r.first_issued_ms, r.last_issued_ms
     return (r.issued - 1) / (last - first) if first is not None and last is not None and last > first else None
+
+
+class BusySpread(NamedTuple):
+    """`busy_spread`'s answer."""
+
+    mean_ms: float  #: the mean busy time (0.0 for none)
+    max_ms: float  #: the longest busy time (0.0 for none)
+    imbalance: float | None  #: max / mean (1.0: even); None without busy time
+    busiest: int | None  #: the index of the longest busy time (the first of equal ones); None without busy time
+
+
+def busy_spread(busy_ms: np.ndarray) -> BusySpread:
+    """How evenly busy time is spread over devices (or ranks): `balance`'s imbalance and busiest device, and the
+    ones `asyncgpu.ranks` reports across ranks and across every (rank, device)."""
+    mean = float(busy_ms.mean()) if busy_ms.size else 0.0
+    top = float(busy_ms.max()) if busy_ms.size else 0.0
+    return BusySpread(mean, top, top / mean if mean > 0 else None, int(busy_ms.argmax()) if busy_ms.any() else None)
 
 
 class BusySplit(NamedTuple):
@@ -530,7 +550,8 @@ class _Wall(NamedTuple):
 def _busy_only(rows: tuple[DeviceStats, ...], units: np.ndarray, fit: BusySplit) -> _Wall:
     """Without aligned clocks: the busiest device, and the busy-time split."""
     busy = np.array([r.busy_ms for r in rows])
-    ref = int(busy.argmax()) if busy.any() else None
+    spread = busy_spread(busy)
+    ref = spread.busiest
     none: list[float | None] = [None] * len(rows)
     if ref is None:
         return _Wall(fit.amount, none, none, None, None, None, {}, 0.0, None, "no device has busy time", ())
@@ -538,9 +559,7 @@ def _busy_only(rows: tuple[DeviceStats, ...], units: np.ndarray, fit: BusySplit)
         f"{rows[ref].device} has the most busy time ({_short(busy[ref])} ms); the clocks are not all aligned to "
         "the host, so wall times are not compared and the split is by busy time"
     )
-    return _Wall(
-        fit.amount, none, none, ref, None, rows[ref].device, {}, float(busy.max()), fit.predicted_ms, verdict, ()
-    )
+    return _Wall(fit.amount, none, none, ref, None, rows[ref].device, {}, spread.max_ms, fit.predicted_ms, verdict, ())
 
 
 def _wall(rows: tuple[DeviceStats, ...], units: np.ndarray, fit: BusySplit, integral: bool) -> _Wall:
@@ -757,8 +776,10 @@ def _wait(rows: tuple[DeviceStats, ...], i: int, ref: int | None) -> float | Non
     return max(0.0, rows[ref].last_end_ms - rows[i].last_end_ms)  # type: ignore[operator]
 
 
-def _row_note(r: DeviceStats, reference: bool, host: bool) -> str:
-    parts = [("ends last" if host else "straggler")] if reference else []
+def device_note(r: DeviceStats, role: str = "") -> str:
+    """A device row's note: its ``role`` in the balance (``straggler``, ``ends last``, ``busiest``; none when
+    empty), then ``no activity`` and ``clock not aligned`` where they hold (in `balance` and `asyncgpu.ranks`)."""
+    parts = [role] if role else []
     if r.busy_ms == 0:
         parts.append("no activity")
     if not r.aligned:

@@ -255,7 +255,7 @@ class BackendDevice(ABC):
     def destroy_graph(self, raw_graph: Any) -> None:
         """Free the graph (a replay in flight still completes)."""
 
-    # -- in-kernel records (issue 5) --
+    # -- in-kernel records --
     # `asyncgpu._kprofile` arms a record buffer (zeroed, then its header written, in stream order), launches
     # the instrumented built-in inc_loop on it, and copies it back with `copy_to_host`.
     @abstractmethod

@@ -7,9 +7,9 @@ pushed on the launching thread (`push` / `pop`), so that a `Router` hands it to 
 launch. Each feature has a *channel* of its own (`TIMER`, `BENCH`, `HISTORY`: CUPTI's external correlation kinds
 CUSTOM0..2), so that a launch timed by a scope and recorded by the kernel history at once carries both ids, and a
 flush hands each channel every record (`flush` takes only the caller's channel). CUPTI emits the ids only for API
-records (measured on H200: no EXTERNAL_CORRELATION record without the DRIVER kind), so the driver and runtime API
-kinds are on while a session is open, for launch, copy and set calls only (`_quiet_apis`); their records are
-dropped in the buffer callback.
+records (no EXTERNAL_CORRELATION record comes without the DRIVER kind), so the driver and runtime API kinds are on
+while a channel that pushes ids is open (`TIMER`, `BENCH`, `HISTORY`; the records-only channels need none), for
+launch, copy and set calls only (`_quiet_apis`); their records are dropped in the buffer callback.
 
 One CUPTI subscriber per process: `acquire` claims it (``cuptiSubscribe``) and fails with `SourceError` when
 torch.profiler, Nsight Systems or another tool holds it. The session is shared by every user of every channel
@@ -405,7 +405,7 @@ def pop(channel: int) -> None:
 
 def host_offset_ns(samples: int = 16) -> int:
     """CUPTI's timestamp minus ``time.perf_counter_ns()`` (ns): CUPTI puts every device's times on one clock of
-    its own (not the devices' ``%globaltimer``, which is ~0.1 ms off on H200), so this one offset places them on
+    its own (not the devices' ``%globaltimer``, which may be ~0.1 ms off it), so this one offset places them on
     the host time base. The best of ``samples`` host-bracketed reads (one read: ~0.2 µs); any thread."""
     import time
 

@@ -327,7 +327,7 @@ class HostDevice(BackendDevice):
     def destroy_graph(self, raw_graph: list) -> None:
         raw_graph.clear()
 
-    # -- in-kernel records (issue 5) --
+    # -- in-kernel records --
     def write_words32(self, raw_stream: _HostStream, array: np.ndarray, values: Any) -> None:
         words = np.array(values, dtype=np.uint32)  # copied now, as a memset's value is
         self.launch(raw_stream, np.copyto, None, (array.view(np.uint32)[: words.size], words))

@@ -23,8 +23,8 @@ the GPU and goes on at once (a GPU-side take, ``get_sync(stream=...)``, also acr
 Calling convention (asyncgpu's, as `Event.wait` / `Event.wait_sync`): ``await ch.put()``, ``await ch.get()``,
 ``await h.wait_done()`` in a task of an asyncio (uvloop) or trio loop; ``ch.put_sync()``, ``ch.get_sync()``,
 ``h.wait_done_sync()`` block a plain thread (GIL released) and raise `RuntimeError` in a loop's thread. Producer
-and consumer may be any mix of threads and loops. (Before 0.2 the plain names also blocked a plain thread:
-they still do, with a DeprecationWarning.)
+and consumer may be any mix of threads and loops. Called from a plain thread, ``put()``, ``get()`` and
+``wait_done()`` still block it, with a DeprecationWarning naming the ``_sync`` form.
 
 Lifetime: the channel owns the producer's event from ``put`` until the consumer is done with the item
 (`Handoff.done`, or the end of its ``with`` block) and the handoff's timing is read; only then does the event go
@@ -46,23 +46,21 @@ host time base), take time, and for GPU-side takes the wait on the consumer's st
 from __future__ import annotations
 
 import itertools
-import math
 import threading
 import time
 import warnings
 from collections import deque
-from contextlib import contextmanager
-from dataclasses import astuple, dataclass, fields
-from typing import Any, Awaitable, Callable, Iterator, Mapping
+from typing import Any, Awaitable, Iterator
 
 import numpy as np
 
 from asyncgpu._base.checks import timeout_s as check_timeout_s
 from asyncgpu._base.checks import whole
-from asyncgpu._base.errors import AsyncGPUError, ClosedError, DeviceMismatchError, ReleasedError
-from asyncgpu._base.layers import Canvas, register_layer
+from asyncgpu._base.errors import ClosedError, DeviceMismatchError
+from asyncgpu._handoff.calls import blocking_in_loop, checked_timeout_s, deprecated_blocking, time_limit
+from asyncgpu._handoff.layer import HandoffLayer
+from asyncgpu._handoff.records import Handoff, HandoffRecord, ensure_clock
 from asyncgpu._runtime import hooks, loops
-from asyncgpu._runtime.clock import CLOCK_MAX_AGE_S, placement
 from asyncgpu._runtime.engine import KIND_CALLBACK
 from asyncgpu._runtime.event import Event
 from asyncgpu._runtime.loops import WAITING as _WAITING
@@ -70,338 +68,10 @@ from asyncgpu._runtime.loops import WOKEN as _WOKEN
 from asyncgpu._runtime.loops import Parked as _Parked
 from asyncgpu._runtime.stream import Stream
 
-__all__ = ["Channel", "Handoff", "HandoffRecord"]
+__all__ = ["Channel"]
 
 _now = time.perf_counter_ns
 _THREAD = loops.THREAD
-
-
-@dataclass(frozen=True, slots=True)
-class HandoffRecord:
-    """One finished handoff. Times are host time in ns (``time.perf_counter_ns`` base, NaN when unknown:
-    an event recorded without timing, a device whose clock could not be aligned)."""
-
-    channel: str
-    seq: int  #: 0, 1, 2… in put order
-    producer: str  #: the producer event's device (``cuda:0``)
-    producer_stream: str  #: its stream's label
-    consumer: str  #: a host-side take: the consumer's thread name; a GPU-side take: the consumer's device
-    consumer_stream: str | None  #: a GPU-side take: the consumer's stream label; None for a host-side take
-    put_ns: int  #: when ``put`` was called
-    ready_ns: float  #: when the producer's device passed the event (the work was done)
-    get_ns: int  #: when the consumer called ``get``
-    take_ns: int  #: when ``get`` returned to the consumer
-    wait_start_ns: float  #: GPU-side take: when the consumer's stream reached the wait
-    wait_end_ns: float  #: GPU-side take: when the consumer's stream went on past it
-    done_ns: float  #: when the consumer said it was done (NaN if it had not when the record was made)
-
-    @property
-    def gpu_side(self) -> bool:
-        return self.consumer_stream is not None
-
-    @property
-    def latency_ns(self) -> float:
-        """The handoff's own delay: from the later of "the producer's work is done" and "the consumer is
-        waiting for it" to the consumer running. Host-side: ``take - max(ready, get)``; GPU-side:
-        ``wait_end - max(ready, wait_start)`` (the consumer's stream). Time the consumer spent busy elsewhere
-        is not counted."""
-        if self.gpu_side:
-            return self.wait_end_ns - max(self.ready_ns, self.wait_start_ns)
-        return self.take_ns - max(self.ready_ns, self.get_ns)
-
-
-class Handoff:
-    """One item of a `Channel`: the payload and the producer's event, with the handoff's timing.
-
-    The consumer gets it from `Channel.get` and ends it with `done` (or a ``with`` block); the producer gets
-    the same object from `Channel.put` and may wait for the consumer's `done` with `wait_done`.
-    """
-
-    __slots__ = (
-        "channel",
-        "seq",
-        "payload",
-        "_event",
-        "_producer",
-        "_producer_stream",
-        "_put_ns",
-        "_get_ns",
-        "_take_ns",
-        "_consumer",
-        "_consumer_stream",
-        "_wait_events",
-        "_done_ns",
-        "_done_event",
-        "_resolved",
-        "_ready_ns",
-        "_wait_ns",
-        "_state",
-        "_done_waiters",
-        "_recorded_here",
-        "__weakref__",
-    )
-    channel: Channel
-    seq: int
-    payload: Any
-    _event: Event | None
-    _producer: str
-    _producer_stream: str
-    _put_ns: int
-    _get_ns: int
-    _take_ns: int
-    _consumer: str
-    _consumer_stream: str | None
-    _wait_events: tuple[Event, Event] | None
-    _done_ns: float
-    _done_event: Event | None
-    _resolved: bool
-    _ready_ns: float
-    _wait_ns: tuple[float, float]
-    _state: int
-    _done_waiters: list[_Parked]
-    _recorded_here: bool
-
-    def __init__(self) -> None:
-        raise TypeError("handoffs come from channel.put() and channel.get()")
-
-    @classmethod
-    def _create(
-        cls, channel: Channel, seq: int, payload: Any, event: Event, recorded_here: bool, stream_label: str
-    ) -> Handoff:
-        self = object.__new__(cls)
-        self.channel, self.seq, self.payload = channel, seq, payload
-        self._event = event
-        self._recorded_here = recorded_here
-        self._producer, self._producer_stream = event.device.name, stream_label
-        self._put_ns = _now()
-        self._get_ns = self._take_ns = 0
-        self._consumer, self._consumer_stream = "", None
-        self._wait_events = None
-        self._done_ns = math.nan
-        self._done_event = None
-        self._resolved = False
-        self._ready_ns = math.nan
-        self._wait_ns = (math.nan, math.nan)
-        self._state = 0  # 0 queued, 1 taken, 2 done
-        self._done_waiters = []
-        return self
-
-    # -- the consumer's side ------------------------------------------------------------------------------
-    @property
-    def event(self) -> Event:
-        """The producer's event (the channel owns it: do not release it). Valid until `done`."""
-        ev = self._event
-        if ev is None or self._state == 2:
-            raise ReleasedError(
-                f"handoff #{self.seq} of {self.channel.name!r} is done: its event went back to its pool"
-            )
-        return ev
-
-    def done(self, stream: Stream | None = None) -> None:
-        """The consumer is done with the item. With ``stream``: its use of the payload is what is enqueued on
-        ``stream`` so far (an event is recorded there for the producer's `wait_done`). Releases the producer's
-        event (once its timing is read). Raises `ReleasedError` if called twice."""
-        ch = self.channel
-        if stream is not None and not isinstance(stream, Stream):
-            raise TypeError(f"done(stream=...) takes the asyncgpu Stream that uses the payload, not {stream!r}")
-        done_event = stream.record(timing=False) if stream is not None else None
-        with ch._lock:
-            if self._state == 2:
-                if done_event is not None:
-                    done_event.release()
-                raise ReleasedError(
-                    f"handoff #{self.seq} of {ch.name!r} was already marked done: each item is consumed once"
-                )
-            if self._state == 0:
-                if done_event is not None:
-                    done_event.release()
-                raise ReleasedError(
-                    f"handoff #{self.seq} of {ch.name!r} has not been taken: the consumer "
-                    "marks what it got from channel.get() done"
-                )
-            self._state = 2
-            self._done_ns = _now()
-            self._done_event = done_event
-            waiters = [p for p in self._done_waiters if p.state == _WAITING]
-            self._done_waiters = []
-            release = self._resolved
-            for p in waiters:
-                p.state = _WOKEN
-        for p in waiters:
-            p.wake()
-        if release:
-            self._release_producer_event()
-
-    def __enter__(self) -> Handoff:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._state != 2:
-            self.done()
-
-    # -- the producer's side ------------------------------------------------------------------------------
-    @property
-    def is_done(self) -> bool:
-        """True once the consumer called `done` (its GPU work on the payload may still be running)."""
-        return self._state == 2
-
-    def wait_done_sync(self, stream: Stream | None = None, *, timeout_s: float | None = None) -> None:
-        """Block the calling plain thread (GIL released) until the consumer is done with the payload, before
-        reusing its buffers. With ``stream``: wait on the host only until the consumer called `done`, then make
-        ``stream`` wait on the GPU for the end of the consumer's use (no host wait for the GPU). Without: wait on
-        the host until the consumer's use has run. `TimeoutError` after ``timeout_s`` seconds."""
-        timeout_s = check_timeout_s(timeout_s)
-        _check_wait_stream(stream)
-        kind, loop = loops.current()
-        if kind != _THREAD:
-            raise _blocking_in_loop("Handoff.wait_done_sync()", "await handoff.wait_done()")
-        deadline = None if timeout_s is None else _now() + int(timeout_s * 1e9)
-        if not self._park_until_done(kind, loop, deadline):
-            raise TimeoutError(self._not_done_message(timeout_s))
-        self._after_done(stream, deadline, timeout_s)
-
-    def wait_done(
-        self, stream: Stream | None = None, *, timeout_s: float | None = None, timeout: float | None = None
-    ) -> Awaitable[None]:
-        """``await handoff.wait_done(...)``: `wait_done_sync` for a task (the loop keeps running; a checkpoint;
-        cancellation withdraws the wait). Called from a plain thread it still blocks, with a DeprecationWarning
-        (use `wait_done_sync` there)."""
-        timeout_s = _timeout_s(timeout_s, timeout)
-        _check_wait_stream(stream)
-        kind, loop = loops.current()
-        if kind == _THREAD:
-            _deprecated_blocking("Handoff.wait_done()", "Handoff.wait_done_sync()")
-            self.wait_done_sync(stream, timeout_s=timeout_s)
-            return None  # type: ignore[return-value]
-        return self._wait_done_async(kind, loop, stream, timeout_s)
-
-    async def _wait_done_async(self, kind: int, loop: Any, stream: Stream | None, timeout_s: float | None) -> None:
-        with _deadline(timeout_s, lambda: self._not_done_message(timeout_s)):
-            ch = self.channel
-            with ch._lock:
-                if self._state != 2:
-                    p = _Parked(kind, loop)
-                    self._done_waiters.append(p)
-                else:
-                    p = None
-            if p is not None:
-                await p.wait(ch._lock)
-            ev = self._done_event
-            if ev is not None:
-                if stream is not None:
-                    stream.wait(ev)
-                else:
-                    await ev.wait()
-
-    def _park_until_done(self, kind: int, loop: Any, deadline: int | None) -> bool:
-        ch = self.channel
-        with ch._lock:
-            if self._state == 2:
-                return True
-            p = _Parked(kind, loop)
-            self._done_waiters.append(p)
-        return p.block(ch._lock, deadline, _now())
-
-    def _after_done(self, stream: Stream | None, deadline: int | None, timeout_s: float | None) -> None:
-        ev = self._done_event
-        if ev is None:
-            return
-        if stream is not None:
-            stream.wait(ev)
-        elif not ev.block_until(deadline):
-            raise TimeoutError(self._not_done_message(timeout_s))
-
-    def _not_done_message(self, timeout_s: float | None) -> str:
-        if self._state != 2:
-            return f"the consumer of handoff #{self.seq} of {self.channel.name!r} was not done after {timeout_s} s"
-        return f"the consumer's use of handoff #{self.seq} of {self.channel.name!r} had not run after {timeout_s} s"
-
-    # -- timing -------------------------------------------------------------------------------------------
-    def _resolve(self) -> None:
-        """Read the handoff's device times (its events are complete) and log it. Any thread; once."""
-        ch = self.channel
-        with ch._lock:
-            if self._resolved:
-                return
-            self._resolved = True
-        ev = self._event
-        self._ready_ns = _host_ns(ev) if ev is not None else math.nan
-        pair = self._wait_events
-        if pair is not None:
-            self._wait_ns = (_host_ns(pair[0]), _host_ns(pair[1]))
-            self._wait_events = None
-            for e in pair:
-                e.release()
-        ch._log.append(self._as_record())
-        with ch._lock:
-            release = self._state == 2
-        if release:
-            self._release_producer_event()
-
-    def _release_producer_event(self) -> None:
-        ev, self._event = self._event, None
-        if ev is not None:
-            ev.release()
-
-    def _as_record(self) -> HandoffRecord:
-        return HandoffRecord(
-            self.channel.name,
-            self.seq,
-            self._producer,
-            self._producer_stream,
-            self._consumer,
-            self._consumer_stream,
-            self._put_ns,
-            self._ready_ns,
-            self._get_ns,
-            self._take_ns,
-            self._wait_ns[0],
-            self._wait_ns[1],
-            self._done_ns,
-        )
-
-    def __repr__(self) -> str:
-        state = ("queued", "taken", "done")[self._state]
-        return f"<asyncgpu.Handoff {self.channel.name}#{self.seq} {state} from {self._producer}>"
-
-
-def _host_ns(ev: Event) -> float:
-    """A completed timing event on the host time base (NaN without timing or without a calibration). Never
-    calibrates: it runs on the device's waiter thread (`_ensure_clock` keeps a calibration at put and take)."""
-    raw = ev.raw
-    if raw is None or not ev.timing:
-        return math.nan
-    try:
-        return placement(ev.device, refresh=False).host_ns(raw)
-    except AsyncGPUError:
-        return math.nan
-
-
-def _ensure_clock(dev: Any) -> None:
-    """Keep a recent clock calibration for placing handoff times (about 0.35 ms per refresh on a GPU): measured
-    here in a plain thread, on the device's worker thread when the caller runs an event loop (never on a loop's
-    thread; the handoffs placed meanwhile use the previous calibration)."""
-    if not dev.clock_stale(CLOCK_MAX_AGE_S):
-        return
-    if loops.current()[0] == loops.THREAD:
-        _refresh(dev)
-    elif dev not in _REFRESHING:  # (one refresh queued per device: the worker may be busy with long jobs)
-        _REFRESHING.add(dev)
-        if not dev.worker.call_soon(lambda: _refresh(dev, queued=True)):
-            _REFRESHING.discard(dev)
-
-
-_REFRESHING: set[Any] = set()  # devices with a clock refresh queued on their worker thread
-
-
-def _refresh(dev: Any, queued: bool = False) -> None:
-    try:
-        dev.calibration()
-    except AsyncGPUError:
-        pass  # its handoffs get NaN device times; the scope reports why the device is not aligned
-    finally:
-        if queued:
-            _REFRESHING.discard(dev)
 
 
 class Channel:
@@ -445,7 +115,7 @@ class Channel:
         timeout_s = check_timeout_s(timeout_s)
         kind, loop = loops.current()
         if kind != _THREAD:
-            raise _blocking_in_loop("Channel.put_sync()", "await channel.put()")
+            raise blocking_in_loop("Channel.put_sync()", "await channel.put()")
         h = self._new_item(payload, stream, event)
         try:
             with self._lock:
@@ -473,10 +143,10 @@ class Channel:
         a checkpoint; cancellation leaves nothing behind). Nothing happens until it is awaited (the arguments are
         checked at once). Called from a plain thread it still blocks, with a DeprecationWarning (use `put_sync`
         there)."""
-        timeout_s = _timeout_s(timeout_s, timeout)
+        timeout_s = checked_timeout_s(timeout_s, timeout)
         kind, loop = loops.current()
         if kind == _THREAD:
-            _deprecated_blocking("Channel.put()", "Channel.put_sync()")
+            deprecated_blocking("Channel.put()", "Channel.put_sync()")
             return self.put_sync(payload, stream=stream, event=event, timeout_s=timeout_s)  # type: ignore[return-value]
         _check_put(stream, event)
         return self._put_async(payload, stream, event, kind, loop, timeout_s)
@@ -486,7 +156,7 @@ class Channel:
     ) -> Handoff:
         h = self._new_item(payload, stream, event)
         try:
-            with _deadline(timeout_s, lambda: self._full_message(timeout_s)):
+            with time_limit(timeout_s, lambda: self._full_message(timeout_s)):
                 with self._lock:
                     p = self._admit_locked(h, kind, loop)
                 if p is None:
@@ -519,7 +189,7 @@ class Channel:
                 f"channel {self.name!r} carries {self._backend} work; this event is of the "
                 f"{backend} backend: use one channel per backend"
             )
-        _ensure_clock(dev)
+        ensure_clock(dev)
         if event is None:
             assert stream is not None
             event, recorded_here, label = stream.record(), True, stream.label
@@ -573,7 +243,7 @@ class Channel:
         called_ns = _now()
         kind, loop = loops.current()
         if kind != _THREAD:
-            raise _blocking_in_loop("Channel.get_sync()", "await channel.get()")
+            raise blocking_in_loop("Channel.get_sync()", "await channel.get()")
         deadline = None if timeout_s is None else called_ns + int(timeout_s * 1e9)
         with self._lock:
             h, p = self._take_locked(kind, loop)
@@ -604,10 +274,10 @@ class Channel:
         """``await channel.get(...)``: `get_sync` for a task (the loop keeps running; a checkpoint; a cancelled
         take puts the item back at the head). Called from a plain thread it still blocks, with a
         DeprecationWarning (use `get_sync` there)."""
-        timeout_s = _timeout_s(timeout_s, timeout)
+        timeout_s = checked_timeout_s(timeout_s, timeout)
         kind, loop = loops.current()
         if kind == _THREAD:
-            _deprecated_blocking("Channel.get()", "Channel.get_sync()")
+            deprecated_blocking("Channel.get()", "Channel.get_sync()")
             return self.get_sync(stream=stream, timeout_s=timeout_s)  # type: ignore[return-value]
         if stream is not None:
             self._check_stream(stream)
@@ -625,7 +295,7 @@ class Channel:
         self, kind: int, loop: Any, stream: Stream | None, timeout_s: float | None, called_ns: int
     ) -> Handoff:
         h: Handoff | None = None
-        with _deadline(timeout_s, lambda: self._get_timeout_message(h, timeout_s)):
+        with time_limit(timeout_s, lambda: self._get_timeout_message(h, timeout_s)):
             with self._lock:
                 h, p = self._take_locked(kind, loop)
             if p is not None:
@@ -648,8 +318,8 @@ class Channel:
                     ev = h._event
                     assert ev is not None  # the channel holds the producer's event until the item is done
                     # A take that parked has been a checkpoint: when the producer's work is done by then, the
-                    # task goes on at once (another pass through the loop's scheduler costs trio ~100 µs when
-                    # the producers' threads hold the GIL).
+                    # task goes on at once (another pass through trio's scheduler is slow while the producers'
+                    # threads hold the GIL).
                     if p is None or not ev.query():
                         await ev.wait()
                     self._taken_on_host(h, called_ns)
@@ -716,7 +386,7 @@ class Channel:
                 f"a {stream.bd.backend} stream cannot wait for a {ev.device.bd.backend} event: take it on the host "
                 "with get() (no stream=)"
             )
-        _ensure_clock(stream.device)
+        ensure_clock(stream.device)
         before = stream.record(tag="handoff")
         stream.wait(ev)
         after = stream.record(tag="handoff")
@@ -846,7 +516,7 @@ class Channel:
     def _claim_scopes(self, h: Handoff, device: Any, fence: Stream | None = None) -> list:
         """Hand ``h`` to this channel's layer in every open scope (of the calling context) that covers
         ``device``; ``fence``: the consumer's stream, which those scopes then wait for at their end."""
-        layers = hooks.attach(device, lambda: _HandoffLayer(self.name), key=("handoff", id(self)), fence=fence)
+        layers = hooks.attach(device, lambda: HandoffLayer(self.name), key=("handoff", id(self)), fence=fence)
         for layer in layers:
             layer.add(h)
         return layers
@@ -854,40 +524,6 @@ class Channel:
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"<asyncgpu.Channel {self.name!r} {state} {len(self._items)}/{self.maxsize}>"
-
-
-def _timeout_s(timeout_s: float | None, timeout: float | None) -> float | None:
-    """The checked timeout in seconds; ``timeout`` is the name before 0.2 of ``timeout_s``."""
-    if timeout is None:
-        return check_timeout_s(timeout_s)
-    warnings.warn(
-        "timeout= is now timeout_s= (seconds; the old name goes in the next release)", DeprecationWarning, stacklevel=3
-    )
-    return check_timeout_s(timeout, "timeout") if timeout_s is None else check_timeout_s(timeout_s)
-
-
-@contextmanager
-def _deadline(timeout_s: float | None, message: Callable[[], str]) -> Iterator[None]:
-    """Cancel the block after ``timeout_s`` seconds (None: never) and raise `TimeoutError` with ``message()``,
-    read then (anyio's own says nothing)."""
-    if timeout_s is None:
-        yield
-        return
-    import anyio
-
-    try:
-        with anyio.fail_after(timeout_s):
-            yield
-    except TimeoutError:
-        raise TimeoutError(message()) from None
-
-
-def _check_wait_stream(stream: Any) -> None:
-    if stream is not None and not isinstance(stream, Stream):
-        raise TypeError(
-            f"wait_done(stream=...) takes the asyncgpu Stream that will reuse the payload (it waits on the GPU), "
-            f"not {stream!r}"
-        )
 
 
 def _check_put(stream: Any, event: Any) -> None:
@@ -908,154 +544,9 @@ def _check_put(stream: Any, event: Any) -> None:
         )
 
 
-def _deprecated_blocking(call: str, instead: str) -> None:
-    warnings.warn(
-        f"{call} from a plain thread blocks: call {instead} there (an event loop awaits {call}; the "
-        "blocking form of the old name goes in the next release)",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-
-
-def _blocking_in_loop(call: str, instead: str) -> RuntimeError:
-    return RuntimeError(f"{call} would block this thread's event loop: use `{instead}` in a task")
-
-
 def _stream_label(event: Event) -> str:
     key = event.key
     for s in event.device.owned_streams:
         if s.handle == key:
             return s.label
     return f"{key:#x}" if isinstance(key, int) else "?"
-
-
-class _HandoffLayer:
-    """The handoffs of one channel within one open scope (a live layer, `asyncgpu._base.layers`). Its finished form
-    is drawn in the scope's trace: on the producer's device a slice from put to GPU-ready, on the consumer's
-    side a slice from GPU-ready to the take (host-side: on the consumer thread's track) or the stream's wait
-    (GPU-side: on the consumer device), with a flow arrow."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.handoffs: list[Handoff] = []
-        self._seen: set[int] = set()
-
-    def add(self, h: Handoff) -> None:
-        if id(h) not in self._seen:
-            self._seen.add(id(h))
-            self.handoffs.append(h)
-
-    def finish(self) -> _HandoffTrace:
-        """At the scope's end (it waited for the consumers' streams): the finished handoffs, as data."""
-        for h in self.handoffs:
-            if not h._resolved and h._state != 0:
-                _try_resolve(h)
-        return _HandoffTrace(self.name, tuple(h._as_record() for h in self.handoffs if h._resolved))
-
-
-@dataclass(frozen=True)
-class _HandoffTrace:
-    """The handoffs of one channel within one finished scope: a trace layer (`asyncgpu._base.layers`)."""
-
-    name: str
-    handoffs: tuple[HandoffRecord, ...]
-    kind = "handoffs"
-
-    def records(self) -> list[HandoffRecord]:
-        return list(self.handoffs)
-
-    def draw(self, tl: Any, canvas: Canvas) -> None:
-        """On the producer's device a slice from put to GPU-ready; on the consumer's side a slice from GPU-ready
-        to the take (host-side: a track of the host named after the consumer thread) or the stream's wait
-        (GPU-side: a track of the consumer device); an arrow from the first to the second; and a counter of the
-        handoffs put and not yet taken."""
-        aligned = {name: tl.clocks[d].aligned for d, name in enumerate(tl.devices)}
-        index = {name: d for d, name in enumerate(tl.devices)}
-        tracks: dict[
-            tuple[int | None, str], tuple[list, ...]
-        ] = {}  # (device, label): name, start, end, seq, latency, out, in
-        cat = f"handoff {self.name}"
-        put_take: list[tuple[float, float]] = []
-        for r in self.handoffs:
-            if r.producer not in index or not aligned[r.producer] or not math.isfinite(r.ready_ns):
-                continue  # a device outside this scope, or off the host time base: never mix time bases
-            start = min(float(r.put_ns), r.ready_ns)
-            if r.gpu_side:
-                if r.consumer not in index or not aligned[r.consumer] or not math.isfinite(r.wait_end_ns):
-                    continue
-                consumer: tuple[int | None, str] = (index[r.consumer], f"handoff {self.name} → {r.consumer_stream}")
-                c_start = r.wait_start_ns if math.isfinite(r.wait_start_ns) else r.wait_end_ns
-                c_end, label = r.wait_end_ns, f"{self.name} #{r.seq} wait"
-            else:
-                consumer = (None, f"{r.consumer} · handoff {self.name}")
-                c_start, c_end = min(r.ready_ns, float(r.take_ns)), float(r.take_ns)
-                label = f"{self.name} #{r.seq} take"
-            flow = canvas.flow()
-            latency_us = r.latency_ns / 1e3 if math.isfinite(r.latency_ns) else math.nan
-            ends = (
-                (
-                    (index[r.producer], f"handoff {self.name}"),
-                    f"{self.name} #{r.seq} in flight",
-                    start,
-                    r.ready_ns,
-                    flow,
-                    0,
-                ),
-                (consumer, label, c_start, max(c_end, c_start), 0, flow),
-            )
-            for key, *values in ends:
-                cols = tracks.setdefault(key, ([], [], [], [], [], [], []))
-                for col, value in zip(cols, (*values[:3], r.seq, latency_us, *values[3:])):
-                    col.append(value)
-            put_take.append((float(r.put_ns), c_end))
-        for (device, label), (names, start_ns, end_ns, seq, latency, out, into) in tracks.items():
-            canvas.slices(
-                canvas.track(label, device),
-                names,
-                np.arange(len(names)),
-                np.array(start_ns),
-                np.array(end_ns),
-                cat,
-                {"seq": np.array(seq), "latency_us": np.array(latency)},
-                flow_out=np.array(out),
-                flow_in=np.array(into),
-            )
-        if put_take:
-            times = np.array(put_take).T.ravel()
-            steps = np.repeat([1, -1], len(put_take))
-            order = np.argsort(times, kind="stable")
-            canvas.counter(f"handoffs in flight ({self.name})", None, times[order], np.cumsum(steps[order]), "count")
-
-    def to_data(self) -> dict[str, Any]:
-        """The handoffs as plain JSON types (`read_trace` makes the layer again with `from_data`)."""
-        rows = [[None if isinstance(v, float) and math.isnan(v) else v for v in astuple(r)] for r in self.handoffs]
-        return {"kind": self.kind, "name": self.name, "fields": [f.name for f in fields(HandoffRecord)], "rows": rows}
-
-    @classmethod
-    def from_data(cls, data: Mapping[str, Any]) -> _HandoffTrace:
-        """The layer `to_data` described."""
-        floats = {f.name for f in fields(HandoffRecord) if f.type == "float"}
-        records = []
-        for row in data["rows"]:
-            values: dict[str, Any] = {
-                k: math.nan if v is None and k in floats else v for k, v in zip(data["fields"], row)
-            }
-            records.append(HandoffRecord(**values))
-        return cls(str(data["name"]), tuple(records))
-
-
-register_layer(_HandoffTrace.kind, _HandoffTrace.from_data)
-
-
-def _try_resolve(h: Handoff) -> None:
-    """Resolve a handoff whose events have completed (used when a trace is written before the waiter
-    thread got to it)."""
-    pair = h._wait_events
-    try:
-        if pair is not None and not pair[1].query():
-            return
-        if pair is None and (h._event is None or not h._event.query()):
-            return
-    except AsyncGPUError:
-        return
-    h._resolve()

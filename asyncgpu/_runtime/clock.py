@@ -13,8 +13,8 @@ calibrated by a host ping-pong:
 - **%globaltimer.** One thread of ``kernels/clock.cu`` answers the same pings with ``%globaltimer`` stamps, each
   stamp its own acknowledgement (one posted write). Each ping bounds the offset (stamp − host instant) to
   [stamp − h1, stamp − h0] by causality alone; the intersection over the pings is the offset, and its half width
-  the bound, with no assumption that the two directions take equally long (about ±0.9-1.2 µs on H100: an SM's
-  read of a host word takes ~1.1 µs over PCIe, and the host's loop is Python). In-kernel records use it. An
+  the bound, with no assumption that the two directions take equally long (its floor is an SM's read of a host
+  word over PCIe, about a microsecond, plus the host's Python loop). In-kernel records use it. An
   event recorded right after that kernel lies between the kernel's last stamp and the host seeing the device
   pass it: when that bracket is tighter than the events' own, that event becomes the anchor.
 - **Drift.** Between two calibrations at least a second apart, the globaltimer's rate against the host clock.
@@ -31,7 +31,6 @@ from __future__ import annotations
 import ctypes
 import math
 import time
-import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, cast, final
 
@@ -55,7 +54,7 @@ TIMEOUT_NS = 5_000_000
 _MIN_DRIFT_SPAN_NS = 1_000_000_000
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, kw_only=True)
 class ClockCalibration:
     """How one device's clocks map to host time (``time.perf_counter_ns()``), measured at ``taken_ns``."""
 
@@ -95,15 +94,6 @@ class ClockCalibration:
             )
         g0, h0 = self.gt_point
         return h0 + (np.asarray(stamps_ns, dtype=np.int64) - g0).astype(np.float64) * self.rate
-
-    def as_dict(self) -> dict[str, Any]:
-        """Deprecated name of `to_dict`."""
-        warnings.warn(
-            "ClockCalibration.as_dict() is now to_dict() (the old name goes in the next release)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.to_dict()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -363,21 +353,21 @@ def calibrate(
         except ClockError:
             pass
     return ClockCalibration(
-        device.name,
-        host_ns,
-        bound_ns,
-        samples,
-        float(rtt[best]),
-        time.perf_counter_ns(),
-        gt_offset,
-        gt_bound,
-        naive,
-        drift,
-        source,
-        k_bound,
-        by_kind.get("kernel", 0.0),
-        anchor,
-        gt_point,
+        device=device.name,
+        host_ns=host_ns,
+        bound_ns=bound_ns,
+        samples=samples,
+        rtt_ns=float(rtt[best]),
+        taken_ns=time.perf_counter_ns(),
+        globaltimer_offset_ns=gt_offset,
+        globaltimer_bound_ns=gt_bound,
+        naive_offset_ns=naive,
+        drift_ppm=drift,
+        anchor_source=source,
+        kernel_anchor_bound_ns=k_bound,
+        bracket_overhead_ns=by_kind.get("kernel", 0.0),
+        anchor=anchor,
+        gt_point=gt_point,
         bracket_overhead_source=overhead_source,
         bracket_overhead_by_kind_ns=dict(by_kind),
     )

@@ -64,8 +64,8 @@ WORKLOADS = ("spin", "inc_loop", "inc_loop_profiled")
 #: an async scope's exit re-measures, off the loop, the clocks that would be older than their scope's limit by then
 _CLOCK_MARGIN_S = 0.01
 
-#: released events a pool that runs out looks at per reclaim: about 0.2 ms of the caller's thread (10,000 at once
-#: stalled a loop ~10 ms on a simulated device: the likely cause of the bench_load ticker's 18-23 ms on an H200)
+#: released events a pool that runs out looks at per reclaim: a bound on the caller's thread (tens of thousands at
+#: once stall a loop for milliseconds)
 RECLAIM_BATCH = 1024
 _FIRST_EVENTS = 64  #: free events of each pool `prepare` makes sure of: a device's first launches make none
 

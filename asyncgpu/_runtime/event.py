@@ -11,12 +11,12 @@ An event of a closed worker (`Device.close`, or one the parent opened before ``o
 from __future__ import annotations
 
 import time
-import warnings
 from typing import TYPE_CHECKING, Any, Coroutine, final
 
 from asyncgpu._base.checks import timeout_s as check_timeout_s
 from asyncgpu._base.errors import DeviceMismatchError, NotRecordedError, ReleasedError, TimingDisabledError
 from asyncgpu._runtime import loops
+from asyncgpu._runtime.engine import WaitFor
 from asyncgpu._runtime.hooks import QUEUE_LIMIT
 from asyncgpu._runtime.waiting import await_completion, block_until_complete
 
@@ -122,15 +122,6 @@ class Event:
         elif not self.block_until(_now() + int(timeout_s * 1e9)):
             raise TimeoutError(f"{self.device.name} had not passed the event after {timeout_s} s")
 
-    def sync(self, timeout: float | None = None) -> None:
-        """Deprecated name of `wait_sync` (``timeout`` is ``timeout_s`` there)."""
-        warnings.warn(
-            "Event.sync() is now Event.wait_sync(timeout_s=...) (the old name goes in the next release)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        self.wait_sync(timeout_s=timeout)
-
     def block_until(self, deadline_ns: int | None) -> bool:
         """Block this plain thread (GIL released) until the event completes or ``deadline_ns`` passes (False):
         the waiter thread wakes it shortly before the predicted completion; without a deadline it then
@@ -139,18 +130,8 @@ class Event:
         raw = self.checked()
         key = self.key
         assert key is not None  # checked() raised otherwise
-        return block_until_complete(
-            dev.engine,
-            dev.bd.query,
-            raw,
-            key,
-            self.seq,
-            self.tag,
-            self.record_ns,
-            deadline_ns,
-            dev.bd.sync_event,
-            self,
-        )
+        wait_for = WaitFor(raw, key, self.seq, self.tag, self.record_ns, self)
+        return block_until_complete(dev.engine, dev.bd.query, wait_for, deadline_ns, dev.bd.sync_event)
 
     def wait(self) -> Coroutine[Any, Any, None]:
         """``await event.wait()``: resume the calling task once the device has passed the event; the loop runs
@@ -166,7 +147,7 @@ class Event:
         dev = self.device
         key = self.key
         assert key is not None  # checked() raised otherwise
-        return await_completion(dev.engine, dev.bd.query, raw, key, self.seq, self.tag, self.record_ns, self)
+        return await_completion(dev.engine, dev.bd.query, WaitFor(raw, key, self.seq, self.tag, self.record_ns, self))
 
     # -- timing -------------------------------------------------------------------------------------------
     def elapsed_ms(self, start: Event) -> float:

@@ -7,9 +7,9 @@ let Proton plug in. With no observer installed a launch costs one truth test of 
 
 While a feature times launches with event pairs (`want_holds`), each launch is held (`BackendDevice.hold`): the
 stream waits on the device until the observers' start records, the work and their end records are all enqueued,
-so that the bracket measures the work, not the host's submission of it (unheld on an idle H200: +35 to +70 µs
-p50). The hold costs about 2 µs of host time per launch, and about 2.3 µs of GPU time per launch on a busy
-stream (benchmarks/RESULTS.md, run 19); `HOLD` = ``"idle"`` avoids the latter and risks the former error.
+so that the bracket measures the work, not the host's submission of it (unheld, a bracket on an idle stream
+counts tens of µs of the host's time). The hold costs a few µs of host time per launch, and a little GPU time per
+launch on a busy stream.
 
 An observer implements `LaunchObserver`. Besides launches it answers three questions other core parts and
 features ask through this module:
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CaptureHook",
-    "HOLD",
     "HOLD_USERS",
     "LaunchObserver",
     "OBSERVERS",
@@ -132,10 +131,6 @@ class CaptureHook(Protocol):
 
 #: The installed observers, read by the launch path without a lock (replaced, never mutated).
 OBSERVERS: tuple[LaunchObserver, ...] = ()
-#: When launches are held while some feature wants holds (`want_holds`; see `launch_now`): ``"always"`` (the
-#: default), ``"idle"`` (only onto a stream with nothing queued: no cost on busy streams, but a launch that
-#: follows short work may find the stream drained by the time it is enqueued), or ``"never"``.
-HOLD = "always"
 #: How many users want launches held now (event-timing scopes, the kernel history); CUPTI needs no hold.
 HOLD_USERS = 0
 #: The engine each launch kind runs on: an event bracket whose launch follows the other engine's work on its
@@ -182,11 +177,11 @@ def want_holds(delta: int) -> None:
 
 
 def should_hold(bd: Any, raw_stream: Any) -> bool:
-    """Whether a launch onto ``raw_stream`` is to be held now (`HOLD`, `HOLD_USERS`)."""
-    if not HOLD_USERS:
-        return False
-    mode = HOLD
-    return mode == "always" or (mode == "idle" and bd.stream_idle(raw_stream))
+    """Whether a launch onto ``raw_stream`` is to be held now: whenever some feature wants holds (`HOLD_USERS`).
+    Holding only onto an idle stream would spare busy streams the hold's GPU time, but a launch that follows short
+    work may find the stream drained by the time it is enqueued. (``bd`` and ``raw_stream``: for a policy that
+    looks at the stream, such as one a benchmark puts in its place.)"""
+    return HOLD_USERS != 0
 
 
 def launch(stream: Stream, name: str, kind: str, fn: Callable[..., Any], *args: Any) -> None:

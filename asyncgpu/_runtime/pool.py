@@ -3,8 +3,8 @@
 Events are created in chunks on demand, up to ``max_events``; in the steady state `take` and `give` only move an
 event between a list and the caller. With ``grow_soon`` (the device's waiter thread, on a backend whose events
 are costly: `BackendDevice.grows_ahead`, CUDA), a pool running low grows
-*ahead* of need on that thread: creating an event costs about 7 µs on an H200 host (spikes of hundreds), which a
-loop's thread must not pay in the middle of a burst of records (a chunk of 64 stalls a 1 ms ticker). An event is
+*ahead* of need on that thread: creating an event costs microseconds (spikes of hundreds), which a loop's thread
+must not pay in the middle of a burst of records (a chunk of 64 stalls a 1 ms ticker). An event is
 given back only once the device can no longer touch it (the device's queue of releases checks: see
 `asyncgpu._runtime.device.Device.recycle`). Thread-safe: `take` and `give` may be called from any thread (list
 append/pop are atomic under the GIL; growth and trims take a lock).

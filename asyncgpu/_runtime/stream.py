@@ -23,6 +23,7 @@ import numpy as np
 from asyncgpu._base.checks import number, whole
 from asyncgpu._base.errors import DeviceMismatchError, QueueFullError
 from asyncgpu._runtime import loops
+from asyncgpu._runtime.engine import WaitFor
 from asyncgpu._runtime.event import Event
 from asyncgpu._runtime.hooks import QUEUE_BOUND, QUEUE_LIMIT
 from asyncgpu._runtime.hooks import launch as run_timed
@@ -185,7 +186,7 @@ class Stream:
             c = next((c for c in self.checks if c.ops >= need), self.checks[-1])
             c.waiters += 1
             try:
-                await await_completion(self.device.engine, self.bd.query, c.raw, c.key, c.seq, "room", 0, c)
+                await await_completion(self.device.engine, self.bd.query, WaitFor(c.raw, c.key, c.seq, "room", 0, c))
             finally:
                 c.waiters -= 1
                 if not c.waiters and c not in self.checks and c.raw is not None:

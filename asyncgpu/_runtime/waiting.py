@@ -18,30 +18,22 @@ import time
 from typing import Any, Callable
 
 from asyncgpu._runtime import loops
-from asyncgpu._runtime.engine import EARLY, KIND_ASYNCIO, KIND_THREAD, KIND_TRIO, Engine, Waiter
+from asyncgpu._runtime.engine import EARLY, KIND_ASYNCIO, KIND_THREAD, KIND_TRIO, Engine, Waiter, WaitFor
 
 __all__ = ["await_completion", "block_until_complete"]
 
 _now = time.perf_counter_ns
 
 
-async def await_completion(
-    engine: Engine,
-    query: Callable[[Any], bool],
-    raw: Any,
-    key: int,
-    seq: int,
-    tag: Any,
-    record_ns: int,
-    owner: Any = None,
-) -> None:
-    """Resume the calling task once ``query(raw)`` is true. Always a checkpoint. Raises what the engine failed.
-    ``owner``: the `Event` waited on (see `Engine.add`)."""
+async def await_completion(engine: Engine, query: Callable[[Any], bool], wait_for: WaitFor) -> None:
+    """Resume the calling task once ``query(wait_for.raw)`` is true. Always a checkpoint. Raises what the engine
+    failed."""
     kind, loop = loops.current()
     if kind == loops.TRIO:
-        return await _await_trio(loop, engine, query, raw, key, seq, tag, record_ns, owner)
+        return await _await_trio(loop, engine, query, wait_for)
     if kind != loops.ASYNCIO:
         raise RuntimeError("await event.wait() needs a running asyncio (or uvloop) or trio event loop")
+    raw, key, seq, tag, record_ns, owner = wait_for
     if query(raw):  # already complete: still a checkpoint, without a round trip through the engine
         await asyncio.sleep(0)
         return
@@ -72,18 +64,9 @@ async def _poll_asyncio(engine: Engine, w: Waiter, query: Callable[[Any], bool])
         await sleep(0)
 
 
-async def _await_trio(
-    trio: Any,
-    engine: Engine,
-    query: Callable[[Any], bool],
-    raw: Any,
-    key: int,
-    seq: int,
-    tag: Any,
-    record_ns: int,
-    owner: Any,
-) -> None:
+async def _await_trio(trio: Any, engine: Engine, query: Callable[[Any], bool], wait_for: WaitFor) -> None:
     lowlevel = trio.lowlevel
+    raw, key, seq, tag, record_ns, owner = wait_for
     if query(raw):
         await lowlevel.checkpoint()
         return
@@ -115,16 +98,11 @@ async def _await_trio(
 def block_until_complete(
     engine: Engine,
     query: Callable[[Any], bool],
-    raw: Any,
-    key: int,
-    seq: int,
-    tag: Any,
-    record_ns: int,
+    wait_for: WaitFor,
     deadline_ns: int | None = None,
     sync: Callable[[Any], None] | None = None,
-    owner: Any = None,
 ) -> bool:
-    """Block the calling plain thread (GIL released) until ``query(raw)`` is true, or until ``deadline_ns``
+    """Block the calling plain thread (GIL released) until ``query(wait_for.raw)`` is true, or until ``deadline_ns``
     (``time.perf_counter_ns`` base; None: no limit). Returns False on timeout, with the wait withdrawn. Raises
     what the engine failed (`BackendError`, `ClosedError`).
 
@@ -132,6 +110,7 @@ def block_until_complete(
     driver's own wait: it spins without the GIL) and no deadline, the thread finishes the wait natively: the
     lowest latency, with a core spent only for the last few microseconds. Otherwise it polls ``query``,
     yielding the GIL between polls, for a bounded window."""
+    raw, key, seq, tag, record_ns, owner = wait_for
     if query(raw):
         return True
     lock = threading.Lock()

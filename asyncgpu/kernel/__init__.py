@@ -15,13 +15,13 @@ from __future__ import annotations
 from asyncgpu._backends.kernels import FORMAT as FORMAT
 from asyncgpu._backends.kernels import HostLane as HostLane
 from asyncgpu._base.publish import publish
+from asyncgpu.kernel.asyncgpu_format import decode as decode
 from asyncgpu.kernel.profiler import INC_LOOP_STAGES as INC_LOOP_STAGES
 from asyncgpu.kernel.profiler import KernelProfiler as KernelProfiler
 from asyncgpu.kernel.profiler import include_dir as include_dir
 from asyncgpu.kernel.records import KernelRecords as KernelRecords
 from asyncgpu.kernel.records import StageSummary as StageSummary
-from asyncgpu.kernel.records import decode as decode
-from asyncgpu.kernel.records import decode_tirx as decode_tirx
+from asyncgpu.kernel.tirx_format import decode_tirx as decode_tirx
 
 __all__ = [
     "FORMAT",

@@ -35,7 +35,9 @@ from asyncgpu._runtime import hooks, loops
 from asyncgpu._runtime.clock import placement
 from asyncgpu._runtime.memory import DeviceArray
 from asyncgpu._runtime.stream import MAX_ITERATIONS
-from asyncgpu.kernel.records import KernelRecords, check_stages, decode
+from asyncgpu.kernel.asyncgpu_format import decode
+from asyncgpu.kernel.decoding import check_stages
+from asyncgpu.kernel.records import KernelRecords
 
 if TYPE_CHECKING:
     from asyncgpu._runtime.device import Device

@@ -14,13 +14,13 @@ See `asyncgpu.ranks.gather` for the protocol, the clock offsets and the threads.
 from __future__ import annotations
 
 from asyncgpu._base.publish import publish
+from asyncgpu.ranks.balance import CollectivePoint as CollectivePoint
+from asyncgpu.ranks.balance import RankBalance as RankBalance
+from asyncgpu.ranks.balance import RankDeviceRow as RankDeviceRow
+from asyncgpu.ranks.balance import RankRow as RankRow
 from asyncgpu.ranks.exchange import gather as gather
 from asyncgpu.ranks.exchange import mark_collective as mark_collective
-from asyncgpu.ranks.merge import CollectivePoint as CollectivePoint
-from asyncgpu.ranks.merge import RankBalance as RankBalance
-from asyncgpu.ranks.merge import RankDeviceRow as RankDeviceRow
 from asyncgpu.ranks.merge import RankInfo as RankInfo
-from asyncgpu.ranks.merge import RankRow as RankRow
 from asyncgpu.ranks.merge import RankTimeline as RankTimeline
 from asyncgpu.ranks.steps import RankStepReport as RankStepReport
 from asyncgpu.ranks.steps import StepWatch as StepWatch

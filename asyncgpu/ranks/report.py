@@ -13,7 +13,8 @@ from rich.text import Text
 from asyncgpu._analysis.report import bar, ms, new_table
 
 if TYPE_CHECKING:
-    from asyncgpu.ranks.merge import RankBalance, RankTimeline
+    from asyncgpu.ranks.balance import RankBalance
+    from asyncgpu.ranks.merge import RankTimeline
 
 __all__ = ["balance_group", "rank_report"]
 

@@ -1,6 +1,6 @@
 """Event brackets against CUPTI per position in sequences of launches (issue 13): where a bracket's excess sits.
 
-    PYTHONPATH=$PWD python benchmarks/bench_brackets.py [SEQ,SEQ,...] [--unprimed]
+    PYTHONPATH=$PWD python dev/bench_brackets.py [SEQ,SEQ,...] [--unprimed] [--out FILE]
 
 Each sequence is launched back to back on one stream of the first GPU inside an events-source scope (no overhead
 subtracted) nested in a CUPTI-source scope, 10 times. Per position: the duration's error (event pair - CUPTI, µs)
@@ -12,13 +12,18 @@ last launch on the same stream. ``--unprimed``: without asyncgpu's own primers a
 before they existed). Needs a CUDA GPU and cupti-python.
 """
 
+import argparse
 import asyncio
+import os
 import sys
 
 import numpy as np
 
 import asyncgpu
 from asyncgpu._runtime import hooks
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
+from benchmarks._common import tee_stdout
 
 N = 10_000_000
 SEQS = "S,C,SS,CC,SC,CS,SpC,CqS,KC,CK,MKKKC,pMKKKC,qMKKKC,BMKKKC,BCCC,Sc,cS"
@@ -48,7 +53,7 @@ async def variant(d, name, fn, reps=10):
     print(f"{name:12s} " + "  ".join(cells), flush=True)
 
 
-async def main():
+async def run(seqs: str, unprimed: bool) -> None:
     d = asyncgpu.device(0)
     s = d.stream
     big, big_host = d.alloc(N), d.alloc_pinned(N)
@@ -70,12 +75,24 @@ async def main():
         "p": lambda: prime(s.raw, "copy"),
         "q": lambda: prime(s.raw, "compute"),
     }
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    if "--unprimed" in sys.argv:
+    if unprimed:
+        if not hasattr(hooks, "ENGINE_OF"):
+            raise SystemExit("--unprimed: this library has no `hooks.ENGINE_OF` table to empty any more")
         hooks.ENGINE_OF = {}  # no launch kind has a known engine: nothing is primed
-    for seq in (args[0] if args else SEQS).split(","):
+    for seq in seqs.split(","):
         await variant(d, seq, lambda seq=seq: [ops[c]() for c in seq])
     print("learned pair excess ns:", d.pair_excess_ns(), "bracket overhead:", d.bd.bracket_overhead())
 
 
-asyncio.run(main())
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("seqs", nargs="?", default=SEQS, help="comma list of sequences (letters above)")
+    p.add_argument("--unprimed", action="store_true", help="without asyncgpu's primers at engine switches")
+    p.add_argument("--out", help="also write what is printed to this file")
+    args = p.parse_args(argv)
+    with tee_stdout(args.out):
+        asyncio.run(run(args.seqs, args.unprimed))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,7 +1,7 @@
 """Who pays for the driver's queries under load, and what each costs: bench_load's cases with every
 ``cuEventQuery`` counted by its caller and timed.
 
-    PYTHONPATH=$PWD python benchmarks/diag_queries.py 1000@8k,1000@40k,100@burst [asyncio,uvloop] [repetitions]
+    PYTHONPATH=$PWD python dev/diag_queries.py 1000@8k,1000@40k,100@burst [asyncio,uvloop] [repetitions]
 
 Per case and repetition: the excess p50/p99 (µs, against the kernels' `%globaltimer` end stamps, as
 `bench_load.py`), CPU µs per wait, and per wait: the looks of the waiter thread (``thread``) and of the loop's
@@ -11,18 +11,20 @@ queries it made and what they cost (µs, p50 and sum, found done / not done). A 
 `Engine.collect` and the device's query. Needs a CUDA GPU.
 """
 
+import argparse
 import collections
 import os
 import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_load as B  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
 import numpy as np  # noqa: E402
 
 import asyncgpu  # noqa: E402
 from asyncgpu._runtime import engine as E  # noqa: E402
+from benchmarks import bench_load as B  # noqa: E402
+from benchmarks._common import tee_stdout  # noqa: E402
 
 _now = time.perf_counter_ns
 _WHO = threading.local()
@@ -59,10 +61,18 @@ def _instrument(dev) -> None:
     E.Engine.collect = counted
 
 
-def main() -> None:
-    cases = sys.argv[1].split(",") if len(sys.argv) > 1 else ["1000@8k", "1000@40k", "100@burst"]
-    loops = sys.argv[2].split(",") if len(sys.argv) > 2 else ["asyncio", "uvloop"]
-    reps = int(sys.argv[3]) if len(sys.argv) > 3 else 2
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("cases", nargs="?", default="1000@8k,1000@40k,100@burst", help="comma list of N@RATE")
+    p.add_argument("loops", nargs="?", default="asyncio,uvloop", help="comma list (default asyncio,uvloop)")
+    p.add_argument("reps", nargs="?", type=int, default=2, help="repetitions (default 2)")
+    p.add_argument("--out", help="also write what is printed to this file")
+    args = p.parse_args(argv)
+    with tee_stdout(args.out):
+        _run(args.cases.split(","), args.loops.split(","), args.reps)
+
+
+def _run(cases: list[str], loops: list[str], reps: int) -> None:
     dev = asyncgpu.devices()[0]
     _instrument(dev)
     truth = B.Truth(dev, 20_000)

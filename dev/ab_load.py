@@ -1,14 +1,15 @@
 """Waits under load, two variants of the completion engine interleaved in one process (an A/B: machines differ
 more than the variants do, so only a same-process comparison tells).
 
-    PYTHONPATH=$PWD python benchmarks/ab_load.py --variant due [--cases 1000@8k,1000@40k] [--loops asyncio,uvloop]
-    PYTHONPATH=$PWD python benchmarks/ab_load.py --variant gc
-    PYTHONPATH=$PWD python benchmarks/ab_load.py --variant engine:/path/to/engine.py
+    PYTHONPATH=$PWD python dev/ab_load.py --variant due [--cases 1000@8k,1000@40k] [--loops asyncio,uvloop]
+    PYTHONPATH=$PWD python dev/ab_load.py --variant gc
+    PYTHONPATH=$PWD python dev/ab_load.py --variant engine:/path/to/engine.py
 
 Variants (A against B):
-* ``due``: a loop's poller queries only the stream heads that are due (`engine.POLL_DUE_ONLY`) / every head;
+* ``due``: a loop's poller queries only the stream heads that are due (the library's way) / every head (its
+  `Engine.collect` patched to ignore ``due_only``);
 * ``gc``: the collector on / off during each case (does it set the tail?);
-* ``chunk``: a look pops at most `engine.COLLECT_LIMIT` completed waits (a burst handed over in parts) / all;
+* ``chunk``: a look pops at most `engine.poller.COLLECT_LIMIT` completed waits (a burst handed over in parts) / all;
 * ``oracle``: the driver queries of the case's own events answered from the pinned `%globaltimer` stamps their
   kernels write (a pinned-word read, no driver call: what a GPU-written completion word per stream would at best
   give) / the driver's ``cuEventQuery``;
@@ -35,26 +36,32 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_load as B  # noqa: E402
-
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
 import asyncgpu  # noqa: E402
 from asyncgpu._runtime import engine as E  # noqa: E402
+from asyncgpu._runtime.engine import poller as E_poller  # noqa: E402
+from asyncgpu._runtime.engine import thread as E_thread  # noqa: E402
+from benchmarks import bench_load as B  # noqa: E402
+from benchmarks._common import tee_stdout  # noqa: E402
 
 
 def _variants(spec: str) -> tuple[tuple[str, str], object]:
     """The names of A and B and a function that switches to one (True: A)."""
     if spec == "due":
+        collect = E.Engine.collect
+
+        def collect_all(self, skip_covered=False, due_only=False, limit=0):  # every head at every pass
+            return collect(self, skip_covered, False, limit)
 
         def use_due(a: bool) -> None:
-            E.POLL_DUE_ONLY = a
+            E.Engine.collect = collect if a else collect_all
 
         return ("due", "all"), use_due
     if spec == "chunk":
         limit = E.COLLECT_LIMIT
 
-        def use_chunk(a: bool) -> None:
-            E.COLLECT_LIMIT = limit if a else 0
+        def use_chunk(a: bool) -> None:  # (the thread and the pollers each read their own binding)
+            E_poller.COLLECT_LIMIT = E_thread.COLLECT_LIMIT = limit if a else 0
 
         return ("chunk", "whole"), use_chunk
     if spec == "gc":
@@ -120,7 +127,13 @@ def main() -> None:
     p.add_argument("--cases", default="1000@8k,1000@40k,1000@150k,1000@burst,100@burst")
     p.add_argument("--loops", default="asyncio,uvloop")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--out", help="also write what is printed to this file")
     args = p.parse_args()
+    with tee_stdout(args.out):
+        _run(args)
+
+
+def _run(args: argparse.Namespace) -> None:
     (name_a, name_b), use = _variants(args.variant)
     oracle = forget = None
     if isinstance(use, tuple):

@@ -3,7 +3,7 @@ complete at once; the loop's poller looks (`Engine.collect`), hands them over (`
 them), and the loop runs the 256 tasks to their end. Against the floor: the same 256 futures resolved directly
 (``set_result``) and their tasks run.
 
-    PYTHONPATH=$PWD python benchmarks/diag_wake_cost.py [--nested] [--reps 40]
+    PYTHONPATH=$PWD python dev/diag_wake_cost.py [--nested] [--reps 40]
 
 Prints ns per wait (median of the repetitions) for the look, the hand-over with the resumes, and the tasks' steps,
 and the floor's total. ``--nested``: each task awaits through one coroutine frame more (as `Event.wait` did when
@@ -15,12 +15,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import os
+import sys
 import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
 from asyncgpu._runtime import engine as E
 from asyncgpu._runtime.waiting import await_completion
+from benchmarks._common import tee_stdout  # noqa: E402
 
 _now = time.perf_counter_ns
 N = 256
@@ -48,7 +52,7 @@ async def _engine_burst(eng: E.Engine, dev: _Device, nested: bool) -> tuple[floa
     left = [N]
 
     def wait(i: int):  # as `Event.wait`: returns the engine's coroutine
-        return await_completion(eng, dev.query, raws[i], i % 8, i, "t", 0, None)
+        return await_completion(eng, dev.query, E.WaitFor(raws[i], i % 8, i, "t", 0, None))
 
     async def nested_wait(i: int) -> None:  # as `Event.wait` was: an ``async def`` around it
         await wait(i)
@@ -109,7 +113,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--nested", action="store_true")
     p.add_argument("--reps", type=int, default=40)
+    p.add_argument("--out", help="also write what is printed to this file")
     args = p.parse_args()
+    with tee_stdout(args.out):
+        _run(args)
+
+
+def _run(args: argparse.Namespace) -> None:
     gc.disable()
     ours, floor = asyncio.run(_reps(args.reps, args.nested))
     look, hand, steps = np.median(ours, axis=0)

@@ -2,7 +2,7 @@
 count and ns each), the wait for the engine's lock and the time per wait it found, by thread (the loop's poller or
 the waiter thread); also one ``cuEventQuery``'s cost on this host.
 
-    PYTHONPATH=$PWD python benchmarks/diag_collect.py [asyncio,uvloop,trio] [1000@150k,1000@40k,1000@burst]
+    PYTHONPATH=$PWD python dev/diag_collect.py [asyncio,uvloop,trio] [1000@150k,1000@40k,1000@burst]
 
 A diagnostic: it wraps `asyncgpu._runtime.engine.Engine.collect` and the backend's query. Each case also runs the
 loop's floor (`bench_load.py`) for comparison. Needs a CUDA GPU.
@@ -10,6 +10,7 @@ loop's floor (`bench_load.py`) for comparison. Needs a CUDA GPU.
 
 from __future__ import annotations
 
+import argparse
 import collections
 import os
 import sys
@@ -18,11 +19,11 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_load as B  # noqa: E402
-
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
 import asyncgpu  # noqa: E402
 from asyncgpu._runtime import engine as E  # noqa: E402
+from benchmarks import bench_load as B  # noqa: E402
+from benchmarks._common import tee_stdout  # noqa: E402
 
 _now = time.perf_counter_ns
 _TL = threading.local()
@@ -74,9 +75,17 @@ def query_cost(dev, truth) -> None:
         e.release()
 
 
-def main() -> None:
-    loops = (sys.argv[1] if len(sys.argv) > 1 else "asyncio,uvloop").split(",")
-    cases = (sys.argv[2] if len(sys.argv) > 2 else "1000@150k,1000@40k,1000@burst").split(",")
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("loops", nargs="?", default="asyncio,uvloop", help="comma list (default asyncio,uvloop)")
+    p.add_argument("cases", nargs="?", default="1000@150k,1000@40k,1000@burst", help="comma list of N@RATE")
+    p.add_argument("--out", help="also write what is printed to this file")
+    args = p.parse_args(argv)
+    with tee_stdout(args.out):
+        _run(args.loops.split(","), args.cases.split(","))
+
+
+def _run(loops: list[str], cases: list[str]) -> None:
     dev = asyncgpu.devices()[0]
     truth = B.Truth(dev, 20_000)
     for _ in range(3):

@@ -1,6 +1,6 @@
 """What stalls the loop in the ticker test: the test's workload, with every thread's stack dumped at a late tick.
 
-    PYTHONPATH=$PWD python benchmarks/diag_ticker.py [asyncio|uvloop|trio] [repetitions] [dump file]
+    PYTHONPATH=$PWD python dev/diag_ticker.py [asyncio|uvloop|trio] [repetitions] [dump file]
 
 As `tests/test_load.py::test_launches_wait_for_room_and_the_loop_keeps_ticking`: 10,000 launches and 1,000 events
 on 8 streams held 300 ms, from a task that awaits room, while a 1 ms ticker runs. Before each tick's sleep,
@@ -12,9 +12,9 @@ generation. Needs a CUDA GPU.
 
 from __future__ import annotations
 
+import argparse
 import faulthandler
 import gc
-import sys
 import threading
 import time
 
@@ -99,10 +99,15 @@ async def once(rep: int, loop_name: str, out) -> None:
     out.flush()
 
 
-def main() -> None:
-    loop_name = sys.argv[1] if len(sys.argv) > 1 else "asyncio"
-    reps = int(sys.argv[2]) if len(sys.argv) > 2 else 5
-    path = sys.argv[3] if len(sys.argv) > 3 else f"ticker-dumps-{loop_name}.txt"
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("loop", nargs="?", choices=("asyncio", "uvloop", "trio"), default="asyncio")
+    p.add_argument("reps", nargs="?", type=int, default=5, help="repetitions (default 5)")
+    p.add_argument("dumps", nargs="?", help="the stack dumps' file (default ticker-dumps-LOOP.txt)")
+    p.add_argument("--out", help="the stack dumps' file (as DUMPS)")
+    args = p.parse_args(argv)
+    loop_name, reps = args.loop, args.reps
+    path = args.out or args.dumps or f"ticker-dumps-{loop_name}.txt"
     backend, options = {"asyncio": ("asyncio", {}), "uvloop": ("asyncio", {"use_uvloop": True}), "trio": ("trio", {})}[
         loop_name
     ]

@@ -1,0 +1,313 @@
+"""Clock calibration: ping-pongs between the host and the device through mapped pinned memory (events recorded
+behind a host word, or the ``%globaltimer`` kernel), and the overhead an event pair adds per kind of work."""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from asyncgpu._backends.cuda.driver import MASK32, PAGE
+from asyncgpu._backends.cuda.hotpath import CudaDeviceBase, MappedPage
+from asyncgpu._base.errors import ClockError, SourceError
+
+# Calibration page (mapped pinned host memory), uint32 word indices and the byte offset of the stamps.
+_W_FLAG_E, _W_ACK_E, _W_FLAG_K, _W_STARTED_K, _W_ACK_A = 0, 1, 2, 3, 5
+_STAMPS_OFFSET, _MAX_STAMPS = 64, 63
+_MEMSET_BYTES = 1 << 20  # the overhead calibration's memset, and the source of its copies
+_COPY_BYTES = 64 << 10  # its copies to the host (much smaller copies give an unsteady estimate)
+_START_TIMEOUT_NS = 20_000_000  # a calibration kernel that has not started by then: the device is busy
+
+
+class _Calibration:
+    """One device's calibration page, stream and 'kernel done' event."""
+
+    def __init__(self, dev: CudaDeviceBase) -> None:
+        self.page = dev.alloc_mapped(PAGE)
+        self.words = self.page.words
+        self.dptr = dev.device_pointer(self.page)
+        self.stream = dev.create_stream()
+        self.kernel_done = dev.create_event(False)
+        self.next_e = self.next_k = 1
+        self.copy_page: MappedPage | None = None  # the overhead calibration's copies land here (`bracket_overhead`)
+
+    def close(self, dev: CudaDeviceBase) -> None:
+        # Release anything still waiting on the page, let the stream drain, then free.
+        self.words[_W_FLAG_E] = (self.next_e - 1) & MASK32
+        self.words[_W_FLAG_K] = (self.next_k - 1) & MASK32
+        try:
+            dev.sync_stream(self.stream)
+        finally:
+            dev.close_stream(self.stream)
+            dev.destroy_event(self.kernel_done)
+            self.page.free()
+            if self.copy_page is not None:
+                self.copy_page.free()
+
+
+def host_pingpong(words: Any, flag: int, acks: Any, first: int, n: int, timeout_ns: int, name: str) -> np.ndarray:
+    """The host half of a ping-pong: for each ping k, read the clock (h0), write ``first + k`` to ``words[flag]``,
+    spin until the device acknowledges it, read the clock (h1). ``acks`` is an int: the word of ``words`` the
+    device writes each value into (the streams' pings); or an array of ``n`` 64-bit words that read 0 until the
+    device writes ping k's stamp into ``acks[k]`` (the kernel's). Returns int64 ``(n, 2)``; raises `ClockError`
+    on timeout (after releasing the device side)."""
+    clock = time.perf_counter_ns
+    out = np.empty((n, 2), np.int64)
+    deadline = clock() + timeout_ns
+    word = acks if isinstance(acks, int) else -1
+    for k in range(n):
+        v = (first + k) & MASK32
+        h0 = clock()
+        words[flag] = v
+        if word >= 0:
+            while (words[word] - v) & MASK32 >= 0x80000000:  # cyclic: the ack has not reached v yet
+                if clock() > deadline:
+                    break
+        else:
+            while not acks[k]:
+                if clock() > deadline:
+                    break
+        h1 = clock()
+        if h1 > deadline:
+            words[flag] = (first + n - 1) & MASK32
+            raise ClockError(
+                f"{name} did not answer a clock ping within {timeout_ns / 1e6:.1f} ms: its "
+                "calibration stream is queued behind other work (too many busy streams)"
+            )
+        out[k, 0], out[k, 1] = h0, h1
+    return out
+
+
+class ClockMixin(CudaDeviceBase):
+    """`CudaDevice`'s clock calibration."""
+
+    def _calibration(self) -> _Calibration:
+        if self._cal is None:
+            with self._kernel_lock:
+                if self._cal is None:
+                    self._cal = _Calibration(self)
+        return self._cal
+
+    def wait_value_record(
+        self, raw_stream: Any, flag_dptr: int, value: int, raw_event: Any, ack_dptr: int | None = None
+    ) -> None:
+        """Enqueue: wait (on the device) until the uint32 at ``flag_dptr`` reaches ``value`` (cyclic compare),
+        record ``raw_event``, then write ``value`` to ``ack_dptr``. No SM is involved."""
+        d = self._drv.d
+        err = d.cuStreamWaitValue32(
+            raw_stream[1], flag_dptr, value & MASK32, d.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ
+        )[0]
+        if err is not self._drv.SUCCESS:
+            raise ClockError(
+                f"{self.name} cannot wait on host memory (cuStreamWaitValue32: {err.name}): stream "
+                "memory operations are unsupported by this driver or device"
+            )
+        self.record(raw_event, raw_stream)
+        if ack_dptr is not None:
+            err = d.cuStreamWriteValue32(
+                raw_stream[1], ack_dptr, value & MASK32, d.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT
+            )[0]
+            if err is not self._drv.SUCCESS:
+                raise self._drv.error(err, "cuStreamWriteValue32")
+
+    def launch_pingpong(
+        self, raw_stream: Any, flag_dptr: int, started_dptr: int, stamps_dptr: int, first: int, n: int
+    ) -> None:
+        """Launch kernels/clock.cu's ``asyncgpu_clock_pingpong`` (one thread). Its ``n + 1`` stamps must read 0
+        before: a stamp is its ping's acknowledgement."""
+        from cuda.core import LaunchConfig
+
+        args = (
+            np.uint64(flag_dptr),
+            np.uint64(started_dptr),
+            np.uint64(stamps_dptr),
+            np.uint32(first & MASK32),
+            np.uint32(n),
+        )
+        self.launch(raw_stream, self._kernel("asyncgpu_clock_pingpong"), LaunchConfig(grid=1, block=1), args)
+
+    def calibrate_events(self, raw_events: list, timeout_ns: int) -> np.ndarray:
+        cal = self._calibration()
+        n = len(raw_events)
+        first = cal.next_e
+        cal.next_e = (first + n) & MASK32
+        try:
+            for k, raw in enumerate(raw_events):
+                self.wait_value_record(cal.stream, cal.dptr + 4 * _W_FLAG_E, first + k, raw, cal.dptr + 4 * _W_ACK_E)
+        except BaseException:
+            cal.words[_W_FLAG_E] = (first + n - 1) & MASK32  # release what was enqueued
+            raise
+        return host_pingpong(cal.words, _W_FLAG_E, _W_ACK_E, first, n, timeout_ns, self.name)
+
+    def calibrate_globaltimer(self, n: int, timeout_ns: int, raw_event: Any = None) -> tuple:
+        if not 1 <= n <= _MAX_STAMPS:
+            raise ValueError(f"between 1 and {_MAX_STAMPS} globaltimer samples, not {n}")
+        cal = self._calibration()
+        if not self.query(cal.kernel_done):
+            raise ClockError(
+                f"{self.name}'s previous calibration kernel has not run yet: the device is busy "
+                "(every SM taken by long kernels); calibrate again when it is idle"
+            )
+        first = cal.next_k
+        cal.next_k = (first + n) & MASK32
+        d, words = cal.dptr, cal.words
+        ctypes.memset(cal.page.ptr + _STAMPS_OFFSET, 0, 8 * (n + 1))  # (the kernel is done: nothing reads them)
+        self.launch_pingpong(cal.stream, d + 4 * _W_FLAG_K, d + 4 * _W_STARTED_K, d + _STAMPS_OFFSET, first, n)
+        if raw_event is not None:
+            self.record(raw_event, cal.stream)
+            err = self._drv.d.cuStreamWriteValue32(
+                cal.stream[1],
+                d + 4 * _W_ACK_A,
+                first,
+                self._drv.d.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT,
+            )[0]
+            if err is not self._drv.SUCCESS:
+                raise self._drv.error(err, "cuStreamWriteValue32")
+        self.record(cal.kernel_done, cal.stream)
+        deadline = time.perf_counter_ns() + _START_TIMEOUT_NS
+        while words[_W_STARTED_K] != first:
+            if time.perf_counter_ns() > deadline:
+                words[_W_FLAG_K] = (first + n - 1) & MASK32  # the kernel runs through at once when it starts
+                raise ClockError(
+                    f"{self.name}'s calibration kernel did not start within "
+                    f"{_START_TIMEOUT_NS // 1_000_000} ms: the device is busy"
+                )
+        acks = (ctypes.c_uint64 * (n + 1)).from_address(cal.page.ptr + _STAMPS_OFFSET)
+        hosts = host_pingpong(words, _W_FLAG_K, acks, first, n, timeout_ns, self.name)
+        after = None
+        if raw_event is not None:
+            deadline = time.perf_counter_ns() + timeout_ns
+            while words[_W_ACK_A] != first:
+                if time.perf_counter_ns() > deadline:
+                    raise ClockError(f"{self.name} did not reach the event after its calibration kernel")
+            after = time.perf_counter_ns()
+        # numpy reads the ctypes array through the buffer protocol (its stubs do not list ctypes arrays)
+        stamps = np.frombuffer(cal.page.view, dtype=np.uint64, count=n + 1, offset=_STAMPS_OFFSET).astype(np.int64)  # type: ignore[call-overload]
+        return np.column_stack([stamps[:n], hosts]), (int(stamps[n]), after)
+
+    def bracket_overhead(self, repeats: int = 21) -> tuple[dict[str, float], str]:
+        """What a pair of events adds to the time of what it brackets on the GPU, ns, per kind of work
+        (``"kernel"``, ``"memset"``, ``"memcpy"`` to the host, ``"memcpy_d2d"`` between device buffers): the
+        median over ``repeats`` of elapsed(start, end) minus the work's own time, for a 20 µs kernel, a 1 MB
+        memset, a 64 KB copy to the host and a 512 KB copy between device buffers, queued behind a 1 ms kernel (so
+        the GPU never waits for the host), each pair held and primed as an event-timing scope holds and primes
+        its launches (`hold`, `prime`). The kinds differ (a copy to the host's pair adds more than a kernel's),
+        and so do machines.
+
+        The work's own time is CUPTI's record of it where CUPTI can be used here (cupti-python installed, no
+        other profiler subscribed: the session is opened for this work and closed again): what the events source
+        is compared with. Otherwise only the kernel is measured, against its first-to-last ``%globaltimer`` span,
+        which leaves out its own launch and exit (~1 µs): durations then read that much short. Blocks about 4 ms
+        (the first CUPTI session of a process: longer)."""
+        from asyncgpu._backends import cupti
+
+        use_cupti = cupti.available()[0]
+        if use_cupti:
+            try:
+                cupti.acquire(cupti.CALIBRATION)
+            except SourceError:
+                use_cupti = False
+        try:
+            if not use_cupti:
+                elapsed, spans = self._bracket_pairs(repeats, ("kernel",))
+                return {"kernel": float(np.median(elapsed["kernel"] - spans))}, (
+                    "against the kernel's own %globaltimer span (no CUPTI)"
+                )
+            out: dict[str, float] = {}
+            # Two rounds: CUPTI calls every copy "memcpy", so the copies between device buffers (each behind its
+            # primer, another copy) are told apart by running them alone, second in each primer-copy pair.
+            first: tuple[np.ndarray, np.ndarray] | None = None  # the kernels' (elapsed, spans)
+            for kinds in (("kernel", "memset", "memcpy"), ("memcpy_d2d",)):
+                elapsed, spans = self._bracket_pairs(repeats, kinds)
+                if first is None:
+                    first = elapsed["kernel"], spans
+                records, _ = cupti.flush(cupti.CALIBRATION)
+                for kind, pairs in elapsed.items():
+                    want = "memcpy" if kind == "memcpy_d2d" else kind
+                    mine = sorted(
+                        (
+                            r
+                            for r in records
+                            if r[0] == want
+                            and r[4] == self.index
+                            and (kind != "kernel" or r[6] == "asyncgpu_clock_bracket")
+                        ),
+                        key=lambda r: r[1],
+                    )
+                    mine = mine[1::2] if kind == "memcpy_d2d" else mine[-repeats:]  # (a copy's primer comes first)
+                    if len(mine) == repeats:
+                        durations = np.array([r[2] - r[1] for r in mine], np.float64)
+                        out[kind] = float(np.median(pairs - durations))
+            if "kernel" not in out and first is not None:  # (CUPTI missed them: the span's estimate, and say so)
+                return {"kernel": float(np.median(first[0] - first[1]))}, (
+                    "against the kernel's own %globaltimer span (CUPTI did not record the calibration)"
+                )
+            return out, f"against CUPTI ({repeats} of each)"
+        finally:
+            if use_cupti:
+                cupti.release(cupti.CALIBRATION)
+
+    def _bracket_pairs(self, repeats: int, kinds: tuple[str, ...]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Run ``repeats`` held event pairs around each kind of work of `bracket_overhead` named in ``kinds``,
+        behind a 1 ms kernel on the calibration stream: ``({kind: elapsed ns}, the kernels' in-kernel spans ns)``.
+        Blocks until they ran (`ClockError` after 100 ms)."""
+        from cuda.core import LaunchConfig
+
+        cal = self._calibration()
+        s = cal.stream
+        one = LaunchConfig(grid=1, block=1)
+        kernel = self._kernel("asyncgpu_clock_bracket")
+        out = self.alloc(2 * repeats, np.uint64, s)  # device memory: stores to host memory would slow the exit
+        scratch = self.alloc(_MEMSET_BYTES, np.uint8, s)
+        half = _MEMSET_BYTES // 2
+        if cal.copy_page is None:
+            cal.copy_page = self.alloc_mapped(_COPY_BYTES)
+        host = np.frombuffer(cal.copy_page.view, np.uint8, _COPY_BYTES)  # type: ignore[call-overload]
+        ops: dict[str, Callable[[int], None]] = {
+            "kernel": lambda k: self.launch(s, kernel, one, (np.uint64(20_000), np.uint64(int(out.handle) + 16 * k))),
+            "memset": lambda k: self.memset(s, scratch, _MEMSET_BYTES, 0),
+            "memcpy": lambda k: self.copy_to_host(s, scratch, host, _COPY_BYTES),
+            "memcpy_d2d": lambda k: self._drv_check(
+                self._drv.d.cuMemcpyDtoDAsync(int(scratch.handle) + half, int(scratch.handle), half, s[1])[0],
+                "cuMemcpyDtoDAsync",
+            ),
+        }
+        self.spin(s, 1_000_000)
+        pairs = {kind: [(self.create_event(True), self.create_event(True)) for _ in range(repeats)] for kind in kinds}
+        try:
+            for kind in kinds:
+                for k, (a, b) in enumerate(pairs[kind]):
+                    if kind == "memcpy" and k == 0:  # as `hooks.launch_now` primes: at the switch, before the hold
+                        self.prime(s, "copy")
+                    held = self.hold(s)
+                    try:
+                        if kind == "memcpy_d2d":  # every time, behind the hold
+                            self.prime(s, "copy_d2d")
+                        self.record(a, s)
+                        ops[kind](k)
+                        self.record(b, s)
+                    finally:
+                        if held is not None:
+                            self.release(held)
+            deadline = time.perf_counter_ns() + 100_000_000
+            last = pairs[kinds[-1]][-1][1]
+            while not self.query(last):
+                if time.perf_counter_ns() > deadline:
+                    raise ClockError(f"{self.name} did not run the overhead calibration within 100 ms: it is busy")
+            stamps = self.to_numpy(out, 2 * repeats, np.uint64).astype(np.int64)
+            spans = (stamps[1::2] - stamps[0::2]).astype(np.float64)
+            elapsed = {kind: np.array([self.elapsed_ms(a, b) * 1e6 for a, b in ps]) for kind, ps in pairs.items()}
+            out.close()  # (not on failure: queued work may still use them)
+            scratch.close()
+        finally:
+            for ps in pairs.values():
+                for a, b in ps:
+                    self.destroy_event(a)
+                    self.destroy_event(b)
+        return elapsed, spans
+
+    def _drv_check(self, err: Any, call: str) -> None:
+        if err is not self._drv.SUCCESS:
+            raise self._drv.error(err, call)

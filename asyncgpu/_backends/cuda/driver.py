@@ -1,0 +1,90 @@
+"""The raw driver binding (cuda.bindings) and libcuda's entry points through ctypes, for the hot paths.
+
+``cuEventQuery`` never blocks, so its ctypes entry point keeps the GIL: releasing and re-taking the GIL per query
+convoys the waiter thread behind a busy event loop. ``cuEventRecord`` may block on a full push buffer, so it
+releases the GIL. ``ASYNCGPU_HOTPATH=bindings`` uses cuda.bindings for both instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Any, Callable
+
+from asyncgpu._base.errors import BackendError
+
+#: ``CUresult.CUDA_ERROR_NOT_READY`` as the plain int that libcuda's entry points return (ctypes): the event or
+#: stream has work still pending
+CUDA_ERROR_NOT_READY = 600
+MASK32 = 0xFFFFFFFF
+PAGE = 4096  #: the pinned pages of the holds and the clock calibration
+LIBCUDA = "libcuda.so.1" if os.name != "nt" else "nvcuda.dll"
+
+
+class _Driver:
+    """The raw driver binding and the result codes the hot paths compare against (by identity)."""
+
+    def __init__(self) -> None:
+        from cuda.bindings import driver
+
+        self.d = driver
+        self.SUCCESS = driver.CUresult.CUDA_SUCCESS
+        self.NOT_READY = driver.CUresult.CUDA_ERROR_NOT_READY
+        # ctypes entry points, set by `load_ctypes`
+        self.record_c: Callable[..., int] | None = None
+        self.query_c: Callable[..., int] | None = None
+        self.wait_value_c: Callable[..., int] | None = None
+        self.stream_query_c: Callable[..., int] | None = None
+
+    def load_ctypes(self) -> None:
+        """Resolve libcuda's cuEventRecord/cuEventQuery for the hot paths (after cuInit succeeded)."""
+        if os.environ.get("ASYNCGPU_HOTPATH", "ctypes") != "ctypes":
+            return
+        name = LIBCUDA
+        try:
+            record, query = ctypes.CDLL(name).cuEventRecord, ctypes.PyDLL(name).cuEventQuery
+        except (OSError, AttributeError):
+            return
+        record.restype = query.restype = ctypes.c_int  # arguments: ctypes.c_void_p made once per handle
+        self.record_c, self.query_c = record, query
+        lib = ctypes.CDLL(name)
+        stream_query = lib.cuStreamQuery
+        stream_query.restype = ctypes.c_int
+        self.stream_query_c = stream_query
+        wait = getattr(lib, "cuStreamWaitValue32_v2", None) or getattr(lib, "cuStreamWaitValue32", None)
+        if wait is not None:  # (stream, device address, value, flags)
+            wait.restype = ctypes.c_int
+            wait.argtypes = (ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint)
+            self.wait_value_c = wait
+
+    def error(self, err: Any, call: str) -> BackendError:
+        _, name = self.d.cuGetErrorName(err)
+        _, text = self.d.cuGetErrorString(err)
+        name = name.decode() if isinstance(name, bytes) else str(err)
+        text = text.decode() if isinstance(text, bytes) else ""
+        return BackendError(
+            f"{call} failed: {name} ({text}). If this is a sticky error (illegal address, launch failure), the "
+            "device's context is unusable: fix the kernel at fault and restart the process."
+        )
+
+
+def _ctypes_hot_paths(drv: _Driver) -> tuple:
+    """``record`` and ``query`` as plain closures over libcuda's entry points (integer handles)."""
+    record_c, query_c, result = drv.record_c, drv.query_c, drv.d.CUresult
+    not_ready = CUDA_ERROR_NOT_READY  # (a local: no global lookup per query)
+    assert record_c is not None and query_c is not None  # only called once `load_ctypes` set them
+
+    def record(raw_event: Any, raw_stream: Any) -> None:
+        err = record_c(raw_event[3], raw_stream[3])
+        if err:
+            raise drv.error(result(err), "cuEventRecord")
+
+    def query(raw_event: Any) -> bool:
+        err = query_c(raw_event[3])
+        if not err:
+            return True
+        if err == not_ready:
+            return False
+        raise drv.error(result(err), "cuEventQuery")
+
+    return record, query
