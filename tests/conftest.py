@@ -8,14 +8,12 @@ needs NVRTC too: the built-in kernels it launches are compiled at run time.
 from __future__ import annotations
 
 import importlib.util
-import threading
 
 import pytest
 
 import asyncgpu
 from asyncgpu._backends import cuda as _cuda
 from asyncgpu._backends import load_backend
-from asyncgpu._runtime import select as _select
 
 CUDA_OK, CUDA_WHY = load_backend("cuda").available()
 CUDA_COUNT = load_backend("cuda").device_count() if CUDA_OK else 0
@@ -49,21 +47,11 @@ BACKENDS = ["host", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 @pytest.fixture(autouse=True)
 def _close_workers():
-    """Every test starts with no open worker and must leave no thread of ours behind."""
+    """Every test starts with no open worker and must leave nothing of asyncgpu running behind it."""
     yield
-    from asyncgpu._backends import cupti
-    from asyncgpu._runtime import hooks
-    from asyncgpu._timing import functional as _timer
+    from asyncgpu._testing import assert_quiescent
 
-    functional = list(_timer._functional)  # timing_begin without timing_end: end them (the test failed there)
-    for t in functional:
-        _timer.timing_end(t)
-    leaks = {"held-launch users": hooks.HOLD_USERS, "timing_begin": len(functional)}
-    _select.close_all()
-    leaks["CUPTI users"] = cupti._users  # (after the workers are joined: a clock calibration holds CUPTI briefly)
-    leftovers = [t.name for t in threading.enumerate() if t.name.startswith("asyncgpu-") and t.is_alive()]
-    assert not leftovers, f"threads left running: {leftovers}"
-    assert not any(leaks.values()), f"scopes left open: {leaks}"
+    assert_quiescent()
 
 
 @pytest.fixture(params=BACKENDS)

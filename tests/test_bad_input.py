@@ -195,8 +195,8 @@ def test_channel_arguments():
             ch.get_sync(timeout_s=bad)
         with pytest.raises(error, match="timeout_s is in seconds"):
             ch.put_sync(1, stream=dev.stream, timeout_s=bad)
-    with pytest.warns(DeprecationWarning, match="timeout_s="), pytest.raises(ValueError, match="^timeout is in"):
-        ch.get(timeout=-1)  # the old spelling: named as the caller wrote it
+    with pytest.raises(TypeError, match="timeout"):
+        ch.get_sync(timeout=-1)  # (timeout_s's old name, removed in 0.3)
     assert ch.qsize() == 0 and dev.pool_stats().taken == 0  # no put happened
     h = ch.put_sync(1, stream=dev.stream)
     got = ch.get_sync()

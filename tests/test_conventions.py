@@ -47,16 +47,21 @@ async def test_blocking_forms_refuse_an_event_loop_thread(dev):
     await h.wait_done()
 
 
-def test_channel_plain_names_block_a_thread_with_a_deprecation_warning(dev):
+def test_channel_awaitables_in_a_plain_thread_name_the_blocking_forms(dev):
     ch = Channel(2)
-    with pytest.warns(DeprecationWarning, match=r"Channel.put_sync\(\)"):
-        h = ch.put(7, stream=dev.stream)
-    with pytest.warns(DeprecationWarning, match="timeout_s"), pytest.warns(DeprecationWarning, match="get_sync"):
-        got = ch.get(timeout=5)
+    with pytest.raises(RuntimeError, match=r"Channel.put_sync\(\)"):
+        ch.put(7, stream=dev.stream)
+    h = ch.put_sync(7, stream=dev.stream)
+    with pytest.raises(RuntimeError, match=r"Channel.get_sync\(\)"):
+        ch.get()
+    got = ch.get_sync(timeout_s=5)
     assert got.payload == 7
     got.done()
-    with pytest.warns(DeprecationWarning, match="wait_done_sync"):
+    with pytest.raises(RuntimeError, match=r"Handoff.wait_done_sync\(\)"):
         h.wait_done(timeout_s=5)
+    h.wait_done_sync(timeout_s=5)
+    with pytest.raises(TypeError, match="timeout"):
+        ch.get_sync(timeout=5)  # (the old name of timeout_s, removed in 0.3)
 
 
 def test_put_sync_and_get_sync_across_threads_with_timeouts_in_seconds(dev):
@@ -71,25 +76,22 @@ def test_put_sync_and_get_sync_across_threads_with_timeouts_in_seconds(dev):
     assert got == ["x"]
 
 
-def test_benchmark_max_duration_s_and_its_old_name(dev):
+def test_benchmark_max_duration_s_and_no_old_name(dev):
     r = asyncgpu.benchmark(lambda s: s.spin_us(50), n_repeat=10_000, n_warmup=0, max_duration_s=0, devices=dev)
     assert r.stop_reason == "max_duration"
-    with pytest.warns(DeprecationWarning, match="max_duration_s"):
-        r = asyncgpu.benchmark(lambda s: s.spin_us(50), n_repeat=10_000, n_warmup=0, max_duration=0, devices=dev)
-    assert r.stop_reason == "max_duration"
+    with pytest.raises(TypeError, match="max_duration"):
+        asyncgpu.benchmark(lambda s: s.spin_us(50), n_repeat=10, max_duration=0, devices=dev)  # (removed in 0.3)
     with pytest.raises(ValueError, match="max_duration_s is in seconds"):
         asyncgpu.benchmark(lambda s: None, max_duration_s=math.nan, devices=dev)
 
 
-def test_kernel_profiler_collect_and_its_old_names(dev):
+def test_kernel_profiler_collect_and_no_old_names(dev):
     prof = asyncgpu.kernel.KernelProfiler(dev)
     a = dev.alloc(1 << 16)
     dev.stream.memset(a, 0)
     prof.inc_loop(a, 2)
     assert len(prof.collect_sync()) > 0
-    prof.inc_loop(a, 2)
-    with pytest.warns(DeprecationWarning, match="collect_sync"):
-        assert len(prof.gather_sync()) > 0
+    assert not hasattr(prof, "gather_sync") and not hasattr(prof, "gather")  # (old names, removed in 0.3)
     prof.close()
 
 

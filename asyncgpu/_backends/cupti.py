@@ -49,6 +49,7 @@ __all__ = [
     "push",
     "release",
     "span",
+    "users",
 ]
 
 BUFFER_BYTES = 8 << 20
@@ -78,6 +79,11 @@ _ext_kinds: tuple = ()  # CUPTI's external correlation kind of each channel
 _channel_of: dict[int, int] = {}  # and back
 _api: Any = None  # the ``cupti`` module, once a session was opened
 _why_not: str | None = None  # why CUPTI cannot be used in this process, once known
+
+
+def users() -> int:
+    """How many users (of every channel) hold the process's CUPTI session now. Any thread."""
+    return _users
 
 
 def check_source(source: Any) -> None:

@@ -1,27 +1,14 @@
-"""The calling convention `Channel` and `Handoff` share: checked timeouts, a deadline for a task's wait, and the
-errors and warnings a call gets in the wrong kind of caller (a blocking call in a loop's thread, an awaitable
-called from a plain thread)."""
+"""The calling convention `Channel` and `Handoff` share: a deadline for a task's wait, and the errors a call gets
+in the wrong kind of caller (a blocking call in a loop's thread, an awaitable called from a plain thread)."""
 
 from __future__ import annotations
 
-import warnings
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
-from asyncgpu._base.checks import timeout_s as check_timeout_s
 from asyncgpu._runtime.stream import Stream
 
-__all__ = ["blocking_in_loop", "check_wait_stream", "checked_timeout_s", "deprecated_blocking", "time_limit"]
-
-
-def checked_timeout_s(timeout_s: float | None, timeout: float | None) -> float | None:
-    """The checked timeout in seconds; ``timeout`` is the deprecated name of ``timeout_s`` (it warns)."""
-    if timeout is None:
-        return check_timeout_s(timeout_s)
-    warnings.warn(
-        "timeout= is now timeout_s= (seconds; the old name goes in the next release)", DeprecationWarning, stacklevel=3
-    )
-    return check_timeout_s(timeout, "timeout") if timeout_s is None else check_timeout_s(timeout_s)
+__all__ = ["awaitable_in_thread", "blocking_in_loop", "check_wait_stream", "time_limit"]
 
 
 @contextmanager
@@ -49,15 +36,9 @@ def check_wait_stream(stream: Any) -> None:
         )
 
 
-def deprecated_blocking(call: str, instead: str) -> None:
-    """Warn that the awaitable ``call`` blocks when a plain thread calls it (the warning points at the caller of
-    the public method that calls this)."""
-    warnings.warn(
-        f"{call} from a plain thread blocks: call {instead} there (an event loop awaits {call}; the "
-        "blocking form of the old name goes in the next release)",
-        DeprecationWarning,
-        stacklevel=3,
-    )
+def awaitable_in_thread(call: str, instead: str) -> RuntimeError:
+    """The error an awaitable ``call`` raises when a plain thread calls it, naming the blocking form to use."""
+    return RuntimeError(f"{call} is awaited in an event loop's task: a plain thread calls {instead}")
 
 
 def blocking_in_loop(call: str, instead: str) -> RuntimeError:

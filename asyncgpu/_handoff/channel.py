@@ -24,7 +24,7 @@ Calling convention (asyncgpu's, as `Event.wait` / `Event.wait_sync`): ``await ch
 ``await h.wait_done()`` in a task of an asyncio (uvloop) or trio loop; ``ch.put_sync()``, ``ch.get_sync()``,
 ``h.wait_done_sync()`` block a plain thread (GIL released) and raise `RuntimeError` in a loop's thread. Producer
 and consumer may be any mix of threads and loops. Called from a plain thread, ``put()``, ``get()`` and
-``wait_done()`` still block it, with a DeprecationWarning naming the ``_sync`` form.
+``wait_done()`` raise `RuntimeError` naming the ``_sync`` form.
 
 Lifetime: the channel owns the producer's event from ``put`` until the consumer is done with the item
 (`Handoff.done`, or the end of its ``with`` block) and the handoff's timing is read; only then does the event go
@@ -57,7 +57,7 @@ import numpy as np
 from asyncgpu._base.checks import timeout_s as check_timeout_s
 from asyncgpu._base.checks import whole
 from asyncgpu._base.errors import ClosedError, DeviceMismatchError
-from asyncgpu._handoff.calls import blocking_in_loop, checked_timeout_s, deprecated_blocking, time_limit
+from asyncgpu._handoff.calls import awaitable_in_thread, blocking_in_loop, time_limit
 from asyncgpu._handoff.layer import HandoffLayer
 from asyncgpu._handoff.records import Handoff, HandoffRecord, ensure_clock
 from asyncgpu._runtime import hooks, loops
@@ -137,17 +137,14 @@ class Channel:
         stream: Stream | None = None,
         event: Event | None = None,
         timeout_s: float | None = None,
-        timeout: float | None = None,
     ) -> Awaitable[Handoff]:
         """``await channel.put(...)``: `put_sync` for a task (the loop keeps running while the channel is full;
         a checkpoint; cancellation leaves nothing behind). Nothing happens until it is awaited (the arguments are
-        checked at once). Called from a plain thread it still blocks, with a DeprecationWarning (use `put_sync`
-        there)."""
-        timeout_s = checked_timeout_s(timeout_s, timeout)
+        checked at once). A plain thread calls `put_sync` (here: `RuntimeError` naming it)."""
+        timeout_s = check_timeout_s(timeout_s)
         kind, loop = loops.current()
         if kind == _THREAD:
-            deprecated_blocking("Channel.put()", "Channel.put_sync()")
-            return self.put_sync(payload, stream=stream, event=event, timeout_s=timeout_s)  # type: ignore[return-value]
+            raise awaitable_in_thread("Channel.put()", "Channel.put_sync()")
         _check_put(stream, event)
         return self._put_async(payload, stream, event, kind, loop, timeout_s)
 
@@ -268,17 +265,13 @@ class Channel:
             raise
         return h
 
-    def get(
-        self, *, stream: Stream | None = None, timeout_s: float | None = None, timeout: float | None = None
-    ) -> Awaitable[Handoff]:
+    def get(self, *, stream: Stream | None = None, timeout_s: float | None = None) -> Awaitable[Handoff]:
         """``await channel.get(...)``: `get_sync` for a task (the loop keeps running; a checkpoint; a cancelled
-        take puts the item back at the head). Called from a plain thread it still blocks, with a
-        DeprecationWarning (use `get_sync` there)."""
-        timeout_s = checked_timeout_s(timeout_s, timeout)
+        take puts the item back at the head). A plain thread calls `get_sync` (here: `RuntimeError` naming it)."""
+        timeout_s = check_timeout_s(timeout_s)
         kind, loop = loops.current()
         if kind == _THREAD:
-            deprecated_blocking("Channel.get()", "Channel.get_sync()")
-            return self.get_sync(stream=stream, timeout_s=timeout_s)  # type: ignore[return-value]
+            raise awaitable_in_thread("Channel.get()", "Channel.get_sync()")
         if stream is not None:
             self._check_stream(stream)
         return self._get_async(kind, loop, stream, timeout_s, _now())

@@ -18,10 +18,9 @@ from typing import TYPE_CHECKING, Any, Awaitable
 from asyncgpu._base.checks import timeout_s as check_timeout_s
 from asyncgpu._base.errors import AsyncGPUError, ReleasedError
 from asyncgpu._handoff.calls import (
+    awaitable_in_thread,
     blocking_in_loop,
     check_wait_stream,
-    checked_timeout_s,
-    deprecated_blocking,
     time_limit,
 )
 from asyncgpu._runtime import loops
@@ -225,19 +224,15 @@ class Handoff:
             raise TimeoutError(self._not_done_message(timeout_s))
         self._after_done(stream, deadline, timeout_s)
 
-    def wait_done(
-        self, stream: Stream | None = None, *, timeout_s: float | None = None, timeout: float | None = None
-    ) -> Awaitable[None]:
+    def wait_done(self, stream: Stream | None = None, *, timeout_s: float | None = None) -> Awaitable[None]:
         """``await handoff.wait_done(...)``: `wait_done_sync` for a task (the loop keeps running; a checkpoint;
-        cancellation withdraws the wait). Called from a plain thread it still blocks, with a DeprecationWarning
-        (use `wait_done_sync` there)."""
-        timeout_s = checked_timeout_s(timeout_s, timeout)
+        cancellation withdraws the wait). A plain thread calls `wait_done_sync` (here: `RuntimeError` naming
+        it)."""
+        timeout_s = check_timeout_s(timeout_s)
         check_wait_stream(stream)
         kind, loop = loops.current()
         if kind == _THREAD:
-            deprecated_blocking("Handoff.wait_done()", "Handoff.wait_done_sync()")
-            self.wait_done_sync(stream, timeout_s=timeout_s)
-            return None  # type: ignore[return-value]
+            raise awaitable_in_thread("Handoff.wait_done()", "Handoff.wait_done_sync()")
         return self._wait_done_async(kind, loop, stream, timeout_s)
 
     async def _wait_done_async(self, kind: int, loop: Any, stream: Stream | None, timeout_s: float | None) -> None:

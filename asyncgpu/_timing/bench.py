@@ -55,7 +55,6 @@ import contextvars
 import math
 import threading
 import time
-import warnings
 from numbers import Integral, Real
 from typing import Any, Callable, Iterable, Mapping
 
@@ -353,14 +352,13 @@ def benchmark(
     progress: bool | None = None,
     source: str = "events",
     subtract_overhead: bool = True,
-    max_duration: float | None = None,
 ) -> BenchmarkResult:
     """Time ``fn(stream, *args, **kwargs)`` on every device of ``devices`` at once; see the module docstring
     for the contract, the threads and how repeats are timed.
 
     ``devices``: like `gpu_timer`'s (default: every device of the default backend), or asyncgpu `Stream` s to
     run on (one per device). ``n_repeat`` timed repeats (>= 1) after ``n_warmup`` untimed calls per device;
-    ``max_duration_s`` in seconds of timed repeats (``max_duration``: its deprecated name); ``max_noise``:
+    ``max_duration_s`` in seconds of timed repeats; ``max_noise``:
     stop once every device's relative std is at most this (0.005 = 0.5%). ``progress``: a rich progress bar on
     stderr: ``None`` shows it on runs longer than `PROGRESS_AFTER_S` when stderr is a terminal, ``True`` always,
     ``False`` never.
@@ -380,13 +378,6 @@ def benchmark(
     ``anyio.to_thread.run_sync`` there); not a checkpoint.
     """
     loops.warn_blocking("benchmark()", "`await anyio.to_thread.run_sync(lambda: asyncgpu.benchmark(...))`")
-    if max_duration is not None:
-        warnings.warn(
-            "benchmark(max_duration=) is now max_duration_s= (the old name goes in the next release)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        max_duration_s = max_duration
     args, kwargs = _check(fn, args, kwargs, n_repeat, n_warmup, max_duration_s, max_noise, source)
     if name is not None and not isinstance(name, str):
         raise TypeError(f"name is the benchmark's name in its report: a str (or None: fn's name), not {name!r}")

@@ -22,7 +22,6 @@ copy still lands; collect again or arm again). ``collect_sync()`` blocks the cal
 from __future__ import annotations
 
 import math
-import warnings
 from typing import TYPE_CHECKING, Any, Mapping, Sequence, final
 
 import numpy as np
@@ -294,16 +293,6 @@ class KernelProfiler:
         """`asyncgpu.kernel.include_dir`."""
         return include_dir()
 
-    async def gather(self, *, strict: bool = True) -> KernelRecords:
-        """Deprecated name of `collect` (``asyncgpu.ranks.gather`` gathers across ranks)."""
-        _deprecated("gather", "collect")
-        return await self.collect(strict=strict)
-
-    def gather_sync(self, *, strict: bool = True) -> KernelRecords:
-        """Deprecated name of `collect_sync`."""
-        _deprecated("gather_sync", "collect_sync")
-        return self.collect_sync(strict=strict)
-
     def __repr__(self) -> str:
         return (
             f"<asyncgpu.KernelProfiler {self.device.name} {self._state} groups={self.groups} capacity={self.capacity}>"
@@ -314,14 +303,6 @@ def include_dir() -> str:
     """The directory holding ``asyncgpu_profile.cuh`` (and its format header): add it to the include path when
     compiling your own kernel (NVRTC ``include_path``, nvcc ``-I``)."""
     return str(kernels_dir())
-
-
-def _deprecated(old: str, new: str) -> None:
-    warnings.warn(
-        f"KernelProfiler.{old}() is now KernelProfiler.{new}() (the old name goes in the next release)",
-        DeprecationWarning,
-        stacklevel=3,
-    )
 
 
 def _blocks(grid: int | Sequence[int]) -> int:

@@ -1,0 +1,38 @@
+"""What a test suite checks after each test of asyncgpu: nothing of it is left running. For asyncgpu's own tests and
+for users' suites (``asyncgpu._testing.assert_quiescent()`` in an autouse fixture); not part of the public API.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from asyncgpu._backends import cupti
+from asyncgpu._runtime import hooks, select
+from asyncgpu._timing import functional
+
+__all__ = ["assert_quiescent", "leftovers"]
+
+
+def leftovers() -> dict[str, object]:
+    """End what a failed test left open and close every worker (`asyncgpu.close_all`), then say what was left:
+    ``{"threads": [names of asyncgpu's threads still alive], "held-launch users": n, "timing_begin": n
+    (functional scopes that were never ended: ended now), "CUPTI users": n}``. Blocks while the workers join."""
+    begun = list(functional._functional)
+    for t in begun:
+        functional.timing_end(t)
+    held = hooks.HOLD_USERS
+    select.close_all()
+    return {
+        "threads": [t.name for t in threading.enumerate() if t.name.startswith("asyncgpu-") and t.is_alive()],
+        "held-launch users": held,
+        "timing_begin": len(begun),
+        "CUPTI users": cupti.users(),  # (after the workers are joined: a clock calibration holds CUPTI briefly)
+    }
+
+
+def assert_quiescent() -> None:
+    """`leftovers`, and `AssertionError` naming whatever was left (threads, scopes, CUPTI users)."""
+    left = leftovers()
+    assert not left["threads"], f"threads left running: {left['threads']}"
+    scopes = {k: v for k, v in left.items() if k != "threads" and v}
+    assert not scopes, f"scopes left open: {scopes}"
