@@ -20,8 +20,8 @@ from asyncgpu import errors as errors  # (public submodules, importable as attri
 from asyncgpu import kernel as kernel
 from asyncgpu import ranks as ranks
 from asyncgpu import types as types
+from asyncgpu._analysis.balance import balance as balance
 from asyncgpu._analysis.summary import activity_summary as activity_summary
-from asyncgpu._analysis.summary import balance as balance
 from asyncgpu._analysis.summary import device_summary as device_summary
 from asyncgpu._base.errors import AsyncGPUError as AsyncGPUError
 from asyncgpu._base.errors import BackendError as BackendError

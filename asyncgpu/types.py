@@ -3,10 +3,10 @@ types of the specialist parts live in their submodules (`asyncgpu.kernel`, `asyn
 
 from __future__ import annotations
 
+from asyncgpu._analysis.balance import BalanceReport as BalanceReport
+from asyncgpu._analysis.balance import DeviceBalance as DeviceBalance
 from asyncgpu._analysis.summary import ActivityStats as ActivityStats
 from asyncgpu._analysis.summary import ActivitySummary as ActivitySummary
-from asyncgpu._analysis.summary import BalanceReport as BalanceReport
-from asyncgpu._analysis.summary import DeviceBalance as DeviceBalance
 from asyncgpu._analysis.summary import DeviceStats as DeviceStats
 from asyncgpu._analysis.summary import DeviceSummary as DeviceSummary
 from asyncgpu._base.publish import publish

@@ -88,7 +88,7 @@ def _user_kernels(d: asyncgpu.Device, tag: str, n: int) -> list:
 """
         for i in range(n)
     )
-    code = Program(src, "c++", ProgramOptions(arch=f"sm_{d.bd.arch}")).compile("cubin")
+    code = Program(src, "c++", ProgramOptions(arch=f"sm_{d._internal.bd.arch}")).compile("cubin")
     return [(f"user_{tag}{i}", code.get_kernel(f"user_{tag}{i}")) for i in range(n)]
 
 

@@ -41,7 +41,7 @@ def device_cost(regions: int, repeats: int) -> list[dict]:
     from cuda.core import LaunchConfig
 
     dev = asyncgpu.device(0)
-    bd = dev.bd
+    bd = dev._internal.bd
     on, off = bd._kernel("asyncgpu_kp_bench"), bd._kernel("asyncgpu_kp_bench_off")
     from cuda.core import Device as CudaCoreDevice
 

@@ -371,7 +371,7 @@ async def case_gpu(lp, route, setups, n, rate, n_streams):
         query, ok = drv.cuEventQuery, drv.CUresult.CUDA_SUCCESS
 
         async def waiter(k, ev):
-            raw = ev.raw[1]
+            raw = ev._raw[1]
             while query(raw)[0] != ok:
                 await lp.sleep0()
             woke[k] = _now()
@@ -380,7 +380,7 @@ async def case_gpu(lp, route, setups, n, rate, n_streams):
         sync = drv.cuEventSynchronize
 
         async def waiter(k, ev):
-            await lp.to_thread(sync, ev.raw[1])
+            await lp.to_thread(sync, ev._raw[1])
             woke[k] = _now()
 
     else:
@@ -505,8 +505,8 @@ def queue_depth(dev, truth) -> dict:
         counts = [0] * len(plan_)
         stuck, done = threading.Event(), threading.Event()
         state = {"t": _now()}
-        ev = dev.plain_pool.take()
-        tev = dev.timing_pool.take()
+        ev = dev._internal.plain_pool.take()
+        tev = dev._internal.timing_pool.take()
         tokens = []
 
         def worker():
@@ -523,7 +523,7 @@ def queue_depth(dev, truth) -> dict:
                         elif kind == "hold":
                             tokens.append(s.bd.hold(s.raw))
                         else:
-                            dev.bd.memset(s.raw, buf.live(), 4, 0)
+                            dev._internal.bd.memset(s.raw, buf.live(), 4, 0)
                         counts[si] += 1
                         if stuck.is_set():
                             return
@@ -542,13 +542,13 @@ def queue_depth(dev, truth) -> dict:
         stuck.set()
         release()
         if tokens and tokens[-1] is not None:  # the blocked hold returns once the device has room
-            dev.bd.release(tokens[-1])
+            dev._internal.bd.release(tokens[-1])
         th.join(10)
         if tokens and tokens[-1] is not None:
-            dev.bd.release(tokens[-1])
+            dev._internal.bd.release(tokens[-1])
         dev.synchronize()
-        dev.plain_pool.give(ev)
-        dev.timing_pool.give(tev)
+        dev._internal.plain_pool.give(ev)
+        dev._internal.timing_pool.give(tev)
         return counts, blocked
 
     out = {}
@@ -611,12 +611,12 @@ def host_cost(dev, n: int = 300, rounds: int = 15) -> dict:
             dev.record(s).release()
 
     def hold_stream():
-        token = dev.bd.hold(s.raw)
+        token = dev._internal.bd.hold(s.raw)
         return token
 
     def release_stream(token):
         if token is not None:
-            dev.bd.release(token)
+            dev._internal.bd.release(token)
 
     def launches(k):
         for _ in range(k):
@@ -634,8 +634,8 @@ def host_cost(dev, n: int = 300, rounds: int = 15) -> dict:
         ctypes.c_int,
     )
     pair = [int(_check(drv.cuEventCreate(0))) for _ in range(2)]
-    flag = dev.bd.alloc_mapped(4096)
-    flag_dptr = dev.bd.device_pointer(flag)
+    flag = dev._internal.bd.alloc_mapped(4096)
+    flag_dptr = dev._internal.bd.device_pointer(flag)
     out_ms = ctypes.c_float()
 
     def raw_ctypes_gil(k):
@@ -649,7 +649,7 @@ def host_cost(dev, n: int = 300, rounds: int = 15) -> dict:
     def raw_elapsed(k):
         rec(pair[0], shi)
         rec(pair[1], shi)
-        dev.bd.sync_stream(s.raw)
+        dev._internal.bd.sync_stream(s.raw)
         for _ in range(k):
             elapsed(ctypes.byref(out_ms), pair[0], pair[1])
 
@@ -661,7 +661,7 @@ def host_cost(dev, n: int = 300, rounds: int = 15) -> dict:
         for _ in range(k):
             rec(pair[0], shi)
             rec(pair[1], shi)
-        dev.bd.sync_stream(s.raw)
+        dev._internal.bd.sync_stream(s.raw)
         for _ in range(k):
             query(pair[1])
             elapsed(ctypes.byref(out_ms), pair[0], pair[1])

@@ -17,9 +17,9 @@ streams per device). Reported, median of ``--repeat`` runs, seconds for:
   shared new line (no build, no formatting): the least ``rich.print`` of that many lines can cost, whatever the
   renderable.
 
-Each timing but the last includes the build. Target (issue 14): a full report of 1 M activities in <= 2 s.
-Before this change the activities went through rich's table layout: about 0.5 ms a row (47 s for 100,000 on a
-2-CPU machine); the ``--rich-table N`` option times that for the first N rows, for comparison.
+Each timing but the last includes the build. The target: a full report of 1 M activities in <= 2 s. The
+``--rich-table N`` option times rich's own table layout (what a `FitTable` of few rows uses) for the first N rows,
+for comparison.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_scale import make_timeline
 
 from asyncgpu._analysis import report as _report
+from asyncgpu._analysis import table as _table
 from asyncgpu._analysis.report import render, timeline_report
 
 
@@ -104,13 +105,13 @@ def main(argv: list[str] | None = None) -> None:
     lines.append(f"rich's pass alone {floor:6.3f} s   (the same lines prebuilt, a segment each: the least possible)")
     if args.rich_table:
         n = min(args.rich_table, len(tl))
-        saved = _report.PLAIN_ROWS
-        _report.PLAIN_ROWS = n  # rich's own table layout for n rows, as every table was drawn before
+        saved = _table.PLAIN_ROWS
+        _table.PLAIN_ROWS = n  # rich's own table layout for n rows (no plain lines), to compare with
         try:
             small = tl.select(tl.time_order()[:n])
             laid_out = timed(lambda: render(_report.timeline_table(small, limit=None)), 1)
         finally:
-            _report.PLAIN_ROWS = saved
+            _table.PLAIN_ROWS = saved
         lines.append(
             f"rich Table, {n:,} rows: {laid_out:.3f} s ({laid_out / n * 1e3:.3f} ms per row; "
             f"{laid_out / n * len(tl):,.0f} s for all {len(tl):,} by extrapolation)"

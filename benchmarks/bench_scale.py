@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from asyncgpu._analysis.summary import activity_summary, balance, device_summary
+from asyncgpu._analysis.balance import balance
+from asyncgpu._analysis.summary import activity_summary, device_summary
 from asyncgpu._base.records import KIND_CODES, Timeline
 
 NAMES = [

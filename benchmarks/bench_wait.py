@@ -243,7 +243,7 @@ def lead_sweep(dev, iters, warmup, loops) -> list[dict]:
                         "loop": loop_name,
                         **_stats(excess),
                         "cpu_us_per_wait": cpu_ns / 1e3,
-                        "learned_delivery_us": dev.engine.delivery_ns() / 1e3,
+                        "learned_delivery_us": dev._internal.engine.delivery_ns() / 1e3,
                     }
                 )
     finally:

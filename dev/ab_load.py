@@ -77,7 +77,7 @@ def _variants(spec: str) -> tuple[tuple[str, str], object]:
         def on_events(truth, evs, burst, sidx):
             m = state["map"] = {}
             for i, (j, ev) in enumerate(evs):
-                m[id(ev.raw)] = (truth.stamps, sidx[i] if burst else j)
+                m[id(ev._raw)] = (truth.stamps, sidx[i] if burst else j)
 
         B.ON_EVENTS = on_events
 
@@ -144,7 +144,7 @@ def _run(args: argparse.Namespace) -> None:
             oracle = extra
     dev = asyncgpu.devices()[0]
     queries = [0]
-    query = dev.bd.query
+    query = dev._internal.bd.query
 
     def counted(raw):
         queries[0] += 1
@@ -160,7 +160,7 @@ def _run(args: argparse.Namespace) -> None:
                     return hit[0][hit[1]] != 0
             return query(raw)
 
-    dev.bd.query = counted
+    dev._internal.bd.query = counted
     truth = B.Truth(dev, 20_000)
     for _ in range(3):
         truth.offset(3)
@@ -178,9 +178,9 @@ def _run(args: argparse.Namespace) -> None:
                     use(a)
                     queries[0] = 0
                     if forget is not None and forget["on"]:
-                        with dev.engine._lock:
-                            dev.engine._queues.clear()
-                            dev.engine._delivery_ns = dict(E.INITIAL_DELIVERY_NS)
+                        with dev._internal.engine._lock:
+                            dev._internal.engine._queues.clear()
+                            dev._internal.engine._delivery_ns = dict(E.INITIAL_DELIVERY_NS)
                     r = B.run_case(lp, "asyncgpu", setups, n, rate, 8)
                     row = (r["p50_us"], r["p99_us"], r["cpu_us_per_wait"], queries[0] / n)
                     res[(lp, case, name_a if a else name_b)].append(row)

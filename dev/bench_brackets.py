@@ -63,7 +63,7 @@ async def run(seqs: str, unprimed: bool) -> None:
     s.copy_to_host(big, big_host)
     s.spin_us(1)
     await d.record().wait()
-    bd = d.bd
+    bd = d._internal.bd
     prime = getattr(bd, "prime", None)
     ops = {
         "M": lambda: s.memset(big, 0),
@@ -81,7 +81,9 @@ async def run(seqs: str, unprimed: bool) -> None:
         hooks.ENGINE_OF = {}  # no launch kind has a known engine: nothing is primed
     for seq in seqs.split(","):
         await variant(d, seq, lambda seq=seq: [ops[c]() for c in seq])
-    print("learned pair excess ns:", d.pair_excess_ns(), "bracket overhead:", d.bd.bracket_overhead())
+    print(
+        "learned pair excess ns:", d._internal.pair_excess_ns(), "bracket overhead:", d._internal.bd.bracket_overhead()
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -22,7 +22,7 @@ from benchmarks._common import tee_stdout_to
 
 
 async def burst(dev: asyncgpu.Device, chunk: int) -> tuple[float, float, int]:
-    holds = [dev.bd.hold(s.raw) for s in dev.streams]
+    holds = [dev._internal.bd.hold(s.raw) for s in dev.streams]
     events, late, stop = [], [], [False]
 
     async def ticker() -> None:
@@ -48,7 +48,7 @@ async def burst(dev: asyncgpu.Device, chunk: int) -> tuple[float, float, int]:
                 await anyio.sleep(0)
         per_us.append((time.perf_counter_ns() - t0) / 1e3 / len(events))
         for h in holds:
-            dev.bd.release(h)
+            dev._internal.bd.release(h)
         for ev in events:
             await ev.wait()
             ev.release()

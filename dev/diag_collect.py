@@ -61,7 +61,7 @@ def query_cost(dev, truth) -> None:
     s = dev.create_stream()
     release = truth.hold([s], 20)
     evs = [s.record(timing=False) for _ in range(200)]
-    q = dev.bd.query
+    q = dev._internal.bd.query
     for label in ("not ready", "done"):
         if label == "done":
             release()
@@ -69,7 +69,7 @@ def query_cost(dev, truth) -> None:
         t = _now()
         for _ in range(20):
             for e in evs[:50]:
-                q(e.raw)
+                q(e._raw)
         print(f"cuEventQuery through the backend, {label}: {(_now() - t) / 1000:.0f} ns", flush=True)
     for e in evs:
         e.release()
@@ -92,7 +92,7 @@ def _run(loops: list[str], cases: list[str]) -> None:
         truth.offset(3)
     query_cost(dev, truth)
     E.Engine.collect = collect
-    dev.bd.query = counting(dev.bd.query)
+    dev._internal.bd.query = counting(dev._internal.bd.query)
     setups = [(dev, truth, [dev.create_stream() for _ in range(8)])]
     for lp in loops:
         for case in cases:

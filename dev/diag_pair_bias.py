@@ -45,7 +45,7 @@ def main() -> None:
     for name, fn in cases.items():
         diffs, refs = [], []
         for _ in range(a.repeats):
-            dev.forget_pair_excess()  # (what a CUPTI scope teaches: forgotten, so the calibration's applies)
+            dev._internal.forget_pair_excess()  # (what a CUPTI scope teaches: forgotten, so the calibration's applies)
             dev.synchronize()
             with asyncgpu.gpu_timer(dev, source="cupti") as outer:
                 with asyncgpu.gpu_timer(dev, source="events") as inner:

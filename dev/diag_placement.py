@@ -58,7 +58,7 @@ class Lean:
 
         from asyncgpu._backends.cuda import compile_source
 
-        self.bd = bd = dev.bd
+        self.bd = bd = dev._internal.bd
         code = compile_source(LEAN, bd.arch)
         bd.make_current()
         self.k_pp, self.k_poll = code.get_kernel("lean_pingpong"), code.get_kernel("poll_cost")
@@ -127,7 +127,7 @@ def lib_pings(dev: asyncgpu.Device, n: int) -> np.ndarray:
     rows = []
     while n > 0:
         m = min(n, 63)
-        pings, _ = dev.bd.calibrate_globaltimer(m, 5_000_000)
+        pings, _ = dev._internal.bd.calibrate_globaltimer(m, 5_000_000)
         rows.append(pings)
         n -= m
     return np.concatenate(rows)
@@ -185,7 +185,7 @@ def part_c(devs: list, repeats: int) -> dict:
             for state in ("idle", "busy"):
                 xs = []
                 for _ in range(repeats):
-                    d.forget_pair_excess()  # (the calibration's overheads, not what the CUPTI scopes teach)
+                    d._internal.forget_pair_excess()  # (the calibration's overheads, not what the CUPTI scopes teach)
                     d.synchronize()
                     with asyncgpu.gpu_timer(d, source="cupti") as outer:
                         with asyncgpu.gpu_timer(d, source="events", subtract_overhead=False) as inner:
@@ -227,7 +227,7 @@ def part_d(devs: list, repeats: int, n: int) -> dict:
     out = {}
     print("\n== D: placement against the lean reference (µs); reference ± and library calibration's ±")
     for d in devs:
-        lean, bd = d._lean, d.bd
+        lean, bd = d._lean, d._internal.bd
         kernel = bd._kernel("asyncgpu_clock_bracket")
         from cuda.core import LaunchConfig
 

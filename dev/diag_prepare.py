@@ -48,7 +48,7 @@ def main() -> None:
     p.add_argument("--out", help="also write what is printed to this file")
     args = p.parse_args()
     tee_stdout_to(args.out)
-    device_class = type(asyncgpu.device("cuda:0").bd)
+    device_class = type(asyncgpu.device("cuda:0")._internal.bd)
     for name in ("prepare", "prepare_kernel", "_make_primer", "_calibration", "_kernel"):
         if hasattr(device_class, name):
             logged(device_class, name)

@@ -34,7 +34,7 @@ LOOKS: list = []  # (start ns, took ns, waits popped, who)
 
 
 def _instrument(dev) -> None:
-    query = dev.bd.query
+    query = dev._internal.bd.query
 
     def timed(raw):
         t0 = _now()
@@ -43,7 +43,7 @@ def _instrument(dev) -> None:
         COUNTS["queries: " + getattr(_WHO, "who", "other")] += 1
         return done
 
-    dev.bd.query = timed
+    dev._internal.bd.query = timed
     collect = E.Engine.collect
 
     def counted(self, skip_covered=False, due_only=False, limit=0):

@@ -32,7 +32,7 @@ async def once(rep: int, loop_name: str, out) -> None:
     for s in dev.streams:
         s.spin_us(0)
     await anyio.to_thread.run_sync(dev.synchronize)
-    tokens = [dev.bd.hold(s.raw) for s in dev.streams]
+    tokens = [dev._internal.bd.hold(s.raw) for s in dev.streams]
     late: list[tuple[int, int]] = []
     stop = threading.Event()
     events = []
@@ -71,7 +71,7 @@ async def once(rep: int, loop_name: str, out) -> None:
     def release() -> None:
         marks["released"] = _now()
         for t in tokens:
-            dev.bd.release(t)
+            dev._internal.bd.release(t)
 
     out.write(f"\n===== {loop_name} rep {rep}\n")
     out.flush()

@@ -132,7 +132,7 @@ async def test_a_cancelled_aclose_leaves_the_worker_open_and_nothing_behind(back
     deadline = time.monotonic() + 3  # the fences it took went back (once the device passed them)
     while dev.pool_stats(False).in_use and time.monotonic() < deadline:
         await anyio.sleep(0.005)
-    assert dev.pool_stats(False).in_use == 0 and dev.engine.pending == 0
+    assert dev.pool_stats(False).in_use == 0 and dev._internal.engine.pending == 0
     await dev.aclose()
     assert dev.closed
 

@@ -54,7 +54,7 @@ async def test_calibration_failure_falls_back_to_relative_time_and_says_so(two_d
     def refuse(raws, timeout_ns):
         raise ClockError("injected: the device did not answer")
 
-    monkeypatch.setattr(bad.bd, "calibrate_events", refuse)
+    monkeypatch.setattr(bad._internal.bd, "calibrate_events", refuse)
     async with gpu_timer(two_devs) as t:
         for d in two_devs:
             d.stream.spin_us(1_000)
@@ -89,11 +89,11 @@ def test_cuda_calibration_bounds():
         ev = dev.record(dev.streams[1])
         ev.wait_sync()
         h1 = time.perf_counter_ns()
-        placed = cal.host_ns + dev.bd.elapsed_ms(cal.anchor, ev.raw) * 1e6 * cal.rate
+        placed = cal.host_ns + dev._internal.bd.elapsed_ms(cal.anchor, ev._raw) * 1e6 * cal.rate
         ev.release()
         assert h0 - cal.bound_ns - 1_000 <= placed <= h1 + cal.bound_ns, (h0, placed, h1)
     # a globaltimer stamp taken in a kernel converts to a host time inside its bracket
-    stamps, _ = dev.bd.calibrate_globaltimer(8, 5_000_000)
+    stamps, _ = dev._internal.bd.calibrate_globaltimer(8, 5_000_000)
     host = cal.globaltimer_to_host_ns(stamps[:, 0])
     slack = cal.globaltimer_bound_ns + 1_000
     assert np.all(host >= stamps[:, 1] - slack) and np.all(host <= stamps[:, 2] + slack)
@@ -122,7 +122,7 @@ def test_the_calibration_says_how_the_pair_overhead_was_measured():
     cal = dev.clock()
     assert cal.to_dict()["bracket_overhead_source"] == cal.bracket_overhead_source != ""
     usable = cupti.available()[0]
-    by_kind, source = dev.bd.bracket_overhead()
+    by_kind, source = dev._internal.bd.bracket_overhead()
     assert all(500 < ns < 20_000 for ns in by_kind.values()), by_kind
     if usable:  # each kind measured against CUPTI's record of it
         assert source.startswith("against CUPTI") and set(by_kind) == {"kernel", "memset", "memcpy", "memcpy_d2d"}, (

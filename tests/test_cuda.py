@@ -85,7 +85,7 @@ async def test_wait_is_cancellable_on_gpu():
     ev = dev.record()
     with anyio.move_on_after(0.02):
         await ev.wait()
-    assert not ev.query() and dev.engine.pending == 0
+    assert not ev.query() and dev._internal.engine.pending == 0
     ev.release()
     await anyio.to_thread.run_sync(dev.synchronize)
 
@@ -96,7 +96,8 @@ def test_sticky_error_reaches_every_waiter():
         from cuda.core import Program, ProgramOptions, LaunchConfig
         dev = asyncgpu.device(0)
         src = 'extern "C" __global__ void bad(int* p) { p[threadIdx.x] = 1; }'
-        kernel = Program(src, "c++", ProgramOptions(arch="sm_" + dev.bd.arch)).compile("cubin").get_kernel("bad")
+        arch = "sm_" + dev._internal.bd.arch
+        kernel = Program(src, "c++", ProgramOptions(arch=arch)).compile("cubin").get_kernel("bad")
         async def main():
             dev.stream.spin_us(20_000)
             dev.stream.launch(kernel, LaunchConfig(grid=1, block=32), 16, name="bad")
@@ -166,7 +167,7 @@ def test_a_user_kernels_first_launch_is_not_slowed_by_loading_it():
     from cuda.core import LaunchConfig, Program, ProgramOptions
 
     dev = asyncgpu.device(0)
-    opts = ProgramOptions(arch="sm_" + dev.bd.arch)
+    opts = ProgramOptions(arch="sm_" + dev._internal.bd.arch)
     excess = []
     for i in range(6):
         name = f"fresh_{os.getpid()}_{i}"

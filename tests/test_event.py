@@ -77,7 +77,7 @@ async def test_cancelled_wait_returns_promptly_and_leaks_nothing(dev):
     finally:
         gc.enable()
     assert took_s < 0.15
-    assert dev.engine.pending == 0
+    assert dev._internal.engine.pending == 0
     assert not ev.query()
     ev.release()  # deferred: the device has not passed it yet
     assert dev.pool_stats().in_use == 1
@@ -110,7 +110,7 @@ async def test_many_concurrent_waits_all_resume(dev):
         for ev in events:
             tg.start_soon(waiter, ev)
     assert len(done) == 200 and all(ev.query() for ev in events)
-    assert dev.engine.pending == 0
+    assert dev._internal.engine.pending == 0
     waiter_threads = [t for t in threading.enumerate() if t.name == f"asyncgpu-{dev.name}-waiter"]
     assert len(waiter_threads) == 1
     for ev in events:
@@ -161,7 +161,7 @@ async def test_repeated_waits_learn_and_stay_correct(dev):
         with dev.record() as ev:
             await ev.wait()
             assert ev.query()
-    assert dev.engine.estimate_ns(dev.stream.handle, "spin") is not None
+    assert dev._internal.engine.estimate_ns(dev.stream.handle, "spin") is not None
 
 
 def test_sync_blocks_until_done(dev):
@@ -276,20 +276,20 @@ def test_reclaiming_queries_about_once_per_stream(dev, monkeypatch):
     for ev in [dev.create_event() for _ in range(600)]:  # grow the pool
         ev.release()
     dev.synchronize()
-    dev._reclaim(everything=True)  # (what earlier tests of this worker released)
+    dev._internal.reclaim(everything=True)  # (what earlier tests of this worker released)
     queries = []
-    real = dev.bd.query
-    monkeypatch.setattr(dev.bd, "query", lambda raw: queries.append(raw) or real(raw))
+    real = dev._internal.bd.query
+    monkeypatch.setattr(dev._internal.bd, "query", lambda raw: queries.append(raw) or real(raw))
     s0.spin_us(300_000)  # stream 0 stays busy: its records stay pending
     for _ in range(200):
         dev.record(s0).release()
         dev.record(s1).release()
     last = dev.record(s1)
     last.wait_sync(timeout_s=5)
-    waits, s1_id = len(queries), last.seq >> SEQ_BITS
+    waits, s1_id = len(queries), last._seq >> SEQ_BITS
     last.release()
-    dev._reclaim()
-    left = [seq >> SEQ_BITS for _, _, seq in dev._returns]
+    dev._internal.reclaim()
+    left = [seq >> SEQ_BITS for _, _, seq in dev._internal.returns]
     assert s1_id not in left  # all of stream 1's are back
     assert 0 < len(left) <= 200  # stream 0's, still pending
     # One query per event would be 401 (and were, before); takes that ran out on the way reclaimed too.
@@ -445,23 +445,23 @@ async def test_engine_keeps_its_own_schedule_without_progress_kicks():
     """The waiter thread must not rely on host-stream kicks: on CUDA nobody kicks it. Repeated waits on a
     learned duration go through early wakes, finish, and the next wait must wake the sleeping thread."""
     dev = asyncgpu.device("host:0")
-    dev.bd.on_progress = None
+    dev._internal.bd.on_progress = None
     for _ in range(40):
         dev.stream.spin_us(2_000)
         with dev.record() as ev:
             t0 = time.perf_counter()
             await ev.wait()
             assert time.perf_counter() - t0 < 0.1  # the safety-net sleep is 0.5 s
-    assert dev.engine.estimate_ns(dev.stream.handle, "spin") is not None
-    assert dev.engine.pending == 0
+    assert dev._internal.engine.estimate_ns(dev.stream.handle, "spin") is not None
+    assert dev._internal.engine.pending == 0
     await anyio.sleep(0.01)  # longer than a poller lingers: none stays armed for the device
-    assert all(dev.engine not in p.engines for p in engine_mod._POLLERS.values())
+    assert all(dev._internal.engine not in p.engines for p in engine_mod._POLLERS.values())
 
 
 def test_a_record_consumes_the_streams_work_tag(dev):
     """Back-to-back records must not teach the engine that the work before them takes no time."""
     dev.stream.spin_us(100)
     a, b = dev.record(), dev.record()
-    assert (a.tag, b.tag) == ("spin", None)
+    assert (a._tag, b._tag) == ("spin", None)
     a.release()
     b.release()

@@ -218,7 +218,7 @@ def test_a_bracket_after_the_other_engines_work_is_primed(dev, monkeypatch):
     s = dev.stream
     dev.clock()  # (the first calibration primes its own stream: not a bracket's primer)
     primes = []
-    monkeypatch.setattr(dev.bd, "prime", lambda raw, engine: primes.append(engine))
+    monkeypatch.setattr(dev._internal.bd, "prime", lambda raw, engine: primes.append(engine))
     s.copy_to_host(a, host)
     s.spin_us(1)  # untimed: never primed
     with gpu_timer(dev, source="events") as t:
@@ -246,8 +246,8 @@ def test_events_time_launches_at_compute_copy_switches_as_cupti_does(dev, backen
     dev.synchronize()
     dev.clock()  # (the first calibration primes its own stream: not a bracket's primer)
     primes = []
-    real = dev.bd.prime
-    dev.bd.prime = lambda raw, engine: primes.append(engine) or real(raw, engine)
+    real = dev._internal.bd.prime
+    dev._internal.bd.prime = lambda raw, engine: primes.append(engine) or real(raw, engine)
     errs: dict[int, list[float]] = {}
     try:
         for _ in range(8):
@@ -261,7 +261,7 @@ def test_events_time_launches_at_compute_copy_switches_as_cupti_does(dev, backen
             for i, (r_e, r_c) in enumerate(zip(inner.records, outer.records, strict=True)):
                 errs.setdefault(i, []).append((r_e.duration_ms - r_c.duration_ms) * 1e3)
     finally:
-        del dev.bd.prime
+        del dev._internal.bd.prime
     assert primes == ["compute", "copy"] * 16, primes
     for i, e in errs.items():
         e.sort()
@@ -692,8 +692,8 @@ def test_a_device_that_cannot_hold_says_so(monkeypatch):
     import asyncgpu
 
     d = asyncgpu.device("host:0")
-    monkeypatch.setattr(d.bd, "hold", lambda raw_stream: None)
-    monkeypatch.setattr(d.bd, "hold_problem", lambda: "stream memory operations unusable")
+    monkeypatch.setattr(d._internal.bd, "hold", lambda raw_stream: None)
+    monkeypatch.setattr(d._internal.bd, "hold_problem", lambda: "stream memory operations unusable")
     with gpu_timer(d) as t:
         d.stream.spin_us(100)
     assert t.timeline.source == "events"

@@ -119,7 +119,7 @@ def test_a_forked_child_never_waits_on_a_lock_a_parents_thread_held_at_the_fork(
     forks stays held in the child: the child's `pool_stats` does not wait on it."""
     dev = asyncgpu.device("host:0")
     dev.record().release()
-    with dev._reclaim_lock:  # as if the waiter thread were reclaiming at the fork
+    with dev._internal.reclaim_lock:  # as if the waiter thread were reclaiming at the fork
         out = _in_child(lambda: {"pool_stats": _outcome(lambda: dev.pool_stats().in_use >= 0)})
     assert out["pool_stats"] == "ok True"
 

@@ -483,14 +483,14 @@ async def test_a_task_that_puts_never_calibrates_a_clock_on_its_loops_thread(mon
     takes (a calibration holds a thread ~0.35 ms on a GPU), in a plain thread where it is called."""
     dev = asyncgpu.device("host:0")
     measured_on: list[str] = []
-    real = dev.calibration
+    real = dev._internal.calibration
 
     def calibration(*args, **kwargs):
         measured_on.append(threading.current_thread().name)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(dev, "calibration", calibration)
-    monkeypatch.setattr(dev, "clock_stale", lambda *a, **k: True)
+    monkeypatch.setattr(dev._internal, "calibration", calibration)
+    monkeypatch.setattr(dev._internal, "clock_stale", lambda *a, **k: True)
     ch = asyncgpu.Channel(4)
     await ch.put(1, stream=dev.stream)
     h = await ch.get()

@@ -583,7 +583,7 @@ async def test_inc_loop_records_land_inside_the_kernel_on_every_device(two_devs)
         async with anyio.create_task_group() as tg:
             for d in two_devs:
                 tg.start_soon(one, d)
-    blocks = two_devs[0].bd.inc_loop_profiled_blocks(n)
+    blocks = two_devs[0]._internal.bd.inc_loop_profiled_blocks(n)
     for d in two_devs:
         recs = out[d.name]
         assert recs.aligned and recs.stages == INC_LOOP_STAGES and len(recs) == 3 * blocks
@@ -718,7 +718,7 @@ def _compile_user_kernel(dev, body: str, switch: str = ""):
     from cuda.core import Program, ProgramOptions
 
     src = switch + '\n#include "asyncgpu_profile.cuh"\n' + body
-    opts = ProgramOptions(arch=f"sm_{dev.bd.arch}", std="c++17", include_path=[KernelProfiler.include_dir()])
+    opts = ProgramOptions(arch=f"sm_{dev._internal.bd.arch}", std="c++17", include_path=[KernelProfiler.include_dir()])
     return Program(src, "c++", opts).compile("cubin")
 
 

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import asyncgpu
-from asyncgpu._runtime import device as device_mod
 from asyncgpu._runtime import engine as engine_mod
+from asyncgpu._runtime import internal as device_internal
 from asyncgpu._runtime import stream as stream_mod
 from asyncgpu.errors import BlockingCallWarning, QueueFullError
 
@@ -27,9 +27,9 @@ pytestmark = pytest.mark.anyio
 
 def _hold(dev, s):
     """Hold ``s`` on the device until the returned function is called (any thread)."""
-    token = dev.bd.hold(s.raw)
+    token = dev._internal.bd.hold(s.raw)
     assert token is not None
-    return lambda: dev.bd.release(token)
+    return lambda: dev._internal.bd.release(token)
 
 
 async def _ticking(producer, release, after_s: float = 0.3, limit_s: float | None = None) -> np.ndarray:
@@ -91,11 +91,11 @@ async def test_a_thousand_waits_in_flight_each_resume_after_its_event(backend):
             tg.start_soon(waiter, i, ev)
         await anyio.sleep(0.02)
         assert not any(woke), "a wait resumed while its stream was held"
-        assert dev.engine.pending == 1000
+        assert dev._internal.engine.pending == 1000
         for r in release:
             r()
     assert all(woke) and all(done_at_wake)
-    assert dev.engine.pending == 0
+    assert dev._internal.engine.pending == 0
     for ev in events:
         ev.release()
     assert dev.pool_stats().in_use == 0
@@ -109,9 +109,9 @@ async def test_cancelled_waits_leave_nothing_behind():
         for ev in events:
             tg.start_soon(ev.wait)
         await anyio.sleep(0.01)
-        assert dev.engine.pending == 500
+        assert dev._internal.engine.pending == 500
         tg.cancel_scope.cancel()
-    assert dev.engine.pending == 0
+    assert dev._internal.engine.pending == 0
     for r in release:
         r()
     for ev in events:
@@ -155,8 +155,8 @@ async def test_pollers_disarm_when_nothing_is_due():
         with dev.record() as ev:
             await ev.wait()
     await anyio.sleep(0.01)
-    assert dev.engine.pending == 0
-    assert all(dev.engine not in p.engines for p in engine_mod._POLLERS.values())
+    assert dev._internal.engine.pending == 0
+    assert all(dev._internal.engine not in p.engines for p in engine_mod._POLLERS.values())
 
 
 @pytest.mark.parametrize("backend", ["host", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -201,14 +201,14 @@ async def test_launches_wait_for_room_and_the_loop_keeps_ticking(backend):
 def test_a_pool_that_runs_out_reclaims_a_bounded_batch_of_releases(dev):
     """After a burst of releases, a take that finds its pool empty gives back `RECLAIM_BATCH` of them, not all:
     the thread that takes (a loop's) never pays for 10,000 releases at once; the rest come back later."""
-    batch = device_mod.RECLAIM_BATCH
+    batch = device_internal.RECLAIM_BATCH
     dev.pool_stats()  # (takes back what earlier work released)
     events = [dev.record(timing=False) for _ in range(3 * batch)]
     dev.synchronize()
     for ev in events:
         ev.release()
-    assert dev._reclaim() == batch
-    assert dev._reclaim(everything=True) == 2 * batch
+    assert dev._internal.reclaim() == batch
+    assert dev._internal.reclaim(everything=True) == 2 * batch
 
 
 async def test_launching_past_the_bound_from_a_loop_raises_names_room_and_takes_nothing():
@@ -259,7 +259,7 @@ async def test_room_is_cancellable():
     with anyio.move_on_after(0.05) as scope:
         await s.room()
     assert scope.cancelled_caught
-    assert dev.engine.pending == 0
+    assert dev._internal.engine.pending == 0
     release()
     await s.room()  # the device drains: room again
     assert s.queued() <= stream_mod.QUEUE_BOUND
@@ -320,7 +320,7 @@ async def test_a_failing_callback_is_reported_and_the_waiter_thread_goes_on(monk
     def boom(_raw):
         raise ZeroDivisionError("in a callback")
 
-    dev.engine.add(ev.raw, ev.key, ev.seq, None, 0, KIND_CALLBACK, None, boom)
+    dev._internal.engine.add(ev._raw, ev._key, ev._seq, None, 0, KIND_CALLBACK, None, boom)
     await ev.wait()
     s.spin_us(1_000)
     with s.record() as later:
@@ -336,9 +336,11 @@ async def test_a_failing_callback_is_reported_and_the_waiter_thread_goes_on(monk
 def _creators(dev, monkeypatch) -> list[str]:
     """The threads that created ``dev``'s events while a caller recorded 400, slower than the waiter thread grows."""
     creators: list[str] = []
-    real = dev.bd.create_event
+    real = dev._internal.bd.create_event
     monkeypatch.setattr(
-        dev.bd, "create_event", lambda timing: creators.append(threading.current_thread().name) or real(timing)
+        dev._internal.bd,
+        "create_event",
+        lambda timing: creators.append(threading.current_thread().name) or real(timing),
     )
     events = []
     for _ in range(400):
@@ -355,7 +357,7 @@ def test_a_pool_grows_ahead_on_the_waiter_thread_where_events_are_costly(dev, mo
     made where they are needed."""
     if dev.backend == "host":
         assert set(_creators(dev, monkeypatch)) == {"MainThread"}
-        monkeypatch.setattr(type(dev.bd), "grows_ahead", True)  # a host device as costly as a GPU's
+        monkeypatch.setattr(type(dev._internal.bd), "grows_ahead", True)  # a host device as costly as a GPU's
         dev = asyncgpu.device("host:1")
     creators = _creators(dev, monkeypatch)
     assert creators[:16] == ["MainThread"] * 16  # the pool's first chunk: made by the first take
@@ -372,8 +374,8 @@ async def test_a_failing_job_is_reported_and_the_waiter_thread_goes_on(monkeypat
     def boom():
         raise ZeroDivisionError("in a job")
 
-    dev.engine.run_soon(boom)
-    dev.engine.run_soon(ran.set)
+    dev._internal.engine.run_soon(boom)
+    dev._internal.engine.run_soon(ran.set)
     assert await anyio.to_thread.run_sync(ran.wait, 10)
     s = dev.stream
     s.spin_us(1_000)
@@ -386,7 +388,7 @@ class _Owner:
     """Stands for the `Event` a wait came from: intact while it still holds that record."""
 
     def __init__(self, raw: object, seq: int) -> None:
-        self.raw, self.seq, self.key = raw, seq, 0
+        self._raw, self._seq, self._key = raw, seq, 0
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 64, 300])
@@ -404,7 +406,7 @@ def test_completions_behind_a_done_head_cost_few_queries(n):
             raw = [i]
             qs.waits.append(engine_mod.Waiter(raw, 0, i, "t", 0, engine_mod.KIND_THREAD, None, None, _Owner(raw, i)))
         if broken is not None:
-            qs.waits[broken].owner.raw = ["re-recorded"]  # its event now stands elsewhere
+            qs.waits[broken].owner._raw = ["re-recorded"]  # its event now stands elsewhere
         return qs
 
     rng = np.random.default_rng(n)
@@ -567,7 +569,7 @@ def test_a_trio_runs_poller_is_a_task_that_parks_and_ends_with_the_run(monkeypat
     assert looks[0] > 100 and runs[0] == 0, (looks[0], runs[0])
     assert parked == [True, True], "the poller's task parks between arms"
     assert not engine_mod._POLLERS, "the run's end ends its poller"
-    assert not dev.engine.covered_until and dev.engine.pending == 0
+    assert not dev._internal.engine.covered_until and dev._internal.engine.pending == 0
 
     had_poller: list[bool] = []
 
@@ -591,7 +593,7 @@ def test_a_trio_runs_poller_is_a_task_that_parks_and_ends_with_the_run(monkeypat
     with pytest.raises(KeyError, match="the user's error"):
         trio.run(ends_while_armed)
     assert had_poller == [True]
-    assert not engine_mod._POLLERS and not dev.engine.covered_until and dev.engine.pending == 0
+    assert not engine_mod._POLLERS and not dev._internal.engine.covered_until and dev._internal.engine.pending == 0
     dev.synchronize()
 
 

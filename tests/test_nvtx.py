@@ -16,7 +16,7 @@ def calls(two_devs, monkeypatch):
     log: list[tuple[str, str]] = []
     for d in two_devs:
         for what in ("profiler_start", "profiler_stop"):
-            monkeypatch.setattr(d.bd, what, lambda what=what, name=d.name: log.append((what, name)))
+            monkeypatch.setattr(d._internal.bd, what, lambda what=what, name=d.name: log.append((what, name)))
     ranges: dict[object, str] = {}
 
     def sink(what, arg):
@@ -85,7 +85,7 @@ def test_a_failed_start_stops_the_devices_already_started(two_devs, calls, monke
     def fail():
         raise RuntimeError("no profiler")
 
-    monkeypatch.setattr(two_devs[1].bd, "profiler_start", fail)
+    monkeypatch.setattr(two_devs[1]._internal.bd, "profiler_start", fail)
     with pytest.raises(RuntimeError, match="no profiler"), profiler_range(two_devs):
         pass
     name = two_devs[0].name

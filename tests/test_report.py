@@ -19,8 +19,9 @@ from rich.segment import Segment
 
 from asyncgpu import gpu_timer
 from asyncgpu._analysis import report as _report
+from asyncgpu._analysis import table as _table
+from asyncgpu._analysis.balance import balance
 from asyncgpu._analysis.report import balance_renderable, records_report, render, timeline_report, timeline_table
-from asyncgpu._analysis.summary import balance
 from asyncgpu._base.records import DeviceClock, Timeline
 
 MS = 1_000_000
@@ -475,14 +476,14 @@ def _no_rich_table(*args, **kwargs):
 @pytest.mark.parametrize("make", [step_timer, hard_timer, empty_timer], ids=["step", "hard", "empty"])
 def test_long_tables_are_plain_lines_identical_to_the_rich_table(monkeypatch, make):
     expected = plain(render_text_of(make()))
-    monkeypatch.setattr(_report, "PLAIN_ROWS", -1)  # every table counts as long
-    monkeypatch.setattr(_report, "Table", _no_rich_table)
+    monkeypatch.setattr(_table, "PLAIN_ROWS", -1)  # every table counts as long
+    monkeypatch.setattr(_table, "Table", _no_rich_table)
     assert timeline_table(make()).plain
     assert plain(render_text_of(make())) == expected
 
 
 def test_plain_lines_show_every_row_of_a_full_report_in_time_order():
-    n = 2 * _report.PLAIN_ROWS
+    n = 2 * _table.PLAIN_ROWS
     tl = Timeline.from_arrays(
         devices=["a", "b"],
         device=np.arange(n) % 2,
@@ -511,7 +512,7 @@ def test_tables_fit_narrow_consoles_without_cutting_a_number(width):
 
 
 def test_a_plain_row_wider_than_the_console_goes_on_the_next_line():
-    n = _report.PLAIN_ROWS + 1
+    n = _table.PLAIN_ROWS + 1
     tl = Timeline.from_arrays(
         devices=["cuda:0"],
         device=np.zeros(n, dtype=int),
@@ -581,7 +582,7 @@ def printed(console_kwargs: dict, *objects: object, capture: bool = False) -> st
 def test_rich_print_of_a_long_report_shows_the_plain_lines_in_order(width, mode):
     mode = dict(mode)
     capture = mode.pop("capture", False)
-    n = _report._CHUNK_ROWS + 7
+    n = _table._CHUNK_ROWS + 7
     report = timeline_report(fake_timer(long_timeline(n)), limit=None)
     assert report.renderables[0].plain
     expected = render(report, width=width).splitlines()
@@ -593,7 +594,7 @@ def test_rich_print_of_a_long_report_shows_the_plain_lines_in_order(width, mode)
 def test_a_console_that_prints_with_soft_wrap_gets_rows_by_chunks_not_by_lines():
     """``soft_wrap=True`` turns rich's cropping pass off (a full report of 1 M rows prints in 0.7 s instead of 4):
     the plain table then hands over a segment per chunk of rows, as to `render`'s console."""
-    n = 3 * _report._CHUNK_ROWS
+    n = 3 * _table._CHUNK_ROWS
     table = timeline_report(fake_timer(long_timeline(n)), limit=None).renderables[0]
     console = Console(file=io.StringIO(), width=100)
     soft = console.options.update(no_wrap=True, overflow="ignore")  # what print(..., soft_wrap=True) passes
@@ -611,7 +612,7 @@ def test_a_console_that_prints_with_soft_wrap_gets_rows_by_chunks_not_by_lines()
 
 @pytest.mark.parametrize("width", [80, 44])
 def test_rich_print_of_plain_tables_with_sections_and_captions_equals_render(monkeypatch, width):
-    monkeypatch.setattr(_report, "PLAIN_ROWS", -1)  # every table plain: sections, captions, bars, folded rows
+    monkeypatch.setattr(_table, "PLAIN_ROWS", -1)  # every table plain: sections, captions, bars, folded rows
     report = timeline_report(hard_timer())
     assert printed({"width": width, "color_system": None}, report) == render(report, width=width)
 

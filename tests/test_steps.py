@@ -19,7 +19,8 @@ import pytest
 from rich.console import Console
 
 import asyncgpu
-from asyncgpu._analysis.summary import balance, step_split
+from asyncgpu._analysis.balance import balance
+from asyncgpu._analysis.steps import step_split
 from asyncgpu._base.records import Timeline
 from asyncgpu._timing.step_live import LiveView, wants_live
 from asyncgpu._timing.step_stats import Quantiles, StepRing

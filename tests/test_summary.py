@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from asyncgpu._analysis.summary import activity_summary, balance, device_summary
+from asyncgpu._analysis.balance import balance
+from asyncgpu._analysis.summary import activity_summary, device_summary
 from asyncgpu._base.records import DeviceClock, Timeline
 
 MS = 1_000_000  # ns

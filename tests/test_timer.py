@@ -277,7 +277,7 @@ async def test_a_long_scope_gives_finished_events_back_and_places_them_on_the_ho
     assert (np.diff(tl.start_ns[order]) > 0).all()
     assert (tl.end_ns[order][:-1] <= tl.start_ns[order][1:] + 1).all()  # one stream: one after the other
     assert tl.start_ns.min() >= t._t0_ns and tl.end_ns.max() <= t._t1_ns + 1e6
-    assert dev.pool_stats().in_use <= len(dev.kept_events)  # only the chain's reference is kept
+    assert dev.pool_stats().in_use <= len(dev._internal.kept_events)  # only the chain's reference is kept
 
 
 async def test_an_async_scope_shrinks_big_pools_in_a_worker_thread(monkeypatch):
@@ -286,8 +286,8 @@ async def test_an_async_scope_shrinks_big_pools_in_a_worker_thread(monkeypatch):
     dev = asyncgpu.device("host:0")
     loop_thread = threading.get_ident()
     trims = []
-    real = dev.trim
-    monkeypatch.setattr(dev, "trim", lambda keep=256: trims.append(threading.get_ident()) or real(keep))
+    real = dev._internal.trim
+    monkeypatch.setattr(dev._internal, "trim", lambda keep=256: trims.append(threading.get_ident()) or real(keep))
     async with asyncgpu.gpu_timer(dev):
         dev.stream.spin_us(1)
     assert trims == [loop_thread]

@@ -58,7 +58,7 @@ async def test_run_calls_fn_on_the_devices_thread_with_its_stream_and_returns_it
     assert await dev.run(functools.partial(step, y=5), 1) == (name, dev.stream, 6)  # keywords: functools.partial
     _, stream, _ = await dev.run(step, 0, stream=dev.streams[1])
     assert stream is dev.streams[1]
-    assert dev.worker.thread is not None and dev.worker.thread.name == name
+    assert dev._internal.worker.thread is not None and dev._internal.worker.thread.name == name
 
 
 async def test_jobs_of_one_device_run_in_order_and_devices_run_in_parallel(two_devs):
@@ -241,13 +241,13 @@ async def test_bad_input_names_the_fix_and_starts_no_thread(dev):
     if other is not None:
         with pytest.raises(DeviceMismatchError):
             await dev.run(print, stream=other.stream)
-    assert dev.worker.thread is None and _workers() == []
+    assert dev._internal.worker.thread is None and _workers() == []
     dev.close()
     with pytest.raises(ClosedError, match=r"is closed .*open the device again with asyncgpu.device"):
         await dev.run(print)
     with pytest.raises(ClosedError):
         await dev.aalloc_pinned(10)
-    assert dev.worker.thread is None and _workers() == []
+    assert dev._internal.worker.thread is None and _workers() == []
 
 
 async def test_close_fails_the_queued_jobs_and_lets_the_running_one_finish(dev):
@@ -267,7 +267,7 @@ async def test_close_fails_the_queued_jobs_and_lets_the_running_one_finish(dev):
         await anyio.sleep(0.01)
         closer = threading.Thread(target=dev.close)  # (close joins the worker: not on the loop's thread)
         closer.start()
-        while not dev.worker._closed:
+        while not dev._internal.worker._closed:
             await anyio.sleep(0.001)
         release.set()
         await anyio.to_thread.run_sync(closer.join)
@@ -292,7 +292,7 @@ def test_run_needs_a_loop(dev):
     coro = plain()
     with pytest.raises(RuntimeError, match="needs a running asyncio"):
         coro.send(None)
-    assert dev.worker.thread is None
+    assert dev._internal.worker.thread is None
 
 
 # -- the awaitable forms of blocking calls -------------------------------------------------------------------
@@ -307,7 +307,7 @@ async def test_awaitable_forms_allocate_synchronize_calibrate_and_prepare(dev):
     await dev.asynchronize()
     assert np.all(out == 3)
     cal = await dev.aclock(refresh=True)
-    assert cal is dev.last_clock() and await dev.aclock() is cal  # young enough: returned as it is
+    assert cal is dev._internal.last_clock() and await dev.aclock() is cal  # young enough: returned as it is
     await dev.prepare()
     await dev.prepare("spin", "inc_loop")
     with pytest.raises(TypeError, match="n must be a whole number"):
@@ -322,30 +322,32 @@ async def test_asynchronize_waits_for_every_stream(dev):
     t0 = time.perf_counter()
     await dev.asynchronize()
     assert time.perf_counter() - t0 > 0.015
-    assert all(dev.bd.stream_idle(s.raw) for s in dev.streams)
+    assert all(dev._internal.bd.stream_idle(s.raw) for s in dev.streams)
 
 
 async def test_prepare_starts_the_worker_and_on_the_host_backend_loads_nothing():
     dev = asyncgpu.device("host:0")
     await dev.prepare("inc_loop_profiled", print)
-    assert dev.worker.thread is not None and not dev.worker.busy()  # started, ready: no job was queued
+    assert (
+        dev._internal.worker.thread is not None and not dev._internal.worker.busy()
+    )  # started, ready: no job was queued
     await dev.prepare()
 
 
 async def test_prepare_grows_the_timing_pool_on_the_worker_before_a_burst():
     dev = asyncgpu.device("host:0", max_events=4096)
     made_by: set[str] = set()
-    real = dev.bd.create_event
+    real = dev._internal.bd.create_event
 
     def create_event(timing: bool) -> object:
         made_by.add(threading.current_thread().name)
         return real(timing)
 
-    dev.bd.create_event = create_event
+    dev._internal.bd.create_event = create_event
     try:
         await dev.prepare(events=1000)
     finally:
-        del dev.bd.create_event
+        del dev._internal.bd.create_event
     assert dev.pool_stats().free >= 1000
     assert made_by == {f"asyncgpu-{dev.name}-worker"}
     with pytest.raises(ValueError, match="events must be a whole number in 0 .. 4096"):
@@ -368,7 +370,7 @@ async def test_blocking_forms_in_a_task_warn_once_per_call_site_naming_the_async
     assert "alloc_pinned() of 4,194,304 bytes blocks" in messages[0] and "await device.aalloc_pinned(n" in messages[0]
     assert "synchronize() blocks" in messages[1] and "await device.asynchronize()" in messages[1]
     assert all(w.filename == __file__ for w in caught)
-    monkeypatch.setattr(dev.bd, "slow_alloc_bytes", 1 << 20)  # a device whose pool would grow for this
+    monkeypatch.setattr(dev._internal.bd, "slow_alloc_bytes", 1 << 20)  # a device whose pool would grow for this
     with pytest.warns(BlockingCallWarning, match=r"alloc\(\) of 4,194,304 bytes blocks .*await device.aalloc\("):
         dev.alloc(1 << 20)
     with pytest.warns(BlockingCallWarning, match=r"clock\(\) \(it re-measures\) blocks .*await device.aclock\(\)"):
@@ -397,13 +399,13 @@ async def test_a_large_pinned_block_is_freed_on_the_workers_thread():
         def __del__(self):
             freed_on.append(threading.current_thread().name)
 
-    given = dev.bd.free_elsewhere
+    given = dev._internal.bd.free_elsewhere
 
     def give(holder):
         holder.append(Witness())  # dropped with the block, wherever that happens
         return given(holder)
 
-    dev.bd.free_elsewhere = give
+    dev._internal.bd.free_elsewhere = give
     host = await dev.aalloc_pinned(1 << 20)
     view = host[10:20]
     del host
@@ -457,4 +459,4 @@ def test_a_forked_child_never_waits_for_the_parents_worker_thread():
         out = json.loads(f.read() or "{}")
     os.waitpid(pid, 0)
     assert "opened by the parent process" in out["run"] and out["dropped"] == "ok"
-    assert dev.worker.thread is not None and dev.worker.thread.is_alive()  # the parent's goes on
+    assert dev._internal.worker.thread is not None and dev._internal.worker.thread.is_alive()  # the parent's goes on

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
-import math
 import os
 import tempfile
 from pathlib import Path
@@ -19,8 +18,10 @@ from typing import Any
 
 from rich.console import Console
 
+from asyncgpu._analysis.balance import balance
 from asyncgpu._analysis.report import durations_from
-from asyncgpu._analysis.summary import activity_summary, balance, device_summary
+from asyncgpu._analysis.summary import activity_summary, device_summary
+from asyncgpu._base.numbers import finite_json
 from asyncgpu._base.records import Timeline
 from asyncgpu._runtime import select
 
@@ -62,17 +63,7 @@ class Out:
 
     def document(self, data: Any) -> None:
         """``data`` as JSON on stdout (NaN and infinities as null)."""
-        self.out.file.write(json.dumps(_finite(data), indent=1) + "\n")
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
+        self.out.file.write(json.dumps(finite_json(data), indent=1) + "\n")
 
 
 def no_gpu(why: str) -> Usage:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncgpu._analysis.report import Column, FitTable, number
+from asyncgpu._analysis.table import Column, FitTable, number
 from asyncgpu._base.errors import ClockError
 from asyncgpu._cli.common import GIB, Out, no_gpu
 from asyncgpu._runtime import select

@@ -62,7 +62,7 @@ from asyncgpu._handoff.layer import HandoffLayer
 from asyncgpu._handoff.records import Handoff, HandoffRecord, ensure_clock
 from asyncgpu._runtime import hooks, loops
 from asyncgpu._runtime.engine import KIND_CALLBACK
-from asyncgpu._runtime.event import Event
+from asyncgpu._runtime.event import Event, block_until, peek_raw, raw_of, record_point
 from asyncgpu._runtime.loops import WAITING as _WAITING
 from asyncgpu._runtime.loops import WOKEN as _WOKEN
 from asyncgpu._runtime.loops import Parked as _Parked
@@ -178,7 +178,7 @@ class Channel:
         else:
             assert stream is not None  # one of the two, checked above
             dev = stream.device
-        backend = dev.bd.backend
+        backend = dev.backend
         if self._backend is None:
             self._backend = backend
         elif backend != self._backend:
@@ -257,7 +257,7 @@ class Channel:
                 assert ev is not None  # the channel holds the producer's event until the item is done
                 if self.spin and deadline is None:
                     ev.wait_sync()
-                elif not ev.block_until(deadline):
+                elif not block_until(ev, deadline):
                     raise TimeoutError(self._get_timeout_message(h, timeout_s))
                 self._taken_on_host(h, called_ns)
         except BaseException:
@@ -365,18 +365,18 @@ class Channel:
     def _check_stream(self, stream: Any) -> None:
         if not isinstance(stream, Stream):
             raise TypeError(f"get(stream=...) takes an asyncgpu Stream, not {type(stream).__name__}")
-        if self._backend is not None and stream.bd.backend != self._backend:
+        if self._backend is not None and stream.device.backend != self._backend:
             raise DeviceMismatchError(
-                f"channel {self.name!r} carries {self._backend} work; a {stream.bd.backend} stream cannot wait "
+                f"channel {self.name!r} carries {self._backend} work; a {stream.device.backend} stream cannot wait "
                 "for it on the device: take it on the host with get() (no stream=)"
             )
 
     def _take_on_gpu(self, h: Handoff, stream: Stream, called_ns: int) -> None:
         ev = h._event
         assert ev is not None  # the channel holds the producer's event until the item is done
-        if ev.device.bd.backend != stream.bd.backend:
+        if ev.device.backend != stream.device.backend:
             raise DeviceMismatchError(
-                f"a {stream.bd.backend} stream cannot wait for a {ev.device.bd.backend} event: take it on the host "
+                f"a {stream.device.backend} stream cannot wait for a {ev.device.backend} event: take it on the host "
                 "with get() (no stream=)"
             )
         ensure_clock(stream.device)
@@ -388,11 +388,11 @@ class Channel:
         h._get_ns, h._take_ns = called_ns, _now()
         self._claim_scopes(h, stream.device, fence=stream)  # the scopes wait for the wait they draw
         dev = stream.device
-        key = after.key
+        key, seq, _, _ = record_point(after)
         assert key is not None  # recorded just above
         try:
-            dev.engine.add(
-                after.raw, key, after.seq, None, 0, KIND_CALLBACK, None, lambda _raw, h=h: h._resolve(), after
+            dev._internal.engine.add(
+                peek_raw(after), key, seq, None, 0, KIND_CALLBACK, None, lambda _raw, h=h: h._resolve(), after
             )
         except ClosedError:
             h._resolve()
@@ -529,7 +529,7 @@ def _check_put(stream: Any, event: Any) -> None:
     if event is not None:
         if not isinstance(event, Event):
             raise TypeError(f"event must be an asyncgpu Event (device.record()), not {type(event).__name__}")
-        event.checked()  # NotRecordedError / ReleasedError / ClosedError name the fix
+        raw_of(event)  # NotRecordedError / ReleasedError / ClosedError name the fix
     elif not isinstance(stream, Stream):
         raise TypeError(
             "stream= takes the asyncgpu Stream whose enqueued work makes the payload ready (device.stream, "
@@ -538,8 +538,8 @@ def _check_put(stream: Any, event: Any) -> None:
 
 
 def _stream_label(event: Event) -> str:
-    key = event.key
-    for s in event.device.owned_streams:
+    key = record_point(event)[0]
+    for s in event.device._internal.owned_streams:
         if s.handle == key:
             return s.label
     return f"{key:#x}" if isinstance(key, int) else "?"

@@ -25,7 +25,7 @@ from asyncgpu._handoff.calls import (
 )
 from asyncgpu._runtime import loops
 from asyncgpu._runtime.clock import CLOCK_MAX_AGE_S, placement
-from asyncgpu._runtime.event import Event
+from asyncgpu._runtime.event import Event, block_until, peek_raw
 from asyncgpu._runtime.loops import WAITING as _WAITING
 from asyncgpu._runtime.loops import WOKEN as _WOKEN
 from asyncgpu._runtime.loops import Parked as _Parked
@@ -33,6 +33,7 @@ from asyncgpu._runtime.stream import Stream
 
 if TYPE_CHECKING:
     from asyncgpu._handoff.channel import Channel
+    from asyncgpu._runtime.device import Device
 
 __all__ = ["Handoff", "HandoffRecord", "ensure_clock", "host_ns"]
 
@@ -268,7 +269,7 @@ class Handoff:
             return
         if stream is not None:
             stream.wait(ev)
-        elif not ev.block_until(deadline):
+        elif not block_until(ev, deadline):
             raise TimeoutError(self._not_done_message(timeout_s))
 
     def _not_done_message(self, timeout_s: float | None) -> str:
@@ -328,7 +329,7 @@ class Handoff:
 def host_ns(ev: Event) -> float:
     """A completed timing event on the host time base (NaN without timing or without a calibration). Never
     calibrates: it runs on the device's waiter thread (`ensure_clock` keeps a calibration at put and take)."""
-    raw = ev.raw
+    raw = peek_raw(ev)
     if raw is None or not ev.timing:
         return math.nan
     try:
@@ -337,26 +338,26 @@ def host_ns(ev: Event) -> float:
         return math.nan
 
 
-def ensure_clock(dev: Any) -> None:
+def ensure_clock(dev: Device) -> None:
     """Keep a recent clock calibration for placing handoff times (a refresh pings the device): measured
     here in a plain thread, on the device's worker thread when the caller runs an event loop (never on a loop's
     thread; the handoffs placed meanwhile use the previous calibration)."""
-    if not dev.clock_stale(CLOCK_MAX_AGE_S):
+    if not dev._internal.clock_stale(CLOCK_MAX_AGE_S):
         return
     if loops.current()[0] == loops.THREAD:
         _refresh(dev)
     elif dev not in _REFRESHING:  # (one refresh queued per device: the worker may be busy with long jobs)
         _REFRESHING.add(dev)
-        if not dev.worker.call_soon(lambda: _refresh(dev, queued=True)):
+        if not dev._internal.worker.call_soon(lambda: _refresh(dev, queued=True)):
             _REFRESHING.discard(dev)
 
 
 _REFRESHING: set[Any] = set()  # devices with a clock refresh queued on their worker thread
 
 
-def _refresh(dev: Any, queued: bool = False) -> None:
+def _refresh(dev: Device, queued: bool = False) -> None:
     try:
-        dev.calibration()
+        dev._internal.calibration()
     except AsyncGPUError:
         pass  # its handoffs get NaN device times; the scope reports why the device is not aligned
     finally:

@@ -44,6 +44,7 @@ from asyncgpu._runtime.hooks import engine_of
 if TYPE_CHECKING:
     from asyncgpu._backends.cuda import CudaDevice
     from asyncgpu._runtime.device import Device
+    from asyncgpu._runtime.internal import DeviceInternal
 
 __all__ = ["CLOCK_MAX_AGE_S", "ClockCalibration", "Placement", "calibrate", "check_alignment", "placement"]
 
@@ -169,7 +170,7 @@ class Placement:
         `NotReadyError` while the event is pending. Any thread."""
         if self.anchor is None:
             return math.nan
-        return self.anchor_ns + self.device.bd.elapsed_ms(self.anchor, raw_event) * 1e6 * self.rate
+        return self.anchor_ns + self.device._internal.bd.elapsed_ms(self.anchor, raw_event) * 1e6 * self.rate
 
     def trim(self, kind: str, start_ns: float, duration_ns: float, name: str | None = None) -> tuple[float, float]:
         """What the event pair added, taken out of a kernel, graph, memset or memcpy (called ``name``: `cut_kind`):
@@ -225,7 +226,7 @@ def placement(
     stands for)`` (a scope's start mark), or not at all, and the placement's `DeviceClock` says why.
     ``subtract_overhead`` False keeps raw event times (no `Placement.trim`)."""
     try:
-        cal = device.calibration(max_age_s) if refresh else device.last_clock()
+        cal = device._internal.calibration(max_age_s) if refresh else device._internal.last_clock()
         if cal is None:
             raise ClockError(f"{device.name} has no clock calibration yet")
     except AsyncGPUError as exc:
@@ -236,12 +237,12 @@ def placement(
     how = ""
     if subtract_overhead:  # learned on this device's own work where a CUPTI scope has run here, else the calibration's
         cuts = dict(cal.bracket_overhead_by_kind_ns) or {"kernel": cal.bracket_overhead_ns}
-        learned = [k for k in _PAIR_KINDS if device.pair_excess_ns(k) is not None]
+        learned = [k for k in _PAIR_KINDS if device._internal.pair_excess_ns(k) is not None]
         for k in learned:
-            cuts[k] = cast(float, device.pair_excess_ns(k))
+            cuts[k] = cast(float, device._internal.pair_excess_ns(k))
         how = cal.bracket_overhead_source
         if learned:
-            n = sum(len(device.pair_excess_samples[k]) for k in learned)
+            n = sum(len(device._internal.pair_excess_samples[k]) for k in learned)
             how = f"learned against CUPTI on this device's work ({n} launches, 20th percentile)" + (
                 f"; the other kinds {how}" if set(learned) != set(_PAIR_KINDS) and how else ""
             )
@@ -282,7 +283,7 @@ def _intersect(bd: Any, anchor: Any, raws: list, brackets: np.ndarray) -> tuple[
 
 
 def calibrate(
-    device: Device,
+    device: DeviceInternal,
     samples: int = DEFAULT_SAMPLES,
     *,
     previous: ClockCalibration | None = None,
@@ -392,17 +393,17 @@ def check_alignment(devices: Iterable[Device], trials: int = 30, samples: int = 
             "check_alignment compares the clocks of two or more CUDA GPUs: pass asyncgpu.devices('cuda') on a "
             f"machine with two (given: {', '.join(d.name for d in devs) or 'none'}; the host backend has one clock)"
         )
-    bds = [cast("CudaDevice", d.bd) for d in devs]
+    bds = [cast("CudaDevice", d._internal.bd) for d in devs]
     page = bds[0].alloc_mapped(4096)
     words = page.words
     streams = [bd.create_stream() for bd in bds]
     flag_off = 0  # the one word every device's kernel spins on
     per = 64  # bytes per device: the started word, then (at 16) the ping's stamp and the exit stamp
     rows: dict[str, list] = {k: [] for k in ("raw", "aligned", "naive", "events_aligned")}
-    events = [d.timing_pool.take() for d in devs]
+    events = [d._internal.timing_pool.take() for d in devs]
     try:
         for trial in range(1, trials + 1):
-            cals = [calibrate(d, samples) for d in devs]
+            cals = [calibrate(d._internal, samples) for d in devs]
             for i, bd in enumerate(bds):
                 base = bd.device_pointer(page)
                 off = 256 + i * per
@@ -429,14 +430,14 @@ def check_alignment(devices: Iterable[Device], trials: int = 30, samples: int = 
                 rows["naive"].append(float(naive[0] - naive[i]))
                 rows["events_aligned"].append(float(ev_host[0] - ev_host[i]))
             for d, c in zip(devs, cals):
-                d.clock_events.append(c.anchor)
+                d._internal.clock_events.append(c.anchor)
     finally:
         words[flag_off // 4] = trials + 1
         for bd, s in zip(bds, streams):
             bd.sync_stream(s)
             bd.close_stream(s)
         for d, raw in zip(devs, events):
-            d.timing_pool.give(raw)
+            d._internal.timing_pool.give(raw)
         page.free()
     out: dict[str, Any] = {k: np.asarray(v) for k, v in rows.items()}
     out["summary"] = {

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from asyncgpu._runtime.device import Device
     from asyncgpu._runtime.stream import Stream
 
-__all__ = ["Event"]
+__all__ = ["Event", "block", "block_until", "peek_raw", "raw_of", "record_point"]
 
 _now = time.perf_counter_ns
 
@@ -33,14 +33,14 @@ _now = time.perf_counter_ns
 class Event:
     """A point in a stream's work on one device. Create with `Device.record` or `Device.create_event`."""
 
-    __slots__ = ("device", "timing", "raw", "key", "seq", "record_ns", "tag", "__weakref__")
+    __slots__ = ("device", "timing", "_raw", "_key", "_seq", "_record_ns", "_tag", "__weakref__")
     device: Device
     timing: bool
-    raw: Any
-    key: int | None
-    seq: int
-    record_ns: int
-    tag: Any
+    _raw: Any
+    _key: int | None
+    _seq: int
+    _record_ns: int
+    _tag: Any
 
     def __init__(self) -> None:
         raise TypeError("events come from device.record() or device.create_event()")
@@ -50,11 +50,11 @@ class Event:
         self = object.__new__(cls)
         self.device = device
         self.timing = timing
-        self.raw = raw
-        self.key = None  # the stream it was last recorded on (None: never recorded)
-        self.seq = 0
-        self.record_ns = 0
-        self.tag = None
+        self._raw = raw
+        self._key = None  # the stream it was last recorded on (None: never recorded)
+        self._seq = 0
+        self._record_ns = 0
+        self._tag = None
         return self
 
     @classmethod
@@ -62,8 +62,8 @@ class Event:
         """An event that ``raw``'s record on stream ``key`` (record number ``seq``) has just made (`Device.record`:
         the hot path, every field set once)."""
         self = object.__new__(cls)
-        self.device, self.timing, self.raw = device, timing, raw
-        self.key, self.seq, self.record_ns, self.tag = key, seq, record_ns, tag
+        self.device, self.timing, self._raw = device, timing, raw
+        self._key, self._seq, self._record_ns, self._tag = key, seq, record_ns, tag
         return self
 
     # -- recording ---------------------------------------------------------------------------------------
@@ -73,28 +73,28 @@ class Event:
         ``tag`` names the work before this point (default: the workload launched on that stream since its last
         record, if any); the completion engine learns how long each tag takes to wake waiters just in time.
         """
-        raw = self.live()
+        raw = self._live()
         s = self.device.stream_of(stream)
         if self.timing and s.ops - s.done_ops >= QUEUE_LIMIT:
             s.check_room()  # (a full stream, in a loop's thread: `QueueFullError`, the event untouched)
         s.bd.record(raw, s.raw)
         if self.timing:  # a timing record takes one of the driver's launch slots (a plain one does not)
             s.counted()
-        self.key = s.handle
-        self.seq = next(s.seqs)
-        self.record_ns = _now()
-        self.tag = s.tag if tag is None else tag
+        self._key = s.handle
+        self._seq = next(s.seqs)
+        self._record_ns = _now()
+        self._tag = s.tag if tag is None else tag
         s.tag = None  # a second record right behind this one has no work of its own before it
         return self
 
     @property
     def recorded(self) -> bool:
-        return self.key is not None
+        return self._key is not None
 
     # -- completion ---------------------------------------------------------------------------------------
     def query(self) -> bool:
         """True once the device has passed the event. Never blocks."""
-        return self.device.bd.query(self.checked())
+        return self.device._internal.bd.query(self._checked())
 
     def wait_sync(self, *, timeout_s: float | None = None) -> None:
         """Block the calling thread (GIL released) until the device has passed the event: the blocking form of
@@ -106,32 +106,32 @@ class Event:
         from an event loop's thread on an event the device has not passed, it warns (`BlockingCallWarning`):
         ``await event.wait()`` there.
         """
-        raw = self.checked()
+        raw = self._checked()
         if timeout_s is not None:
             timeout_s = check_timeout_s(timeout_s)
-        if self.device.bd.query(raw):
+        if self.device._internal.bd.query(raw):
             return
         loops.warn_blocking("event.wait_sync()", "`await event.wait()`")
-        self.block(timeout_s)
+        self._block(timeout_s)
 
-    def block(self, timeout_s: float | None = None) -> None:
+    def _block(self, timeout_s: float | None = None) -> None:
         """`wait_sync` without its event-loop check, for asyncgpu's own blocking forms (which warned already,
         or run in a plain thread). ``timeout_s``: checked by the caller."""
         if timeout_s is None:
-            self.device.bd.sync_event(self.checked())
-        elif not self.block_until(_now() + int(timeout_s * 1e9)):
+            self.device._internal.bd.sync_event(self._checked())
+        elif not self._block_until(_now() + int(timeout_s * 1e9)):
             raise TimeoutError(f"{self.device.name} had not passed the event after {timeout_s} s")
 
-    def block_until(self, deadline_ns: int | None) -> bool:
+    def _block_until(self, deadline_ns: int | None) -> bool:
         """Block this plain thread (GIL released) until the event completes or ``deadline_ns`` passes (False):
         the waiter thread wakes it shortly before the predicted completion; without a deadline it then
         finishes with the driver's spin wait."""
-        dev = self.device
-        raw = self.checked()
-        key = self.key
+        rt = self.device._internal
+        raw = self._checked()
+        key = self._key
         assert key is not None  # checked() raised otherwise
-        wait_for = WaitFor(raw, key, self.seq, self.tag, self.record_ns, self)
-        return block_until_complete(dev.engine, dev.bd.query, wait_for, deadline_ns, dev.bd.sync_event)
+        wait_for = WaitFor(raw, key, self._seq, self._tag, self._record_ns, self)
+        return block_until_complete(rt.engine, rt.bd.query, wait_for, deadline_ns, rt.bd.sync_event)
 
     def wait(self) -> Coroutine[Any, Any, None]:
         """``await event.wait()``: resume the calling task once the device has passed the event; the loop runs
@@ -143,11 +143,11 @@ class Event:
         recorded event raises at the call. (A plain method that returns the waiting coroutine: one frame less
         for the loop to pass through at every wake, the loop's cost of a burst of completions.)
         """
-        raw = self.checked()
-        dev = self.device
-        key = self.key
+        raw = self._checked()
+        rt = self.device._internal
+        key = self._key
         assert key is not None  # checked() raised otherwise
-        return await_completion(dev.engine, dev.bd.query, WaitFor(raw, key, self.seq, self.tag, self.record_ns, self))
+        return await_completion(rt.engine, rt.bd.query, WaitFor(raw, key, self._seq, self._tag, self._record_ns, self))
 
     # -- timing -------------------------------------------------------------------------------------------
     def elapsed_ms(self, start: Event) -> float:
@@ -164,7 +164,7 @@ class Event:
                 raise TimingDisabledError(
                     "an event recorded with timing=False has no timestamp: record it with device.record(timing=True)"
                 )
-        return self.device.bd.elapsed_ms(start.checked(), self.checked())
+        return self.device._internal.bd.elapsed_ms(start._checked(), self._checked())
 
     def __sub__(self, start: Event) -> float:
         """``end - start``: `elapsed_ms` in milliseconds."""
@@ -173,10 +173,10 @@ class Event:
     # -- lifetime -----------------------------------------------------------------------------------------
     def release(self) -> None:
         """Give the event back to its pool (at once if complete, else once the device passes it). Idempotent."""
-        raw = self.raw
+        raw = self._raw
         if raw is not None:
-            self.raw = None
-            self.device.recycle(raw, self.timing, self.key, self.seq)
+            self._raw = None
+            self.device._internal.recycle(raw, self.timing, self._key, self._seq)
 
     def __enter__(self) -> Event:
         return self
@@ -185,28 +185,57 @@ class Event:
         self.release()
 
     def __del__(self) -> None:
-        raw = getattr(self, "raw", None)
+        raw = getattr(self, "_raw", None)
         if raw is not None:
-            self.raw = None
-            self.device.recycle(raw, self.timing, self.key, self.seq)
+            self._raw = None
+            self.device._internal.recycle(raw, self.timing, self._key, self._seq)
 
-    def live(self) -> Any:
+    def _live(self) -> Any:
         """The backend event; `ReleasedError` once released, `ClosedError` once its worker is closed."""
-        raw = self.raw
+        raw = self._raw
         if raw is None:
             raise ReleasedError(
                 "this event went back to its pool (released, or its scope closed): take a new one with device.record()"
             )
         if self.device.closed:
-            raise self.device.closed_error("this event")
+            raise self.device._internal.closed_error("this event")
         return raw
 
-    def checked(self) -> Any:
-        raw = self.live()
-        if self.key is None:
+    def _checked(self) -> Any:
+        raw = self._live()
+        if self._key is None:
             raise NotRecordedError("this event was never recorded: call event.record(stream) first")
         return raw
 
     def __repr__(self) -> str:
-        state = "released" if self.raw is None else ("recorded" if self.key is not None else "unrecorded")
+        state = "released" if self._raw is None else ("recorded" if self._key is not None else "unrecorded")
         return f"<asyncgpu.Event {self.device.name} {state}{'' if self.timing else ' timing=False'}>"
+
+
+# -- the library's side of an event: what other runtime modules and features reach, as functions of the event ------
+def raw_of(ev: Event) -> Any:
+    """The backend event of the recorded ``ev`` (`ReleasedError`, `NotRecordedError` or `ClosedError` otherwise,
+    naming the fix)."""
+    return ev._checked()
+
+
+def peek_raw(ev: Event) -> Any:
+    """The backend event of ``ev`` as it is, unchecked: None once released."""
+    return ev._raw
+
+
+def record_point(ev: Event) -> tuple[int | None, int, int, Any]:
+    """Where ``ev`` was last recorded: ``(stream key, record number, host ns at the record, tag)``; the key is None
+    before the first record."""
+    return ev._key, ev._seq, ev._record_ns, ev._tag
+
+
+def block(ev: Event, timeout_s: float | None = None) -> None:
+    """`Event.wait_sync` without its event-loop check, for the library's blocking forms (which warned already, or
+    run in a plain thread). ``timeout_s``: checked by the caller."""
+    ev._block(timeout_s)
+
+
+def block_until(ev: Event, deadline_ns: int | None) -> bool:
+    """Block this plain thread (GIL released) until ``ev`` completes (True) or ``deadline_ns`` passes (False)."""
+    return ev._block_until(deadline_ns)

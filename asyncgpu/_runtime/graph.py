@@ -201,7 +201,7 @@ class Graph:
         if self._state != _READY:
             raise self._unusable()
         if dev.closed:  # (after os.fork(): the parent's worker, closed, with its graphs still ready)
-            raise dev.closed_error("this graph")
+            raise dev._internal.closed_error("this graph")
         if stream is None:
             s = self.stream
         elif isinstance(stream, Stream):
@@ -235,14 +235,14 @@ class Graph:
             covered = nodes[index] if index >= 0 else hooks.WHOLE_GRAPH
             replay = hooks.Replay(tokens, covered, count) if covered is not None else None
             if not hooks.adopt(s, act_name, kind, start_raw, end_raw, replay):  # no scope left that wants it
-                dev.recycle_later(start_raw)
-                dev.recycle_later(end_raw)
+                dev._internal.recycle_later(start_raw)
+                dev._internal.recycle_later(end_raw)
 
     def _launch_timed(self, s: Stream, name: str, wanted: frozenset) -> tuple[list, list]:
         """Point the wanted parts' nodes at pooled events and launch between two more. Holds ``_lock``.
         Returns ``[(name, kind, start_raw, end_raw, part index or -1)]``, the whole graph first, and the
         observers' correlation tokens of the launch."""
-        dev, bd, pool = self.device, self.bd, self.device.timing_pool
+        dev, bd, pool = self.device, self.bd, self.device._internal.timing_pool
         events = list(self._res.events)
         taken: list = []
         pairs: list = []
@@ -276,7 +276,7 @@ class Graph:
                 pairs.insert(0, (name, "graph", start, end, -1))
         except BaseException:
             for raw in taken:  # back to the pool once the device has passed them (at once if never enqueued)
-                dev.recycle_later(raw)
+                dev._internal.recycle_later(raw)
             raise
         finally:
             if held is not None:
@@ -378,7 +378,7 @@ class GraphCapture:
     def __enter__(self) -> Graph:
         stream = self.stream
         dev = stream.device
-        dev.check_open()
+        dev._internal.check_open()
         if self.graph is not None:
             raise ScopeError("this capture was already used: call stream.capture() again for a new graph")
         graph = self.graph = Graph._create(stream, self)
@@ -386,7 +386,7 @@ class GraphCapture:
             _check_free(stream)
             _active[dev] = self
             stream.capture_hook = self
-            for other in (*dev.owned_streams, *dev.adopted_streams.values()):
+            for other in (*dev._internal.owned_streams, *dev._internal.adopted_streams.values()):
                 if other is not stream and other.capture_hook is None:
                     other.capture_hook = _OtherStream(self, other)
                     self._guarded.append(other)
@@ -396,7 +396,7 @@ class GraphCapture:
             self._unhook()
             graph._discard("its capture could not begin")
             raise
-        dev.graphs.add(graph)
+        dev._internal.graphs.add(graph)
         self._token = _current.set(self)
         return graph
 

@@ -54,7 +54,7 @@ class DeviceArray:
 
     def to_numpy(self) -> np.ndarray:
         """A synchronous copy into a new numpy array (waits for the device; for tests and examples)."""
-        return self.device.bd.to_numpy(self.live(), self.size, self.dtype)
+        return self.device._internal.bd.to_numpy(self.live(), self.size, self.dtype)
 
     @property
     def __cuda_array_interface__(self) -> dict:
@@ -85,7 +85,7 @@ class DeviceArray:
         if self._buf is None:
             raise ReleasedError("this array was freed: allocate a new one with device.alloc()")
         if self.device.closed:
-            raise self.device.closed_error("this array")
+            raise self.device._internal.closed_error("this array")
         return self._buf
 
     def __len__(self) -> int:

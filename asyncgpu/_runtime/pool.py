@@ -6,7 +6,7 @@ are costly: `BackendDevice.grows_ahead`, CUDA), a pool running low grows
 *ahead* of need on that thread: creating an event costs microseconds (spikes of hundreds), which a loop's thread
 must not pay in the middle of a burst of records (a chunk of 64 stalls a 1 ms ticker). An event is
 given back only once the device can no longer touch it (the device's queue of releases checks: see
-`asyncgpu._runtime.device.Device.recycle`). Thread-safe: `take` and `give` may be called from any thread (list
+`asyncgpu._runtime.internal.DeviceInternal.recycle`). Thread-safe: `take` and `give` may be called from any thread (list
 append/pop are atomic under the GIL; growth and trims take a lock).
 """
 

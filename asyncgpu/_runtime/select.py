@@ -5,7 +5,8 @@ name, or ``ASYNCGPU_BACKEND=host`` in the environment. Without a usable GPU, ask
 `NoDeviceError` with the reason and the fix; asyncgpu never falls back on its own.
 
 After ``os.fork()`` the child forgets the parent's workers (their threads do not run there): `device` opens
-fresh ones, and a worker object the parent opened raises `ClosedError` naming the fix (see `Device.mark_forked`).
+fresh ones, and a worker object the parent opened raises `ClosedError` naming the fix
+(see `DeviceInternal.mark_forked`).
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def device(
     if max_events is not None:
         max_events = whole("max_events", max_events, minimum=1, hint="the bound of each event pool")
     if isinstance(spec, Device):
-        spec.check_open()
+        spec._internal.check_open()
         return spec
     name, index = _parse(spec, backend)
     with _lock:
@@ -162,12 +163,13 @@ def close_all() -> None:
 
 def _after_fork_in_child() -> None:
     """``os.fork()``, in the child: the parent's workers have no thread here. Forget them and mark them closed
-    (`Device.mark_forked`), without taking their locks or the registry's (a parent thread may have held them)."""
+    (`DeviceInternal.mark_forked`), without taking their locks or the registry's (a parent thread may have held
+    them)."""
     global _lock
     _lock = threading.RLock()
     parent = os.getppid()
     for dev in _open.values():
-        dev.mark_forked(parent)
+        dev._internal.mark_forked(parent)
     _open.clear()
 
 

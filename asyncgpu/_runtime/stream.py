@@ -24,7 +24,7 @@ from asyncgpu._base.checks import number, whole
 from asyncgpu._base.errors import DeviceMismatchError, QueueFullError
 from asyncgpu._runtime import loops
 from asyncgpu._runtime.engine import WaitFor
-from asyncgpu._runtime.event import Event
+from asyncgpu._runtime.event import Event, raw_of
 from asyncgpu._runtime.hooks import QUEUE_BOUND, QUEUE_LIMIT
 from asyncgpu._runtime.hooks import launch as run_timed
 from asyncgpu._runtime.memory import DeviceArray
@@ -53,10 +53,10 @@ CHECK_EVERY = 64  #: a stream records a checkpoint (a non-timing event) after th
 class _Check:
     """A checkpoint on a stream: a non-timing event recorded after its ``ops``-th launch."""
 
-    __slots__ = ("raw", "key", "seq", "ops", "waiters")
+    __slots__ = ("_raw", "_key", "_seq", "ops", "waiters")  # (`_raw`, `_key`, `_seq`: a wait's owner, as an `Event`)
 
     def __init__(self, raw: Any, key: int, seq: int, ops: int) -> None:
-        self.raw, self.key, self.seq, self.ops, self.waiters = raw, key, seq, ops, 0
+        self._raw, self._key, self._seq, self.ops, self.waiters = raw, key, seq, ops, 0
 
 
 @final
@@ -106,7 +106,7 @@ class Stream:
         self.label = label  #: ``s0``, ``s1``… for the worker's streams, ``x0``… for adopted ones
         self.capture_hook = None  # the graph capture in progress on this stream (asyncgpu._graph), if any
         self.owned = owned  #: False for an adopted stream (asyncgpu never closes it)
-        self.bd = device.bd
+        self.bd = device._internal.bd
         self.raw = raw
         self.handle = self.bd.stream_handle(raw)  #: the ``cudaStream_t`` address on CUDA
         self.seqs = itertools.count(next(_STREAM_IDS) << SEQ_BITS)  # record numbers, in record order (`SEQ_BITS`)
@@ -129,11 +129,11 @@ class Stream:
     def _checkpoint(self) -> None:
         self._passed()
         dev = self.device
-        raw = dev.plain_pool.take()
+        raw = dev._internal.plain_pool.take()
         try:
             self.bd.record(raw, self.raw)
         except BaseException:
-            dev.plain_pool.give(raw)
+            dev._internal.plain_pool.give(raw)
             raise
         self.checks.append(_Check(raw, self.handle, next(self.seqs), self.ops))
         self.next_check = self.ops + CHECK_EVERY
@@ -158,13 +158,13 @@ class Stream:
 
     def _passed(self) -> None:
         """Move `done_ops` up to the newest checkpoint the device has passed; give their events back."""
-        checks, query, pool = self.checks, self.bd.query, self.device.plain_pool
-        while checks and query(checks[0].raw):
+        checks, query, pool = self.checks, self.bd.query, self.device._internal.plain_pool
+        while checks and query(checks[0]._raw):
             c = checks.popleft()
             self.done_ops = c.ops
             if not c.waiters:
-                pool.give(c.raw)
-                c.raw = None
+                pool.give(c._raw)
+                c._raw = None
 
     def queued(self) -> int:
         """Launches enqueued through asyncgpu on this stream that the device may not have run yet (an upper
@@ -186,20 +186,22 @@ class Stream:
             c = next((c for c in self.checks if c.ops >= need), self.checks[-1])
             c.waiters += 1
             try:
-                await await_completion(self.device.engine, self.bd.query, WaitFor(c.raw, c.key, c.seq, "room", 0, c))
+                await await_completion(
+                    self.device._internal.engine, self.bd.query, WaitFor(c._raw, c._key, c._seq, "room", 0, c)
+                )
             finally:
                 c.waiters -= 1
-                if not c.waiters and c not in self.checks and c.raw is not None:
-                    self.device.plain_pool.give(c.raw)
-                    c.raw = None
+                if not c.waiters and c not in self.checks and c._raw is not None:
+                    self.device._internal.plain_pool.give(c._raw)
+                    c._raw = None
 
     def release_checks(self) -> None:
         """Give every checkpoint event back (the stream is closing; the device has run or drops its work)."""
         while self.checks:
             c = self.checks.popleft()
-            if c.raw is not None:
-                self.device.recycle(c.raw, False, c.key, c.seq)
-                c.raw = None
+            if c._raw is not None:
+                self.device._internal.recycle(c._raw, False, c._key, c._seq)
+                c._raw = None
 
     def __cuda_stream__(self) -> tuple[int, int]:
         """The CUDA stream protocol: ``(0, cudaStream_t address)``. Host streams are not CUDA streams."""
@@ -224,12 +226,12 @@ class Stream:
         if not isinstance(event, Event):
             raise TypeError(f"stream.wait() takes an asyncgpu Event, not {type(event).__name__}")
         self._check_open()
-        if event.device.bd.backend != self.bd.backend:
+        if event.device.backend != self.bd.backend:
             raise DeviceMismatchError(
-                f"a {self.bd.backend} stream cannot wait on a {event.device.bd.backend} event: wait on the host "
+                f"a {self.bd.backend} stream cannot wait on a {event.device.backend} event: wait on the host "
                 "with `await event.wait()` instead"
             )
-        raw = event.checked()
+        raw = raw_of(event)
         if self.ops - self.done_ops >= QUEUE_LIMIT:
             self.check_room()
         self.bd.wait_event(self.raw, raw)
@@ -319,7 +321,7 @@ class Stream:
 
     def _check_open(self) -> None:
         if self.device.closed:
-            raise self.device.closed_error("this stream")
+            raise self.device._internal.closed_error("this stream")
 
     def _check_array(self, array: DeviceArray) -> None:
         self._check_open()

@@ -173,9 +173,7 @@ def _worker(run: _Run, k: int) -> None:
     phase = "warm-up"
     events: list[Any] = []
     try:
-        current = getattr(dev.bd, "_current", None)  # CUDA: make the device current in this thread
-        if current is not None:
-            current()
+        dev._internal.make_current()  # CUDA: make the device current in this thread
         for _ in range(run.n_warmup):
             if run.aborting:
                 break
@@ -194,7 +192,7 @@ def _worker(run: _Run, k: int) -> None:
             if i < run.n_repeat and run.stop_reason is None:
                 phase = f"repeat {i}"
                 start, end = pairs[i & 1]
-                held = stream.bd.hold(stream.raw)  # the device starts the repeat once it is all enqueued
+                held = dev._internal.hold(stream)  # the device starts the repeat once it is all enqueued
                 try:
                     start.record(stream)
                     if calls is None:
@@ -218,7 +216,7 @@ def _worker(run: _Run, k: int) -> None:
                     raise
                 finally:
                     if held is not None:
-                        stream.bd.release(held)
+                        dev._internal.release(held)
                 t0s.append(t0)
                 t1s.append(t1)
                 issued = (start, end)
@@ -270,7 +268,7 @@ def _targets(devices: Any) -> list[Stream]:
     out: list[Stream] = []
     for item in items:
         s = item if isinstance(item, Stream) else open_device(item).stream
-        s.device.check_open()
+        s.device._internal.check_open()
         if any(o.device is s.device for o in out):
             raise ValueError(
                 f"{s.device.name} is given twice: benchmark times one stream per device (pass one of "
@@ -367,7 +365,7 @@ def benchmark(
     records of each call's work: needs cupti-python, the extra ``asyncgpu[cupti]``, and CUDA devices) or
     ``"auto"`` (CUPTI when it can be had, else events); `BenchmarkResult.source` says which one ran.
     ``subtract_overhead`` (event times, as `gpu_timer`'s): take what the pair of events itself adds out of each
-    repeat's time (the device's `Device.pair_excess_ns` once a CUPTI scope has taught it, else its measured
+    repeat's time (the device's `DeviceInternal.pair_excess_ns` once a CUPTI scope has taught it, else its measured
     bracket overhead; nothing on the host backend); ``False`` keeps the raw time between
     the events, as CuPy and ``do_bench`` report it.
 

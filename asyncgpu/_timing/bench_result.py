@@ -94,7 +94,7 @@ class BenchmarkResult:
         stats = self._stats
         rows = {
             label: {
-                key: _finite(stats[r, c])
+                key: _nan_to_none(stats[r, c])
                 for c, key in enumerate(("mean_ms", "std_ms", "min_ms", "median_ms", "max_ms", "rsd"))
             }
             for r, label in enumerate(self.labels)
@@ -154,7 +154,7 @@ class BenchmarkResult:
             table.add_column(header, justify="right")
         for r, label in enumerate(self.labels):
             rsd = stats[r, 5]
-            table.add_row(label, *[_us(v) for v in stats[r, :5]], "—" if math.isnan(rsd) else f"{rsd:.2%}")
+            table.add_row(label, *[_us_from_ms(v) for v in stats[r, :5]], "—" if math.isnan(rsd) else f"{rsd:.2%}")
         yield table
         device_rows = (
             "the span of CUPTI's records of the work its call launched"
@@ -169,9 +169,12 @@ class BenchmarkResult:
         )
 
 
-def _us(ms: float) -> str:
+def _us_from_ms(ms: float) -> str:
+    """A time in ms as µs text, three decimals; ``—`` for NaN."""
     return "—" if math.isnan(ms) else f"{ms * 1e3:,.3f}"
 
 
-def _finite(x: float) -> float | None:
+def _nan_to_none(x: float) -> float | None:
+    """A statistic for `BenchmarkResult.to_dict`: NaN (not defined, as with no repeats) as None. Unlike
+    `asyncgpu._base.numbers.finite`, an infinity stays a float."""
     return None if math.isnan(x) else float(x)

@@ -29,7 +29,7 @@ from asyncgpu._timing.activity import ROUTER, Activity
 __all__ = ["POOL_KEEP", "TRIM_INLINE", "Columns", "columns_of", "ended", "host_ranges", "trim_all"]
 
 _HARVEST_EVERY = 256
-POOL_KEEP = 1024  # free events a device's pools keep when a scope ends (`Device.trim`)
+POOL_KEEP = 1024  # free events a device's pools keep when a scope ends (`DeviceInternal.trim`)
 TRIM_INLINE = 128  # releases and surplus events an async scope's exit goes through on the loop's thread (~0.1 ms)
 _UNHARVESTED: dict[Device, deque[Activity]] = {}  # (entries of closed devices go at a scope's end)
 _HARVESTING: set[Device] = set()  # devices with a harvest callback pending
@@ -44,12 +44,14 @@ def ended(act: Activity) -> None:
     if q is None:
         q = _UNHARVESTED[dev] = deque()
     q.append(act)
-    if len(q) < _HARVEST_EVERY or dev in _HARVESTING or not dev.timing_pool.running_low():
+    if len(q) < _HARVEST_EVERY or dev in _HARVESTING or not dev._internal.timing_pool.running_low():
         return  # (a pool with free events to spare: no harvest, no work on the waiter thread)
     _HARVESTING.add(dev)
     s = act.stream
     try:
-        dev.engine.add(act.end_raw, s.handle, next(s.seqs), None, 0, KIND_CALLBACK, None, lambda _raw: _harvest(dev))
+        dev._internal.engine.add(
+            act.end_raw, s.handle, next(s.seqs), None, 0, KIND_CALLBACK, None, lambda _raw: _harvest(dev)
+        )
     except AsyncGPUError:
         _HARVESTING.discard(dev)
 
@@ -79,7 +81,7 @@ def _harvest(dev: Device) -> None:
         q = _UNHARVESTED.get(dev)
         if q is None or dev.closed:
             return
-        query, elapsed, pool = dev.bd.query, dev.bd.elapsed_ms, dev.timing_pool
+        query, elapsed, pool = dev._internal.query, dev._internal.elapsed_ms, dev._internal.timing_pool
         with _HARVEST_LOCK:
             chain = _CHAINS.get(dev)
             while q:
@@ -96,7 +98,7 @@ def _harvest(dev: Device) -> None:
                     if chain is not None:
                         _retire(dev, chain)
                     chain = _CHAINS[dev] = _Chain(start)
-                    dev.keep(start)
+                    dev._internal.keep(start)
                     step_ms = 0.0
                 act.duration_ms = elapsed(start, end)
                 act.placed = (chain, chain.t_ns + step_ms * 1e6)
@@ -108,8 +110,8 @@ def _harvest(dev: Device) -> None:
                 if step_ms >= _CHAIN_STEP_MS:  # the newest start becomes the reference
                     old = chain.raw
                     chain.raw, chain.t_ns = start, chain.t_ns + step_ms * 1e6
-                    dev.keep(start)
-                    dev.keep(old, False)
+                    dev._internal.keep(start)
+                    dev._internal.keep(old, False)
                 else:
                     pool.give(start)
     finally:
@@ -120,14 +122,14 @@ def _retire(dev: Device, chain: _Chain) -> None:
     """``chain`` takes no more activities; its event goes back once no activity refers to it. Under the lock."""
     chain.live = False
     if chain.refs == 0:
-        dev.keep(chain.raw, False)
+        dev._internal.keep(chain.raw, False)
 
 
 def trim_all(devices: Sequence[Device]) -> None:
-    """`Device.trim` each open one of ``devices`` to `POOL_KEEP` (a worker thread at an async scope's exit)."""
+    """`DeviceInternal.trim` each open one of ``devices`` to `POOL_KEEP` (a worker thread at an async scope's exit)."""
     for d in devices:
         if not d.closed:
-            d.trim(POOL_KEEP)
+            d._internal.trim(POOL_KEEP)
 
 
 @final
@@ -216,7 +218,7 @@ def columns_of(acts: list[Activity], dev_codes: dict[Device, int], placements: d
             kind_col[i] = KIND_CODES[act.kind]
             if act.duration_ms is None and act.end_raw is not None:
                 try:
-                    act.duration_ms = dev.bd.elapsed_ms(act.start_raw, act.end_raw)
+                    act.duration_ms = dev._internal.elapsed_ms(act.start_raw, act.end_raw)
                 except NotReadyError:
                     pass
             if act.duration_ms is not None:
@@ -268,7 +270,7 @@ def _release_activity(act: Activity) -> None:
         chain = placed[0]
         chain.refs -= 1
         if chain.refs == 0 and not chain.live:
-            act.device.keep(chain.raw, False)
+            act.device._internal.keep(chain.raw, False)
     if act.ext:
         ROUTER.untag(act.ext)
     if act.replay is not None:  # (kept on the activity: a scope reads it after the release)
@@ -278,7 +280,7 @@ def _release_activity(act: Activity) -> None:
             ROUTER.untag(target.ext)
     dev = act.device
     if act.start_raw is not None:  # (None: harvested, its events already back)
-        dev.recycle_later(act.start_raw)
+        dev._internal.recycle_later(act.start_raw)
     if act.end_raw is not None:
-        dev.recycle_later(act.end_raw)
+        dev._internal.recycle_later(act.end_raw)
     act.start_raw = act.end_raw = None

@@ -143,7 +143,7 @@ def _shape(stream: Stream, fn: Any, args: tuple) -> tuple[Any, Any]:
         config = args[2]
         return _dim3(getattr(config, "grid", None)), _dim3(getattr(config, "block", None))
     n = args[2] if what == "inc_loop" else 1  # inc_loop: (raw_stream, array, n, iterations)
-    shape = stream.device.bd.workload_shape(what, n) if what in ("spin", "inc_loop") else None
+    shape = stream.device._internal.workload_shape(what, n) if what in ("spin", "inc_loop") else None
     return shape if shape is not None else (None, None)
 
 
@@ -188,11 +188,11 @@ def begin(stream: Stream, name: str, kind: str, fn: Any, args: tuple) -> _Pendin
     p = _Pending()
     p.stream, p.name, p.kind = stream, name, kind
     p.grid, p.block = _shape(stream, fn, args)
-    raw = dev.timing_pool.take()
+    raw = dev._internal.timing_pool.take()
     try:
-        stream.bd.record(raw, stream.raw)
+        stream.device._internal.record_raw(stream, raw)
     except BaseException:
-        dev.timing_pool.give(raw)
+        dev._internal.timing_pool.give(raw)
         raise
     p.start_raw, p.end_raw, p.issue_ns = raw, None, time.perf_counter_ns()
     p.ext, p.cupti, p.span = 0, None, None
@@ -205,11 +205,11 @@ def begin(stream: Stream, name: str, kind: str, fn: Any, args: tuple) -> _Pendin
 def end(p: _Pending) -> None:
     """Record the end event after the launch and queue the record."""
     stream = p.stream
-    raw = stream.device.timing_pool.take()
+    raw = stream.device._internal.timing_pool.take()
     try:
-        stream.bd.record(raw, stream.raw)
+        stream.device._internal.record_raw(stream, raw)
     except BaseException:
-        stream.device.timing_pool.give(raw)
+        stream.device._internal.timing_pool.give(raw)
         drop(p)
         raise
     p.end_raw = raw
@@ -387,7 +387,7 @@ def _wait_for(pending: list) -> None:
         if dev.closed:
             continue
         try:
-            dev.bd.sync_event(p.end_raw)
+            dev._internal.sync_event(p.end_raw)
         except AsyncGPUError:
             pass  # a failed device: its records come back without times
 
@@ -408,7 +408,8 @@ def _resolve(p: _Pending, placements: dict[Device, Placement], final: bool = Tru
     """The record of a finished launch (its events released), or None while the device has not finished it, or
     (``final`` False: a compaction) while its CUPTI times may still come."""
     stream = p.stream
-    dev, bd = stream.device, stream.bd
+    dev = stream.device
+    rt = dev._internal
     if p.span is not None:
         cupti_start_ns, cupti_ns = p.span
         _release(p)
@@ -430,9 +431,9 @@ def _resolve(p: _Pending, placements: dict[Device, Placement], final: bool = Tru
     duration_ms = start_ns = None
     if not dev.closed:
         try:
-            if not bd.query(p.end_raw):
+            if not rt.query(p.end_raw):
                 return None
-            duration_ms = bd.elapsed_ms(p.start_raw, p.end_raw)
+            duration_ms = rt.elapsed_ms(p.start_raw, p.end_raw)
             place = placements.get(dev)
             if place is None:
                 place = placements[dev] = placement(dev)
@@ -455,7 +456,7 @@ def _release(p: _Pending) -> None:
     dev = p.stream.device
     for raw in (p.start_raw, p.end_raw):
         if raw is not None:
-            dev.recycle_later(raw)
+            dev._internal.recycle_later(raw)
     p.start_raw = p.end_raw = None
 
 

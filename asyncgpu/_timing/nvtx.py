@@ -86,7 +86,7 @@ class _ProfilerRange:
         self._started = []
         try:
             for d in resolve_devices(self._devices):
-                d.bd.profiler_start()
+                d._internal.profiler_start()
                 self._started.append(d)
         except BaseException:
             self.__exit__()
@@ -104,7 +104,7 @@ class _ProfilerRange:
         errors = []
         for d in reversed(started):
             try:
-                d.bd.profiler_stop()
+                d._internal.profiler_stop()
             except Exception as e:  # stop every device, then report the first failure
                 errors.append(e)
         if errors:

@@ -117,11 +117,11 @@ def begin(stream: Stream, name: str, kind: str, owners: list, block: bool = Fals
     """Record an activity's start event on ``stream`` for its ``owners`` (open scopes); ``block``: a
     ``t.activity()`` block, which launches run inside (CUPTI source)."""
     dev = stream.device
-    raw = dev.timing_pool.take()
+    raw = dev._internal.timing_pool.take()
     try:
-        stream.bd.record(raw, stream.raw)
+        stream.device._internal.record_raw(stream, raw)
     except BaseException:
-        dev.timing_pool.give(raw)  # not recorded: as it was
+        dev._internal.timing_pool.give(raw)  # not recorded: as it was
         raise
     act = Activity(dev, stream, name, kind, raw, len(owners))
     act.held = stream.held and not block
@@ -153,10 +153,10 @@ def end(act: Activity, block: bool = False) -> None:
             stack = getattr(_BLOCKS, "stack", None)
             if stack and act in stack:
                 stack.remove(act)
-    stream, pool = act.stream, act.device.timing_pool
+    stream, pool = act.stream, act.device._internal.timing_pool
     raw = pool.take()
     try:
-        stream.bd.record(raw, stream.raw)
+        stream.device._internal.record_raw(stream, raw)
     except BaseException:
         pool.give(raw)  # not recorded: the activity stays unfinished
         raise

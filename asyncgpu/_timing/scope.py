@@ -36,6 +36,7 @@ from asyncgpu._base.records import ActivityRecord, CollectiveMark, HostRange, Ti
 from asyncgpu._runtime import hooks, loops
 from asyncgpu._runtime.clock import CLOCK_MAX_AGE_S, Placement, placement
 from asyncgpu._runtime.device import Device
+from asyncgpu._runtime.event import block, peek_raw
 from asyncgpu._runtime.stream import Stream
 from asyncgpu._timing import nvtx as _nvtx
 from asyncgpu._timing import observer as _observer
@@ -231,7 +232,7 @@ class Timer:
         self._claim()
         if self.synchronize:
             for d in self.devices:
-                d.bd.sync_device()  # (warned above if this thread runs an event loop)
+                d._internal.sync_device()  # (warned above if this thread runs an event loop)
         self._start()
         return self
 
@@ -243,11 +244,11 @@ class Timer:
             fence_error = self._fence(fences, exc)
             if not isinstance(exc, KeyboardInterrupt):
                 for ev in fences:
-                    ev.block()  # (`__enter__` warned if this thread runs an event loop)
+                    block(ev)  # (`__enter__` warned if this thread runs an event loop)
                 if self.synchronize:
                     for d in self.devices:
                         if not d.closed:
-                            d.bd.sync_device()
+                            d._internal.sync_device()
         finally:
             self._cupti_collect()
             self._finish(fences)
@@ -263,7 +264,7 @@ class Timer:
         if not self.devices:
             raise ScopeError("gpu_timer() needs at least one device")
         for d in self.devices:
-            d.check_open()
+            d._internal.check_open()
         self._state = OPEN
 
     def _pick_source(self) -> None:
@@ -291,7 +292,7 @@ class Timer:
         try:  # here, not in `_claim`: nothing between taking CUPTI and the scope's exit may leave it taken
             self._pick_source()
             for d in self.devices:
-                marks[d] = d.mark_now()
+                marks[d] = d._internal.mark_now()
         except BaseException:
             for ev in marks.values():
                 ev.release()
@@ -376,7 +377,7 @@ class Timer:
     def _note_unheld(self) -> None:
         """Say in `source_note` which devices could not hold their launches (never silently: their brackets on
         idle streams may hold host time)."""
-        unheld = [f"{d.name}: {why}" for d in self.devices if (why := d.bd.hold_problem())] if self._held else []
+        unheld = [f"{d.name}: {why}" for d in self.devices if (why := d._internal.hold_problem())] if self._held else []
         if unheld:
             held_note = "launches not held (" + "; ".join(unheld) + ")"
             self.source_note = f"{self.source_note}; {held_note}" if self.source_note else held_note
@@ -438,8 +439,8 @@ class Timer:
     def _trim(self, at_most: int) -> list[Device]:
         """Shrink the devices' pools back to `POOL_KEEP` free events (a burst of activities grew them) where that
         means at most ``at_most`` releases and events to go through; returns the devices left for a worker thread
-        (`Device.trim` blocks about 1 µs per event: thousands would stall a loop)."""
-        heavy = [d for d in self.devices if not d.closed and d.trim_backlog(POOL_KEEP) > at_most]
+        (`DeviceInternal.trim` blocks about 1 µs per event: thousands would stall a loop)."""
+        heavy = [d for d in self.devices if not d.closed and d._internal.trim_backlog(POOL_KEEP) > at_most]
         trim_all([d for d in self.devices if d not in heavy])
         return heavy
 
@@ -447,7 +448,7 @@ class Timer:
         """Where this device's events go on the host time base; when its clock cannot be aligned, relative to
         the scope's start mark (and its `DeviceClock` says why)."""
         mark = self._start_marks.get(dev)
-        fallback = (mark.raw, float(self._t0_ns)) if mark is not None and mark.raw is not None else None
+        fallback = (peek_raw(mark), float(self._t0_ns)) if mark is not None and peek_raw(mark) is not None else None
         return placement(
             dev, max_age_s=self._max_clock_age_s, subtract_overhead=self._subtract_overhead, fallback=fallback
         )
@@ -506,7 +507,7 @@ class Timer:
 
     def balance(self, work_units: Any = None) -> Any:
         """The workload balance report (`asyncgpu.balance`); ``work_units`` per device for a suggested re-split."""
-        from asyncgpu._analysis.summary import balance
+        from asyncgpu._analysis.balance import balance
 
         return balance(self.timeline, work_units)
 
@@ -559,7 +560,7 @@ def gpu_timer(
     - ``report_func(records, indent)``: called when the scope ends (``indent`` grows with nesting).
     - ``max_clock_age_s``: a device clock calibration older than this is refreshed when the scope ends.
     - ``subtract_overhead`` (events source): take the event pair's own latency, measured per device and kind of
-      work (`Device.clock`, or learned from CUPTI scopes: `Device.pair_excess_ns`), out of kernels, graphs,
+      work (`Device.clock`, or learned from CUPTI scopes: `DeviceInternal.pair_excess_ns`), out of kernels, graphs,
       memsets and memcpys (half from the start); blocks (``kind="user"``) are never corrected. ``False`` keeps
       the raw event times.
     - ``all_threads``: also record the work of plain threads that have no scope of their own (join them before

@@ -68,7 +68,7 @@ def apply_cupti(
         start_col[i] = span[0] - offset_ns
         from_cupti[i] = True
     for (dev, kind), samples in excess.items():
-        dev.learn_pair_excess(samples, kind)
+        dev._internal.learn_pair_excess(samples, kind)
     rows = [
         (a.device, a.stream, name, kind, float(start - offset_ns), float(end - start))
         for a, kind, name, start, end in extra

@@ -14,7 +14,10 @@ from typing import Any, Iterator, final
 
 import numpy as np
 
-from asyncgpu._analysis.summary import HOST, Plain, StepSplit, ms
+from asyncgpu._analysis.balance import HOST
+from asyncgpu._analysis.steps import StepSplit
+from asyncgpu._analysis.summary import Plain
+from asyncgpu._analysis.text import ms
 
 __all__ = ["DeviceStep", "Quantiles", "StepRecord", "StepRing", "StepStats"]
 
@@ -76,7 +79,7 @@ class DeviceStep:
     start_ns: float  #: the device reached the step's start event
     end_ns: float  #: the device finished the step's work (its end event)
     issued_ns: float  #: the host had issued all of the step's work to the device (the end event's record)
-    busy_ms: float  #: the device's busy block of the step (`asyncgpu._analysis.summary.step_split`)
+    busy_ms: float  #: the device's busy block of the step (`asyncgpu._analysis.steps.step_split`)
     span_ms: float  #: start event to end event: busy time's upper bound (gaps inside the step included)
     launch_bound_ms: float  #: idle before the block while the host was still issuing the step
     dependency_ms: float  #: idle before the block with all of it issued (earlier work on the stream, waits)

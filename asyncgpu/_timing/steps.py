@@ -7,7 +7,7 @@ nothing waits for a device.
 A harvest thread (``asyncgpu-steps``) wakes every ``harvest_s`` seconds, queries (never synchronizes) the end
 events of the oldest pending steps, places the finished ones on the host clock (`asyncgpu._runtime.clock.placement`,
 the timer's placement), gives their events back to the pools, and computes each step's balance at once for the
-batch (`asyncgpu._analysis.summary.step_split`: busy, launch-bound and dependency time, the straggler: the same rules as
+batch (`asyncgpu._analysis.steps.step_split`: busy, launch-bound and dependency time, the straggler: the same rules as
 `asyncgpu.balance`). Results go into a `StepRing` (the last ``keep`` steps in full, streaming quantiles and
 straggler counts over all), the trace stream and the live view, each fed from the harvest thread.
 
@@ -39,7 +39,8 @@ from typing import Any, Callable, Mapping, final
 
 import numpy as np
 
-from asyncgpu._analysis.summary import BalanceReport, balance, step_split
+from asyncgpu._analysis.balance import BalanceReport, balance
+from asyncgpu._analysis.steps import step_split
 from asyncgpu._backends import cupti
 from asyncgpu._base.checks import number, whole
 from asyncgpu._base.errors import AsyncGPUError, ClockError, ScopeError
@@ -65,16 +66,14 @@ def _record(s: Stream) -> Any:
     dev = s.device
     if s.ops - s.done_ops >= QUEUE_LIMIT:
         s.check_room()  # (raises in a loop's thread when the stream is full, before anything is taken)
-    pool = dev.timing_pool
+    pool = dev._internal.timing_pool
     raw = pool.take()
     try:
-        s.bd.record(raw, s.raw)
+        dev._internal.record_raw(s, raw)
     except BaseException:
         pool.give(raw)
         raise
-    s.ops += 1
-    if s.ops >= s.next_check:
-        s.counted(0)
+    s.counted()
     return raw
 
 
@@ -185,7 +184,7 @@ class StepTimer:
         except BaseException:  # (a full stream in a loop's thread, a failed device): the recorded ones go back
             self._current = None
             for s, raw in zip(self._streams, starts):
-                s.device.recycle_later(raw)
+                s.device._internal.recycle_later(raw)
             starts.clear()
             raise
 
@@ -201,7 +200,7 @@ class StepTimer:
                 ends.append(_record(s))
         except BaseException:
             for s, raw in zip(self._streams, ends):
-                s.device.recycle_later(raw)
+                s.device._internal.recycle_later(raw)
             ends.clear()
             issued.clear()
             raise
@@ -232,9 +231,9 @@ class StepTimer:
 
     def _give_back(self, starts: list, ends: list) -> None:
         for s, raw in zip(self._streams, starts):
-            s.device.recycle_later(raw)
+            s.device._internal.recycle_later(raw)
         for s, raw in zip(self._streams, ends):
-            s.device.recycle_later(raw)
+            s.device._internal.recycle_later(raw)
 
     # -- the harvest thread -------------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -252,7 +251,7 @@ class StepTimer:
             with self._lock:
                 while self._pending:
                     item = self._pending[0]
-                    if not all(s.bd.query(raw) for s, raw in zip(self._streams, item[4])):
+                    if not all(s.device._internal.query(raw) for s, raw in zip(self._streams, item[4])):
                         break
                     done.append(self._pending.popleft())
             if not done:
@@ -274,7 +273,7 @@ class StepTimer:
         issued = np.array([it[5] for it in done], np.float64).reshape(n, nd)
         start, end = np.empty((n, nd)), np.empty((n, nd))
         for d, (s, place) in enumerate(zip(self._streams, places)):
-            pool = s.device.timing_pool
+            pool = s.device._internal.timing_pool
             for i, it in enumerate(done):
                 start[i, d] = place.host_ns(it[3][d])
                 end[i, d] = place.host_ns(it[4][d])
@@ -368,7 +367,7 @@ class StepTimer:
             self._drop_source()
             raise ScopeError(f"step_timer {self.label!r} was already used: make a new one for each loop")
         for d in self.devices:
-            d.check_open()
+            d._internal.check_open()
         if self._trace_arg is not None:
             self._trace = TraceStream(self._trace_arg, self._ring.devices)
         try:
@@ -514,7 +513,7 @@ def step_timer(
     asyncgpu `Stream` s or framework streams (``__cuda_stream__``: torch's current stream, CuPy's); default each
     device's default stream. ``max_pending``: closed steps that may wait for their devices before the oldest is
     dropped (≥ 1). ``live``: a terminal panel redrawn ``refresh_hz`` (≥ 2) times a second from a thread of its
-    own (a redraw costs ~2.5 ms of Python under the GIL on a 2-CPU VM: at 2 Hz, ~0.5 % of the loop's time);
+    own (each redraw runs Python under the GIL, taken from the loop's thread: a low rate keeps that small);
     ``"auto"`` draws only when stdout is a terminal, ``True`` always, ``False`` (default) never. ``trace``: a
     path to stream the steps to as a Perfetto trace (`asyncgpu._timing.step_trace`: valid at every packet boundary,
     open it while it grows). ``harvest_s``: how often (seconds) finished steps are taken. ``max_clock_age_s`` as in

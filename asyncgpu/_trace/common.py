@@ -34,6 +34,7 @@ from typing import IO, Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from asyncgpu._base.layers import Canvas, layer_from_data
+from asyncgpu._base.numbers import finite
 from asyncgpu._base.records import CollectiveMark, DeviceClock, HostRange, ScopeInfo, Timeline
 
 __all__ = [
@@ -133,9 +134,9 @@ def scope_info(tl: Timeline) -> dict:
                 "name": name,
                 "description": tl.descriptions[d],
                 "aligned": c.aligned,
-                "bound_ns": _finite(c.bound_ns),
+                "bound_ns": finite(c.bound_ns),
                 "offset_ns": None if c.offset_ns is None else int(c.offset_ns),
-                "drift_ppm": _finite(c.drift_ppm),
+                "drift_ppm": finite(c.drift_ppm),
                 "reason": c.reason,
                 "overhead_ns": c.overhead_ns,
                 "overhead_source": c.overhead_source,
@@ -348,10 +349,6 @@ def _running_ns(starts: np.ndarray, ends: np.ndarray, t: np.ndarray) -> np.ndarr
         prefix = np.concatenate(([0.0], np.cumsum(values)))
         out += sign * (k * t - prefix[k])
     return out
-
-
-def _finite(x: float | None) -> float | None:
-    return None if x is None or not math.isfinite(x) else float(x)
 
 
 def _nan(x: float | None) -> float:

@@ -191,7 +191,7 @@ class _JsonCanvas:
 
     def counter(self, name: str, device: int | None, at_ns: np.ndarray, values: np.ndarray, unit: str) -> None:
         pid = HOST_PID if device is None else device_pid(device)
-        ts = self._us(np.asarray(at_ns, np.float64))
+        ts = self._us_from_ns(np.asarray(at_ns, np.float64))
         self._counters += [
             {"name": name, "ph": "C", "pid": pid, "tid": 0, "ts": t, "args": {unit: v}}
             for t, v in zip(ts.tolist(), np.asarray(values, np.float64).tolist())
@@ -201,7 +201,7 @@ class _JsonCanvas:
         self._flows += 1
         return self._flows
 
-    def _us(self, ns: np.ndarray) -> np.ndarray:
+    def _us_from_ns(self, ns: np.ndarray) -> np.ndarray:
         """µs from the origin, 3 decimals, never before it."""
         return np.maximum(np.rint(ns - self._origin), 0) / 1e3
 
@@ -212,10 +212,13 @@ class _JsonCanvas:
             if not items:
                 continue
             spans = [it for it in items if it[3] is not None]
-            s_us = [self._us(np.asarray(it[2], np.float64)) for it in spans]
+            s_us = [self._us_from_ns(np.asarray(it[2], np.float64)) for it in spans]
             s = np.concatenate([np.zeros(0), *s_us])
             e = np.concatenate(
-                [np.zeros(0), *(np.maximum(self._us(np.asarray(it[3], np.float64)), x) for it, x in zip(spans, s_us))]
+                [
+                    np.zeros(0),
+                    *(np.maximum(self._us_from_ns(np.asarray(it[3], np.float64)), x) for it, x in zip(spans, s_us)),
+                ]
             )
             refs = [(k, i) for k, it in enumerate(spans) for i in range(len(it[2]))]
             lanes = nesting_lanes(s, e)
@@ -243,7 +246,7 @@ class _JsonCanvas:
                         }
             for names, name_col, at_ns, end, cat, args, _, _ in items:
                 if end is None:
-                    for i, ts in enumerate(self._us(np.asarray(at_ns, np.float64)).tolist()):
+                    for i, ts in enumerate(self._us_from_ns(np.asarray(at_ns, np.float64)).tolist()):
                         yield {
                             "name": names[name_col[i]],
                             "cat": cat,

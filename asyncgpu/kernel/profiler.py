@@ -32,6 +32,7 @@ from asyncgpu._base.errors import ClockError, DeviceMismatchError, KernelRecords
 from asyncgpu._base.layers import Canvas, column, from_column, register_layer
 from asyncgpu._runtime import hooks, loops
 from asyncgpu._runtime.clock import placement
+from asyncgpu._runtime.event import block
 from asyncgpu._runtime.memory import DeviceArray
 from asyncgpu._runtime.stream import MAX_ITERATIONS
 from asyncgpu.kernel.asyncgpu_format import decode
@@ -137,9 +138,9 @@ class KernelProfiler:
             if self._buf is not None:
                 self._buf.free()
             self._buf = self.device.alloc(words, np.uint64, stream=s)
-        bd, raw = self.device.bd, self._buf.live()
-        bd.memset(s.raw, raw, 8 * words, 0)
-        bd.write_words32(s.raw, raw, FORMAT.header(self.groups, lanes, self.capacity)[:_HOST_FIELDS])
+        rt, raw = self.device._internal, self._buf.live()
+        rt.memset_raw(s, raw, 8 * words, 0)
+        rt.write_words32(s, raw, FORMAT.header(self.groups, lanes, self.capacity)[:_HOST_FIELDS])
         self._stream, self._words, self._state = s, words, "armed"
         self._launch = (self.name, self.stages)
         return self._buf.ptr
@@ -162,16 +163,16 @@ class KernelProfiler:
         if array.dtype != np.float32:
             raise TypeError(f"inc_loop works on float32 arrays, not {array.dtype}")
         s = self.device.stream_of(stream)
-        bd = self.device.bd
-        self.arm(bd.inc_loop_profiled_blocks(array.size), stream=s)
+        rt = self.device._internal
+        self.arm(rt.inc_loop_profiled_blocks(array.size), stream=s)
         self._launch = (self.name if self.name != "kernel" else "inc_loop", self.stages or INC_LOOP_STAGES)
-        bd.prepare("inc_loop_profiled")
+        rt.prepare_workload("inc_loop_profiled")
         assert self._buf is not None
         hooks.launch(
             s,
             "inc_loop",
             "kernel",
-            bd.inc_loop_profiled,
+            rt.inc_loop_profiled,
             s.raw,
             array.live(),
             array.size,
@@ -204,7 +205,7 @@ class KernelProfiler:
         loops.warn_blocking("KernelProfiler.collect_sync()", "`await prof.collect()`")
         ev = self._start_gather()
         try:
-            ev.block()  # (warned above if this thread runs an event loop)
+            block(ev)  # (warned above if this thread runs an event loop)
         except BaseException:
             self._state = "armed"
             raise
@@ -224,7 +225,7 @@ class KernelProfiler:
         assert s is not None and buf is not None
         if self._host is None or self._host.size < self._words:
             self._host = self.device.alloc_pinned(self._words, np.uint64)
-        self.device.bd.copy_to_host(s.raw, buf.live(), self._host, 8 * self._words)
+        self.device._internal.copy_to_host_raw(s, buf.live(), self._host, 8 * self._words)
         self._state = "gathering"
         return s.record(timing=False, tag="kernel records")
 
@@ -281,7 +282,7 @@ class KernelProfiler:
     def check_open(self) -> None:
         if self._state == "closed":
             raise KernelRecordsError("this KernelProfiler is closed: make a new one")
-        self.device.check_open()
+        self.device._internal.check_open()
 
     def _armed_buffer(self) -> DeviceArray:
         if self._buf is None or self._state == "new":

@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any, Sequence, final
 
 import numpy as np
 
-from asyncgpu._analysis.summary import DeviceSummary, Plain, busy_split, busy_spread, device_note
+from asyncgpu._analysis.balance import device_note
+from asyncgpu._analysis.split import busy_split, busy_spread
+from asyncgpu._analysis.summary import DeviceSummary, Plain
 from asyncgpu._base.records import Timeline
 from asyncgpu.ranks.wire import Marks
 

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from asyncgpu._analysis.report import bar, ms, new_table
+from asyncgpu._analysis.table import new_table
+from asyncgpu._analysis.text import bar, ms
 
 if TYPE_CHECKING:
     from asyncgpu.ranks.balance import RankBalance
@@ -19,7 +20,8 @@ if TYPE_CHECKING:
 __all__ = ["balance_group", "rank_report"]
 
 
-def _us(ns: float) -> str:
+def _us_from_ns(ns: float) -> str:
+    """A time in ns as µs text, one decimal."""
     return f"{ns / 1e3:,.1f}"
 
 
@@ -47,9 +49,9 @@ def ranks_table(rt: RankTimeline) -> RenderableType:
             str(r.pid),
             ", ".join(r.devices),
             f"{r.activities:,}",
-            "root" if root else _us(r.offset_ns),
-            "" if root else _us(r.bound_ns),
-            "" if root else _us(r.rtt_ns),
+            "root" if root else _us_from_ns(r.offset_ns),
+            "" if root else _us_from_ns(r.bound_ns),
+            "" if root else _us_from_ns(r.rtt_ns),
         )
     return table
 

@@ -37,7 +37,8 @@ from typing import Any, final
 
 import numpy as np
 
-from asyncgpu._analysis.summary import HOST, Plain
+from asyncgpu._analysis.balance import HOST
+from asyncgpu._analysis.summary import Plain
 from asyncgpu._base.checks import number, whole
 from asyncgpu._base.errors import GatherError
 from asyncgpu._timing.steps import StepTimer

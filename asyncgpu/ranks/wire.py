@@ -37,6 +37,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from asyncgpu._base.errors import GatherError
+from asyncgpu._base.numbers import finite
 from asyncgpu._base.records import DeviceClock, HostRange, ScopeInfo, Timeline
 
 __all__ = [
@@ -314,9 +315,9 @@ def _tables(tl: Timeline) -> dict:
             [
                 c.device,
                 c.aligned,
-                _finite(c.bound_ns),
+                finite(c.bound_ns),
                 c.offset_ns,
-                _finite(c.drift_ppm),
+                finite(c.drift_ppm),
                 c.reason,
                 float(c.overhead_ns),
                 c.overhead_source,
@@ -338,10 +339,6 @@ def _clock(c: list) -> DeviceClock:
         float(overhead),
         str(rest[0]) if rest else "",
     )
-
-
-def _finite(x: float | None) -> float | None:
-    return None if x is None or not math.isfinite(x) else float(x)
 
 
 def _pad8(n: int) -> int:

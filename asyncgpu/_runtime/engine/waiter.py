@@ -31,7 +31,7 @@ _NO_LOOP = [0]  # the count cell of waits that no loop owns (plain threads, call
 class WaitFor(NamedTuple):
     """What a wait is for: the event ``raw``, recorded on the stream ``key`` as its ``seq``-th record at
     ``record_ns`` (``time.perf_counter_ns``; 0: unknown), the ``tag`` its work's durations are learned by, and the
-    object it came from (``owner``: an `Event`, whose ``raw``, ``key`` and ``seq`` tell whether it still stands;
+    object it came from (``owner``: an `Event`, whose ``_raw``, ``_key`` and ``_seq`` tell whether it still stands;
     None for an internal event nobody re-records)."""
 
     raw: Any
@@ -77,7 +77,7 @@ class Waiter:
         """Whether this wait's event still stands where it was recorded (not released, not re-recorded): only
         then may its completion tell about the waits around it on its stream."""
         o = self.owner
-        return o is None or (o.raw is self.raw and o.seq == self.seq and o.key == self.key)
+        return o is None or (o._raw is self.raw and o._seq == self.seq and o._key == self.key)
 
 
 class _Queue:
