@@ -59,7 +59,7 @@ def device_cost(regions: int, repeats: int) -> list[dict]:
                     for which, kernel in (("on", on), ("off", off)):
                         ptr = prof.arm(grid)
                         start = dev.stream.record()
-                        bd.launch(dev.stream.raw, kernel, cfg, (*args, ptr))
+                        bd.launch(dev.stream._internal.raw, kernel, cfg, (*args, ptr))
                         end = dev.stream.record()
                         end.wait_sync()
                         times[which].append((end - start) * 1e6)

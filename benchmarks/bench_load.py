@@ -515,15 +515,15 @@ def queue_depth(dev, truth) -> dict:
                     for _ in range(limit if limit is not None else 50_000):
                         state["t"] = _now()
                         if kind == "record":
-                            s.bd.record(ev, s.raw)
+                            s._internal.bd.record(ev, s._internal.raw)
                         elif kind == "record_timing":
-                            s.bd.record(tev, s.raw)
+                            s._internal.bd.record(tev, s._internal.raw)
                         elif kind == "launch":
-                            s.bd.launch(s.raw, truth.nop, truth.one, ())
+                            s._internal.bd.launch(s._internal.raw, truth.nop, truth.one, ())
                         elif kind == "hold":
-                            tokens.append(s.bd.hold(s.raw))
+                            tokens.append(s._internal.bd.hold(s._internal.raw))
                         else:
-                            dev._internal.bd.memset(s.raw, buf.live(), 4, 0)
+                            dev._internal.bd.memset(s._internal.raw, buf.live(), 4, 0)
                         counts[si] += 1
                         if stuck.is_set():
                             return
@@ -579,7 +579,7 @@ def host_cost(dev, n: int = 300, rounds: int = 15) -> dict:
 
     s = dev.stream
     raw_ev = _check(drv.cuEventCreate(0))
-    sh = s.raw[1]
+    sh = s._internal.raw[1]
     lib = ctypes.CDLL("libcuda.so.1")
     rec = lib.cuEventRecord
     rec.argtypes, rec.restype = (ctypes.c_void_p, ctypes.c_void_p), ctypes.c_int
@@ -611,7 +611,7 @@ def host_cost(dev, n: int = 300, rounds: int = 15) -> dict:
             dev.record(s).release()
 
     def hold_stream():
-        token = dev._internal.bd.hold(s.raw)
+        token = dev._internal.bd.hold(s._internal.raw)
         return token
 
     def release_stream(token):
@@ -649,7 +649,7 @@ def host_cost(dev, n: int = 300, rounds: int = 15) -> dict:
     def raw_elapsed(k):
         rec(pair[0], shi)
         rec(pair[1], shi)
-        dev._internal.bd.sync_stream(s.raw)
+        dev._internal.bd.sync_stream(s._internal.raw)
         for _ in range(k):
             elapsed(ctypes.byref(out_ms), pair[0], pair[1])
 
@@ -661,7 +661,7 @@ def host_cost(dev, n: int = 300, rounds: int = 15) -> dict:
         for _ in range(k):
             rec(pair[0], shi)
             rec(pair[1], shi)
-        dev._internal.bd.sync_stream(s.raw)
+        dev._internal.bd.sync_stream(s._internal.raw)
         for _ in range(k):
             query(pair[1])
             elapsed(ctypes.byref(out_ms), pair[0], pair[1])

@@ -99,7 +99,7 @@ async def _measure_raw(dev, iters, warmup, wait, flags=0):
     GPU time. Returns (excess list in ns, CPU ns per wait)."""
     s = dev.stream
     a, b = _raw_pair(flags)
-    sh = s.raw[1]
+    sh = s._internal.raw[1]
     out, c0 = [], None
     try:
         for i in range(warmup + iters):
@@ -355,7 +355,7 @@ def host_cost(dev, n) -> dict:
     """ns per call: raw cuEventRecord (binding and ctypes), one pooled record, one timed activity."""
     s = dev.stream
     ev = _raw_event(0)
-    sh = s.raw[1]
+    sh = s._internal.raw[1]
     res = {}
     for _ in range(2):  # second pass is the measurement (warm caches, grown pools)
         t0 = _now()

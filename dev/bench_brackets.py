@@ -72,8 +72,8 @@ async def run(seqs: str, unprimed: bool) -> None:
         "S": lambda: s.spin_us(20),
         "B": lambda: s.spin_us(2000),
         "c": lambda: s.copy_to_host(small, small_host),
-        "p": lambda: prime(s.raw, "copy"),
-        "q": lambda: prime(s.raw, "compute"),
+        "p": lambda: prime(s._internal.raw, "copy"),
+        "q": lambda: prime(s._internal.raw, "compute"),
     }
     if unprimed:
         if not hasattr(hooks, "ENGINE_OF"):

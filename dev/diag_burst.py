@@ -22,7 +22,7 @@ from benchmarks._common import tee_stdout_to
 
 
 async def burst(dev: asyncgpu.Device, chunk: int) -> tuple[float, float, int]:
-    holds = [dev._internal.bd.hold(s.raw) for s in dev.streams]
+    holds = [dev._internal.bd.hold(s._internal.raw) for s in dev.streams]
     events, late, stop = [], [], [False]
 
     async def ticker() -> None:

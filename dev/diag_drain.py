@@ -28,7 +28,7 @@ async def once(backend: str) -> list[tuple[float, str]]:
     dev = asyncgpu.device(f"{backend}:0", streams=8)
     await dev.prepare(events=10_000)
     await dev.asynchronize()
-    holds = [dev._internal.bd.hold(s.raw) for s in dev.streams]
+    holds = [dev._internal.bd.hold(s._internal.raw) for s in dev.streams]
     phase = ["burst"]
     late: list[tuple[float, str]] = []
     stop = threading.Event()

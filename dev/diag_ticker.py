@@ -32,7 +32,7 @@ async def once(rep: int, loop_name: str, out) -> None:
     for s in dev.streams:
         s.spin_us(0)
     await anyio.to_thread.run_sync(dev.synchronize)
-    tokens = [dev._internal.bd.hold(s.raw) for s in dev.streams]
+    tokens = [dev._internal.bd.hold(s._internal.raw) for s in dev.streams]
     late: list[tuple[int, int]] = []
     stop = threading.Event()
     events = []

@@ -55,7 +55,7 @@ def test_adopt_framework_streams():
     dev = asyncgpu.device(0)
     cs = cupy.cuda.Stream(non_blocking=True)
     adopted = dev.adopt_stream(cs)
-    assert adopted.handle == cs.ptr and not adopted.owned
+    assert adopted.handle == cs.ptr and not adopted._internal.owned
     assert dev.adopt_stream(cs) is adopted
 
     class TorchStream:  # torch streams expose the raw handle as .cuda_stream

@@ -196,7 +196,7 @@ async def test_capture_errors_name_the_fix(dev):
     graph.close()  # idempotent
     with pytest.raises(ClosedError, match="closed"):
         graph.launch()
-    assert s.capture_hook is None and other.capture_hook is None
+    assert s._internal.capture_hook is None and other._internal.capture_hook is None
 
 
 async def test_other_threads_still_launch_during_a_capture(dev):
@@ -239,7 +239,7 @@ async def test_exception_in_the_capture_discards_it(dev):
     assert graph.closed and graph._res.raw is None and graph._res.events == []
     with pytest.raises(ClosedError, match="raised RuntimeError"):
         graph.launch()
-    assert all(x.capture_hook is None for x in dev.streams)
+    assert all(x._internal.capture_hook is None for x in dev.streams)
     s.inc_loop(a, 2)  # the stream runs work again, and captures again
     with s.capture() as again:
         s.inc_loop(a, 1)

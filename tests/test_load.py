@@ -27,7 +27,7 @@ pytestmark = pytest.mark.anyio
 
 def _hold(dev, s):
     """Hold ``s`` on the device until the returned function is called (any thread)."""
-    token = dev._internal.bd.hold(s.raw)
+    token = dev._internal.bd.hold(s._internal.raw)
     assert token is not None
     return lambda: dev._internal.bd.release(token)
 
@@ -176,7 +176,7 @@ async def test_launches_wait_for_room_and_the_loop_keeps_ticking(backend):
             s = dev.streams[i % 8]
             await s.room()
             s.spin_us(0)
-            most_queued[0] = max(most_queued[0], s.queued())
+            most_queued[0] = max(most_queued[0], s._internal.queued())
             if i % 10 == 0:
                 events.append(s.record(timing=False))
         for ev in events:
@@ -233,7 +233,7 @@ async def test_launching_past_the_bound_from_a_loop_raises_names_room_and_takes_
     finally:
         release()
     await s.room()
-    assert s.queued() <= stream_mod.QUEUE_BOUND
+    assert s._internal.queued() <= stream_mod.QUEUE_BOUND
     s.spin_us(0)
 
 
@@ -243,7 +243,7 @@ def test_a_plain_thread_launches_past_the_bound_without_a_warning(recwarn):
     release = _hold(dev, s)
     for _ in range(2 * stream_mod.QUEUE_BOUND):
         s.spin_us(0)
-    assert s.queued() >= stream_mod.QUEUE_BOUND
+    assert s._internal.queued() >= stream_mod.QUEUE_BOUND
     release()
     dev.synchronize()
     assert not [w for w in recwarn if issubclass(w.category, BlockingCallWarning)]
@@ -262,7 +262,7 @@ async def test_room_is_cancellable():
     assert dev._internal.engine.pending == 0
     release()
     await s.room()  # the device drains: room again
-    assert s.queued() <= stream_mod.QUEUE_BOUND
+    assert s._internal.queued() <= stream_mod.QUEUE_BOUND
 
 
 @pytest.mark.parametrize("backend", ["host", pytest.param("cuda", marks=pytest.mark.gpu)])

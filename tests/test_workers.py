@@ -322,7 +322,7 @@ async def test_asynchronize_waits_for_every_stream(dev):
     t0 = time.perf_counter()
     await dev.asynchronize()
     assert time.perf_counter() - t0 > 0.015
-    assert all(dev._internal.bd.stream_idle(s.raw) for s in dev.streams)
+    assert all(dev._internal.bd.stream_idle(s._internal.raw) for s in dev.streams)
 
 
 async def test_prepare_starts_the_worker_and_on_the_host_backend_loads_nothing():

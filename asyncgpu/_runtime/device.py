@@ -150,19 +150,20 @@ class Device:
         if self._internal.closed:
             self._internal.check_open()
         s = self.stream if stream is None else self.stream_of(stream)
-        if timing and s.ops - s.done_ops >= QUEUE_LIMIT:
-            s.check_room()  # (raises in a loop's thread when the stream is full: before anything is taken)
+        si = s._internal
+        if timing and si.ops - si.done_ops >= QUEUE_LIMIT:  # (`hooks.check_queue`, inlined)
+            si.check_room()  # (raises in a loop's thread when the stream is full: before anything is taken)
         pool = self._timing_pool if timing else self._plain_pool
         raw = pool.take()
         try:
-            s.bd.record(raw, s.raw)
+            si.bd.record(raw, si.raw)
         except BaseException:
             pool.give(raw)  # not recorded: as it was
             raise
         if timing:  # a timing record takes one of the driver's launch slots (a plain one does not)
-            s.counted()
-        ev = Event._recorded(self, raw, timing, s.handle, next(s.seqs), _now(), s.tag if tag is None else tag)
-        s.tag = None  # a second record right behind this one has no work of its own before it
+            si.counted()
+        ev = Event._recorded(self, raw, timing, s.handle, next(si.seqs), _now(), si.tag if tag is None else tag)
+        si.tag = None  # a second record right behind this one has no work of its own before it
         return ev
 
     def create_event(self, *, timing: bool = True) -> Event:
@@ -233,7 +234,7 @@ class Device:
         slow = self._internal.bd.slow_alloc_bytes
         if slow is not None and n * dt.itemsize >= slow and not _called_by_asyncgpu():
             loops.warn_blocking(f"{self.name}.alloc() of {n * dt.itemsize:,} bytes", "`await device.aalloc(n, dtype)`")
-        return DeviceArray._create(self, self._internal.bd.alloc(n, dt, s.raw), n, dt)
+        return DeviceArray._create(self, self._internal.bd.alloc(n, dt, s._internal.raw), n, dt)
 
     async def aalloc(self, n: int, dtype: Any = np.float32, *, stream: Stream | None = None) -> DeviceArray:
         """`alloc` on the device's worker thread, for a task: the loop runs on while the memory is allocated. A
@@ -242,7 +243,7 @@ class Device:
         n, dt = whole("n", n), _plain_dtype(dtype)
         self._check_fits(n, dt, pinned=False)
         s = self.stream_of(stream)
-        buf = await self._internal.worker.run(self._internal.bd.alloc, n, dt, s.raw)
+        buf = await self._internal.worker.run(self._internal.bd.alloc, n, dt, s._internal.raw)
         return DeviceArray._create(self, buf, n, dt)
 
     def alloc_pinned(self, n: int, dtype: Any = np.float32) -> np.ndarray:
@@ -406,7 +407,9 @@ class Device:
         fences: list[Event] = []
         try:
             for s in (*self._internal.owned_streams, *self._internal.adopted_streams.values()):
-                if s.capture_hook is None:  # (a stream being captured runs nothing until its graph is launched)
+                if (
+                    s._internal.capture_hook is None
+                ):  # (a stream being captured runs nothing until its graph is launched)
                     fences.append(s.record(timing=False, tag="synchronize"))
             for ev in fences:
                 await ev.wait()
@@ -449,7 +452,7 @@ class Device:
         if self._internal.worker.busy():
             return True
         try:
-            return not all(self._internal.bd.stream_idle(s.raw) for s in self._internal.owned_streams)
+            return not all(self._internal.bd.stream_idle(s._internal.raw) for s in self._internal.owned_streams)
         except AsyncGPUError:
             return False
 
@@ -475,9 +478,9 @@ class Device:
         rt.engine.close()
         rt.release_all()  # (every queued release goes back: the closed pools destroy it)
         for s in (*self._internal.owned_streams, *self._internal.adopted_streams.values()):
-            s.release_checks()
+            s._internal.release_checks()
         for s in self._internal.owned_streams:
-            self._internal.bd.close_stream(s.raw)
+            self._internal.bd.close_stream(s._internal.raw)
         self._internal.bd.close()
         self._timing_pool.close()
         self._plain_pool.close()

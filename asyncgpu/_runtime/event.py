@@ -17,7 +17,7 @@ from asyncgpu._base.checks import timeout_s as check_timeout_s
 from asyncgpu._base.errors import DeviceMismatchError, NotRecordedError, ReleasedError, TimingDisabledError
 from asyncgpu._runtime import loops
 from asyncgpu._runtime.engine import WaitFor
-from asyncgpu._runtime.hooks import QUEUE_LIMIT
+from asyncgpu._runtime.hooks import check_queue
 from asyncgpu._runtime.waiting import await_completion, block_until_complete
 
 if TYPE_CHECKING:
@@ -75,16 +75,17 @@ class Event:
         """
         raw = self._live()
         s = self.device.stream_of(stream)
-        if self.timing and s.ops - s.done_ops >= QUEUE_LIMIT:
-            s.check_room()  # (a full stream, in a loop's thread: `QueueFullError`, the event untouched)
-        s.bd.record(raw, s.raw)
+        si = s._internal
+        if self.timing:
+            check_queue(si)  # (a full stream, in a loop's thread: `QueueFullError`, the event untouched)
+        si.bd.record(raw, si.raw)
         if self.timing:  # a timing record takes one of the driver's launch slots (a plain one does not)
-            s.counted()
+            si.counted()
         self._key = s.handle
-        self._seq = next(s.seqs)
+        self._seq = next(si.seqs)
         self._record_ns = _now()
-        self._tag = s.tag if tag is None else tag
-        s.tag = None  # a second record right behind this one has no work of its own before it
+        self._tag = si.tag if tag is None else tag
+        si.tag = None  # a second record right behind this one has no work of its own before it
         return self
 
     @property

@@ -137,7 +137,7 @@ class Graph:
         self = object.__new__(cls)
         self.device = stream.device
         self.stream = stream  #: the stream it was captured on: where `launch` replays it by default
-        self.bd = stream.bd
+        self.bd = stream._internal.bd
         self._state, self._why = _CAPTURING, ""
         self._capture = capture
         self._res = _Resources(self.bd)
@@ -213,23 +213,23 @@ class Graph:
             s = stream
         else:
             s = dev.adopt_stream(stream)
-        hook = s.capture_hook
+        si = s._internal
+        hook = si.capture_hook
         if hook is not None:
             hook.refuse_graph(s)
         wanted = hooks.wanted_kinds(dev, self._kinds) if hooks.OBSERVERS else _NO_KINDS
-        if s.ops - s.done_ops >= hooks.QUEUE_LIMIT:
-            s.check_room()
+        hooks.check_queue(si)
         with self._lock:
             if self._state != _READY:
                 raise self._unusable()
             if not wanted:
                 self._point(self._res.events)
-                self.bd.launch_graph(self._res.raw, s.raw)
-                s.counted()
-                s.tag, s.last_kind = name, "graph"
+                self.bd.launch_graph(self._res.raw, si.raw)
+                si.counted()
+                si.tag, si.last_kind = name, "graph"
                 return
             pairs, tokens = self._launch_timed(s, name, wanted)
-        s.tag, s.last_kind = name, "graph"
+        si.tag, si.last_kind = name, "graph"
         nodes, count = self._work
         for act_name, kind, start_raw, end_raw, index in pairs:
             covered = nodes[index] if index >= 0 else hooks.WHOLE_GRAPH
@@ -243,11 +243,12 @@ class Graph:
         Returns ``[(name, kind, start_raw, end_raw, part index or -1)]``, the whole graph first, and the
         observers' correlation tokens of the launch."""
         dev, bd, pool = self.device, self.bd, self.device._internal.timing_pool
+        si = s._internal
         events = list(self._res.events)
         taken: list = []
         pairs: list = []
         tokens: list = []
-        held = bd.hold(s.raw) if hooks.should_hold(bd, s.raw) else None  # (see `hooks.launch_now`)
+        held = bd.hold(si.raw) if hooks.should_hold(bd, si.raw) else None  # (see `hooks.launch_now`)
         try:
             for index, (part_name, kind, i, j) in enumerate(self._parts):
                 if kind in wanted:
@@ -261,18 +262,18 @@ class Graph:
             if whole:
                 start = pool.take()
                 taken.append(start)
-                bd.record(start, s.raw)
+                bd.record(start, si.raw)
             tokens = hooks.correlate(s)  # CUPTI: the replay's nodes carry the scopes' external id
             try:
-                bd.launch_graph(self._res.raw, s.raw)
-                s.counted(1 + (held is not None) + whole)  # (its event nodes are part of the graph's launch)
+                bd.launch_graph(self._res.raw, si.raw)
+                si.counted(1 + (held is not None) + whole)  # (its event nodes are part of the graph's launch)
             finally:
                 hooks.uncorrelate(tokens)
             if whole:
                 end = pool.take()
                 taken.append(end)
-                bd.record(end, s.raw)
-                s.counted()
+                bd.record(end, si.raw)
+                si.counted()
                 pairs.insert(0, (name, "graph", start, end, -1))
         except BaseException:
             for raw in taken:  # back to the pool once the device has passed them (at once if never enqueued)
@@ -385,13 +386,13 @@ class GraphCapture:
         with _active_lock:
             _check_free(stream)
             _active[dev] = self
-            stream.capture_hook = self
+            stream._internal.capture_hook = self
             for other in (*dev._internal.owned_streams, *dev._internal.adopted_streams.values()):
-                if other is not stream and other.capture_hook is None:
-                    other.capture_hook = _OtherStream(self, other)
+                if other is not stream and other._internal.capture_hook is None:
+                    other._internal.capture_hook = _OtherStream(self, other)
                     self._guarded.append(other)
         try:
-            stream.bd.begin_capture(stream.raw)
+            stream._internal.bd.begin_capture(stream._internal.raw)
         except BaseException:
             self._unhook()
             graph._discard("its capture could not begin")
@@ -407,23 +408,23 @@ class GraphCapture:
             _current.set(None)
         graph, stream = self.graph, self.stream
         assert graph is not None
-        bd = stream.bd
+        bd = stream._internal.bd
         with graph._lock:
             closed_meanwhile = graph._state != _CAPTURING
             if not closed_meanwhile:
                 self._unhook()
                 if exc is not None:
-                    bd.abort_capture(stream.raw)
+                    bd.abort_capture(stream._internal.raw)
                     graph._discard(f"its capture block raised {type(exc).__name__}")
                     return
                 try:
-                    graph._finish_capture(bd.end_capture(stream.raw), self._parts)
+                    graph._finish_capture(bd.end_capture(stream._internal.raw), self._parts)
                 except BaseException:
                     graph._discard("its capture failed")
                     raise
         if closed_meanwhile:
-            if not stream.device.closed and stream.capture_hook is None:
-                bd.abort_capture(stream.raw)  # closed from another thread, which could not end the capture
+            if not stream.device.closed and stream._internal.capture_hook is None:
+                bd.abort_capture(stream._internal.raw)  # closed from another thread, which could not end the capture
             if exc is None:
                 raise ClosedError(f"the graph was closed during its capture ({graph._why}): capture it again")
 
@@ -444,11 +445,11 @@ class GraphCapture:
         """Add an event-record node with a placeholder event of its own; returns its index."""
         assert self.graph is not None
         stream, res = self.stream, self.graph._res
-        raw = stream.bd.create_event(True)  # like the pooled events that replace it: nodes keep one kind
+        raw = stream._internal.bd.create_event(True)  # like the pooled events that replace it: nodes keep one kind
         try:
-            stream.bd.record_in_capture(raw, stream.raw)
+            stream._internal.bd.record_in_capture(raw, stream._internal.raw)
         except BaseException:
-            stream.bd.destroy_event(raw)
+            stream._internal.bd.destroy_event(raw)
             raise
         res.events.append(raw)
         return len(res.events) - 1
@@ -457,12 +458,12 @@ class GraphCapture:
         """Stop taking launches: the stream and the device's other streams run work again. Idempotent."""
         stream = self.stream
         with _active_lock:
-            if stream.capture_hook is self:
-                stream.capture_hook = None
+            if stream._internal.capture_hook is self:
+                stream._internal.capture_hook = None
             for other in self._guarded:
-                hook = other.capture_hook
+                hook = other._internal.capture_hook
                 if isinstance(hook, _OtherStream) and hook.capture is self:
-                    other.capture_hook = None
+                    other._internal.capture_hook = None
             self._guarded = []
             if _active.get(stream.device) is self:
                 del _active[stream.device]
@@ -471,7 +472,7 @@ class GraphCapture:
         """`Graph.close` during the capture: stop it and end it (CUDA refuses from another thread: then the
         block's exit ends it)."""
         self._unhook()
-        self.stream.bd.abort_capture(self.stream.raw)
+        self.stream._internal.bd.abort_capture(self.stream._internal.raw)
 
 
 @final
@@ -505,7 +506,7 @@ class _OtherStream:
 def _check_free(stream: Stream) -> None:
     """Raise `ScopeError` unless a capture may begin on ``stream``. Holds ``_active_lock``."""
     dev = stream.device
-    if isinstance(stream.capture_hook, GraphCapture):
+    if isinstance(stream._internal.capture_hook, GraphCapture):
         raise ScopeError(
             f"{stream.label} of {dev.name} is already being captured: captures do not nest; end that "
             "`with stream.capture()` block first"

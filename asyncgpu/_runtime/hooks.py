@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 if TYPE_CHECKING:
     from asyncgpu._runtime.device import Device
-    from asyncgpu._runtime.stream import Stream
+    from asyncgpu._runtime.stream import Stream, StreamInternal
 
 __all__ = [
     "CaptureHook",
@@ -43,6 +43,7 @@ __all__ = [
     "WHOLE_GRAPH",
     "adopt",
     "attach",
+    "check_queue",
     "correlate",
     "install",
     "launch",
@@ -59,11 +60,20 @@ __all__ = [
 #: takes no slot) and then blocks the launching thread.
 QUEUE_BOUND = 768
 #: In an event loop's thread, a launch or timing record onto a stream with this many queued raises
-#: `QueueFullError` (`Stream.check_room`) instead of letting the driver block the loop. Above `QUEUE_BOUND`, so
-#: that a task that awaited room can launch a step's worth of work (a timed launch takes up to five slots) before
-#: it awaits room again; below the driver's queue, with room for what follows an admitted launch unchecked (its
-#: primer, hold and brackets; an activity block's end).
+#: `QueueFullError` (`StreamInternal.check_room`) instead of letting the driver block the loop. Above
+#: `QUEUE_BOUND`, so that a task that awaited room can launch a step's worth of work (a timed launch takes up to
+#: five slots) before it awaits room again; below the driver's queue, with room for what follows an admitted launch
+#: unchecked (its primer, hold and brackets; an activity block's end).
 QUEUE_LIMIT = QUEUE_BOUND + 128
+
+
+def check_queue(si: StreamInternal) -> None:
+    """The queue-full check before a launch or timing record onto the stream of ``si`` (``stream._internal``):
+    `StreamInternal.check_room` when asyncgpu's count says `QUEUE_LIMIT` launches are queued. The two hottest
+    paths (`launch`, `Device.record`) inline its comparison: ``if si.ops - si.done_ops >= QUEUE_LIMIT:
+    si.check_room()``."""
+    if si.ops - si.done_ops >= QUEUE_LIMIT:
+        si.check_room()
 
 
 class LaunchObserver(Protocol):
@@ -120,7 +130,8 @@ class Replay:
 
 
 class CaptureHook(Protocol):
-    """What a stream's ``capture_hook`` is while a graph capture is open on its device (`asyncgpu._runtime.graph`)."""
+    """What a stream's ``capture_hook`` (`StreamInternal`) is while a graph capture is open on its device
+    (`asyncgpu._runtime.graph`)."""
 
     def timed(self, name: str, kind: str, fn: Callable[..., Any], args: tuple) -> None:
         """Take the launch of ``fn(*args)`` on the hooked stream instead of `launch_now`."""
@@ -188,13 +199,14 @@ def launch(stream: Stream, name: str, kind: str, fn: Callable[..., Any], *args: 
     """Call ``fn(*args)`` (which enqueues work on ``stream``) with the observers around it: the hot path of
     every built-in workload and launch. While the stream is being captured into a graph, the capture takes the
     call instead (it times the part on every replay)."""
-    hook = stream.capture_hook
+    si = stream._internal
+    hook = si.capture_hook
     if hook is None and not OBSERVERS:  # the hot path, `launch_now`'s first branch without its frame
-        if stream.ops - stream.done_ops >= QUEUE_LIMIT:
-            stream.check_room()
+        if si.ops - si.done_ops >= QUEUE_LIMIT:  # (`check_queue`, inlined)
+            si.check_room()
         fn(*args)
-        stream.tag, stream.last_kind = name, kind
-        stream.counted()
+        si.tag, si.last_kind = name, kind
+        si.counted()
         return
     if hook is not None:
         hook.timed(name, kind, fn, args)
@@ -205,29 +217,30 @@ def launch(stream: Stream, name: str, kind: str, fn: Callable[..., Any], *args: 
 def launch_now(stream: Stream, name: str, kind: str, fn: Callable[..., Any], args: tuple) -> None:
     """`launch` without the capture check."""
     observers = OBSERVERS
-    if stream.ops - stream.done_ops >= QUEUE_LIMIT:  # (its primer, hold and brackets fit in the driver's margin)
-        stream.check_room()
+    si = stream._internal
+    if si.ops - si.done_ops >= QUEUE_LIMIT:  # (`check_queue` inlined; its primer, hold and brackets fit the margin)
+        si.check_room()
     if not observers:  # the hot path: nobody watches this launch
         fn(*args)
-        stream.tag, stream.last_kind = name, kind
-        stream.counted()
+        si.tag, si.last_kind = name, kind
+        si.counted()
         return
-    bd = stream.bd
+    bd = si.bd
     primed = 0
     if HOLD_USERS:
         # A record runs behind the engine of its stream's previous operation: after a compute<->copy switch the
         # start event would complete ~5 µs before the work starts. A tiny operation of the launch's own engine
         # first puts the start event behind that engine (`BackendDevice.prime`; measured in RESULTS.md run 26).
         engine = engine_of(kind, name)
-        if engine is not None and engine != _ALWAYS_PRIMED and engine_of(stream.last_kind, stream.tag) != engine:
-            bd.prime(stream.raw, engine)
+        if engine is not None and engine != _ALWAYS_PRIMED and engine_of(si.last_kind, si.tag) != engine:
+            bd.prime(si.raw, engine)
             primed = 1
     # Hold the stream until the observers' brackets and the work are all enqueued: on an idle stream the start
     # event would otherwise complete at once and the bracket count the host's submission time (see `hold`).
-    held = bd.hold(stream.raw) if should_hold(bd, stream.raw) else None
-    stream.held = held is not None
+    held = bd.hold(si.raw) if should_hold(bd, si.raw) else None
+    si.held = held is not None
     if HOLD_USERS and engine_of(kind, name) == _ALWAYS_PRIMED:  # behind the hold, so it runs right before the work
-        bd.prime(stream.raw, _ALWAYS_PRIMED)
+        bd.prime(si.raw, _ALWAYS_PRIMED)
         primed = 1
     begun: list[tuple[LaunchObserver, Any]] = []
     try:
@@ -244,12 +257,12 @@ def launch_now(stream: Stream, name: str, kind: str, fn: Callable[..., Any], arg
         for o, token in reversed(begun):
             o.launch_end(token, True)
     finally:
-        stream.tag, stream.last_kind = name, kind
+        si.tag, si.last_kind = name, kind
         if held is not None:
-            stream.held = False
+            si.held = False
             bd.release(held)
-    stream.tag = name
-    stream.counted(1 + primed + (held is not None) + 2 * len(begun))  # the work, primer, hold, 2 records each
+    si.tag = name
+    si.counted(1 + primed + (held is not None) + 2 * len(begun))  # the work, primer, hold, 2 records each
 
 
 def wanted_kinds(device: Device, kinds: frozenset[str]) -> frozenset[str]:

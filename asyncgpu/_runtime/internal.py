@@ -111,26 +111,26 @@ class DeviceInternal:
 
     def record_raw(self, stream: Stream, raw: Any) -> None:
         """Record the pooled backend event ``raw`` on ``stream`` (a feature's bracket; counted by the caller)."""
-        self.bd.record(raw, stream.raw)
+        self.bd.record(raw, stream._internal.raw)
 
     def hold(self, stream: Stream) -> Any:
         """Hold ``stream`` on the device until `release` (`BackendDevice.hold`; None: not held)."""
-        return self.bd.hold(stream.raw)
+        return self.bd.hold(stream._internal.raw)
 
     def release(self, held: Any) -> None:
         self.bd.release(held)
 
     def memset_raw(self, stream: Stream, ptr: Any, nbytes: int, byte: int) -> None:
         """Set ``nbytes`` at the device pointer ``ptr`` to ``byte``, on ``stream`` (not a timed launch)."""
-        self.bd.memset(stream.raw, ptr, nbytes, byte)
+        self.bd.memset(stream._internal.raw, ptr, nbytes, byte)
 
     def write_words32(self, stream: Stream, ptr: Any, values: Any) -> None:
         """Write 32-bit ``values`` at ``ptr``, in order on ``stream`` (`BackendDevice.write_words32`)."""
-        self.bd.write_words32(stream.raw, ptr, values)
+        self.bd.write_words32(stream._internal.raw, ptr, values)
 
     def copy_to_host_raw(self, stream: Stream, ptr: Any, out: Any, nbytes: int) -> None:
         """Copy ``nbytes`` from ``ptr`` into the pinned array ``out``, on ``stream`` (not a timed launch)."""
-        self.bd.copy_to_host(stream.raw, ptr, out, nbytes)
+        self.bd.copy_to_host(stream._internal.raw, ptr, out, nbytes)
 
     def inc_loop_profiled_blocks(self, n: int) -> int:
         """The blocks (one in-kernel record lane each) of the profiled ``inc_loop`` over ``n`` elements."""

@@ -25,7 +25,7 @@ from asyncgpu._base.errors import DeviceMismatchError, QueueFullError
 from asyncgpu._runtime import loops
 from asyncgpu._runtime.engine import WaitFor
 from asyncgpu._runtime.event import Event, raw_of
-from asyncgpu._runtime.hooks import QUEUE_BOUND, QUEUE_LIMIT
+from asyncgpu._runtime.hooks import QUEUE_BOUND, QUEUE_LIMIT, check_queue
 from asyncgpu._runtime.hooks import launch as run_timed
 from asyncgpu._runtime.memory import DeviceArray
 from asyncgpu._runtime.waiting import await_completion
@@ -35,8 +35,9 @@ if TYPE_CHECKING:
     from asyncgpu._runtime.device import Device
     from asyncgpu._runtime.graph import GraphCapture
     from asyncgpu._runtime.hooks import CaptureHook
+    from asyncgpu._runtime.internal import DeviceInternal
 
-__all__ = ["MAX_ITERATIONS", "QUEUE_BOUND", "QUEUE_LIMIT", "SEQ_BITS", "Stream"]
+__all__ = ["MAX_ITERATIONS", "QUEUE_BOUND", "QUEUE_LIMIT", "SEQ_BITS", "Stream", "StreamInternal"]
 
 #: A stream's record numbers (``seqs``) start at its own multiple of ``1 << SEQ_BITS``: ``seq >> SEQ_BITS`` names
 #: the `Stream` object for the life of the process (a CUDA handle may be reused after a close), 0 names no stream.
@@ -60,16 +61,18 @@ class _Check:
 
 
 @final
-class Stream:
-    """One stream of a device. Get them from `Device.streams`, `Device.create_stream` or `Device.adopt_stream`."""
+class StreamInternal:
+    """The library's side of one `Stream` (``stream._internal``), with plain names: its backend stream, record
+    numbers, launch counts and checkpoints, the capture hook and the launch path's state. Holds the device's
+    `DeviceInternal` (``dev``), not the `Device`."""
 
     __slots__ = (
-        "device",
+        "key",
         "label",
-        "handle",
-        "owned",
+        "dev",
         "bd",
         "raw",
+        "owned",
         "seqs",
         "tag",
         "capture_hook",
@@ -80,44 +83,23 @@ class Stream:
         "done_ops",
         "checks",
     )
-    device: Device
-    label: str
-    handle: int
-    owned: bool
-    bd: BackendDevice
-    raw: Any
-    seqs: itertools.count[int]
-    tag: Any
-    capture_hook: CaptureHook | None
-    held: bool
-    last_kind: str | None
-    ops: int
-    next_check: int
-    done_ops: int
-    checks: deque[_Check]
 
-    def __init__(self) -> None:
-        raise TypeError("streams come from device.streams, device.create_stream() or device.adopt_stream()")
-
-    @classmethod
-    def _create(cls, device: Device, raw: Any, label: str, owned: bool) -> Stream:
-        self = object.__new__(cls)
-        self.device = device
-        self.label = label  #: ``s0``, ``s1``… for the worker's streams, ``x0``… for adopted ones
-        self.capture_hook = None  # the graph capture in progress on this stream (asyncgpu._graph), if any
-        self.owned = owned  #: False for an adopted stream (asyncgpu never closes it)
-        self.bd = device._internal.bd
+    def __init__(self, dev: DeviceInternal, raw: Any, key: int, label: str, owned: bool) -> None:
+        self.key = key  # the stream's handle: the key of its records (`Event`'s ``_key``)
+        self.label = label
+        self.dev = dev
+        self.bd: BackendDevice = dev.bd
         self.raw = raw
-        self.handle = self.bd.stream_handle(raw)  #: the ``cudaStream_t`` address on CUDA
+        self.owned = owned  # False for an adopted stream (asyncgpu never closes it)
         self.seqs = itertools.count(next(_STREAM_IDS) << SEQ_BITS)  # record numbers, in record order (`SEQ_BITS`)
-        self.tag = None
+        self.tag: Any = None
+        self.capture_hook: CaptureHook | None = None  # the graph capture in progress on this stream, if any
         self.held = False  # a launch onto it is being held now (`asyncgpu._runtime.hooks.launch_now`)
-        self.last_kind = None  # the kind of its latest launch through asyncgpu, None if unknown (`hooks.ENGINE_OF`)
+        self.last_kind: str | None = None  # the kind of its latest launch through asyncgpu, None if unknown
         self.ops = 0  # launches enqueued through asyncgpu (`counted`)
         self.next_check = CHECK_EVERY
         self.done_ops = 0  # launches the device is known to have passed (from the checkpoints)
-        self.checks = deque()
-        return self
+        self.checks: deque[_Check] = deque()
 
     # -- room in the driver's queue ----------------------------------------------------------------------
     def counted(self, n: int = 1) -> None:
@@ -127,38 +109,38 @@ class Stream:
             self._checkpoint()
 
     def _checkpoint(self) -> None:
-        self._passed()
-        dev = self.device
-        raw = dev._internal.plain_pool.take()
+        self.passed()
+        pool = self.dev.plain_pool
+        raw = pool.take()
         try:
             self.bd.record(raw, self.raw)
         except BaseException:
-            dev._internal.plain_pool.give(raw)
+            pool.give(raw)
             raise
-        self.checks.append(_Check(raw, self.handle, next(self.seqs), self.ops))
+        self.checks.append(_Check(raw, self.key, next(self.seqs), self.ops))
         self.next_check = self.ops + CHECK_EVERY
 
     def check_room(self) -> None:
         """Before a launch onto this stream, when asyncgpu's count says `QUEUE_LIMIT` launches are queued (the
-        hot paths call this only then): learn what the device has passed, and if the stream is still that full,
-        raise `QueueFullError` in an event loop's thread, where the driver would soon block the loop until the
-        device drains (for ever behind held work). Nothing has been enqueued or taken yet, so nothing is lost:
-        ``await stream.room()`` and launch again. A plain thread (and a Jupyter cell, which blocks by design)
-        keeps the driver's behaviour: it blocks once the driver's own queue is full."""
-        self._passed()
+        hot paths call this only then, through `hooks.check_queue`): learn what the device has passed, and if the
+        stream is still that full, raise `QueueFullError` in an event loop's thread, where the driver would soon
+        block the loop until the device drains (for ever behind held work). Nothing has been enqueued or taken
+        yet, so nothing is lost: ``await stream.room()`` and launch again. A plain thread (and a Jupyter cell,
+        which blocks by design) keeps the driver's behaviour: it blocks once the driver's own queue is full."""
+        self.passed()
         queued = self.ops - self.done_ops
         if queued < QUEUE_LIMIT or loops.current()[0] == loops.THREAD or loops.in_jupyter_kernel():
             return
         raise QueueFullError(
-            f"{self.device.name}/{self.label} has {queued} launches queued that the device has not run yet: past "
-            f"about 1,000 the driver blocks the launching thread, here an event loop's (for ever if the device is "
-            f"held). Nothing was enqueued: `await stream.room()` before launching waits for room without blocking "
-            f"the loop (or launch from the device's worker thread: `await device.run(fn)`)"
+            f"{self.dev.name}/{self.label} has {queued} launches queued that the device has not run yet: "
+            f"past about 1,000 the driver blocks the launching thread, here an event loop's (for ever if the "
+            f"device is held). Nothing was enqueued: `await stream.room()` before launching waits for room without "
+            f"blocking the loop (or launch from the device's worker thread: `await device.run(fn)`)"
         )
 
-    def _passed(self) -> None:
+    def passed(self) -> None:
         """Move `done_ops` up to the newest checkpoint the device has passed; give their events back."""
-        checks, query, pool = self.checks, self.bd.query, self.device._internal.plain_pool
+        checks, query, pool = self.checks, self.bd.query, self.dev.plain_pool
         while checks and query(checks[0]._raw):
             c = checks.popleft()
             self.done_ops = c.ops
@@ -169,8 +151,45 @@ class Stream:
     def queued(self) -> int:
         """Launches enqueued through asyncgpu on this stream that the device may not have run yet (an upper
         bound: it knows of their completion at checkpoints, every `CHECK_EVERY` launches). Never blocks."""
-        self._passed()
+        self.passed()
         return self.ops - self.done_ops
+
+    def release_checks(self) -> None:
+        """Give every checkpoint event back (the stream is closing; the device has run or drops its work)."""
+        while self.checks:
+            c = self.checks.popleft()
+            if c._raw is not None:
+                self.dev.recycle(c._raw, False, c._key, c._seq)
+                c._raw = None
+
+    def check_open(self) -> None:
+        """Raise `ClosedError` (naming the fix) once the device's worker is closed."""
+        if self.dev.closed:
+            raise self.dev.closed_error("this stream")
+
+
+@final
+class Stream:
+    """One stream of a device. Get them from `Device.streams`, `Device.create_stream` or `Device.adopt_stream`."""
+
+    __slots__ = ("device", "label", "handle", "_internal")
+    device: Device
+    label: str
+    handle: int
+    _internal: StreamInternal
+
+    def __init__(self) -> None:
+        raise TypeError("streams come from device.streams, device.create_stream() or device.adopt_stream()")
+
+    @classmethod
+    def _create(cls, device: Device, raw: Any, label: str, owned: bool) -> Stream:
+        self = object.__new__(cls)
+        self.device = device
+        self.label = label  #: ``s0``, ``s1``… for the worker's streams, ``x0``… for adopted ones
+        dev = device._internal
+        self.handle = dev.bd.stream_handle(raw)  #: the ``cudaStream_t`` address on CUDA
+        self._internal = StreamInternal(dev, raw, self.handle, label, owned)
+        return self
 
     async def room(self, launches: int = 1) -> None:
         """Wait until ``launches`` more launches fit on this stream under `QUEUE_BOUND`: the driver queues
@@ -178,36 +197,28 @@ class Stream:
         Always a checkpoint (a producer that awaits it before each launch lets the loop's other tasks run);
         waits for the device only when the stream is full. Cancellation withdraws the wait. Launches made by
         other libraries on this stream are not counted."""
-        if self.queued() + launches <= QUEUE_BOUND:
+        si = self._internal
+        if si.queued() + launches <= QUEUE_BOUND:
             await loops.checkpoint(*loops.current())
             return
-        while self.queued() + launches > QUEUE_BOUND:
-            need = self.ops + launches - QUEUE_BOUND
-            c = next((c for c in self.checks if c.ops >= need), self.checks[-1])
+        while si.queued() + launches > QUEUE_BOUND:
+            need = si.ops + launches - QUEUE_BOUND
+            c = next((c for c in si.checks if c.ops >= need), si.checks[-1])
             c.waiters += 1
             try:
-                await await_completion(
-                    self.device._internal.engine, self.bd.query, WaitFor(c._raw, c._key, c._seq, "room", 0, c)
-                )
+                await await_completion(si.dev.engine, si.bd.query, WaitFor(c._raw, c._key, c._seq, "room", 0, c))
             finally:
                 c.waiters -= 1
-                if not c.waiters and c not in self.checks and c._raw is not None:
-                    self.device._internal.plain_pool.give(c._raw)
+                if not c.waiters and c not in si.checks and c._raw is not None:
+                    si.dev.plain_pool.give(c._raw)
                     c._raw = None
-
-    def release_checks(self) -> None:
-        """Give every checkpoint event back (the stream is closing; the device has run or drops its work)."""
-        while self.checks:
-            c = self.checks.popleft()
-            if c._raw is not None:
-                self.device._internal.recycle(c._raw, False, c._key, c._seq)
-                c._raw = None
 
     def __cuda_stream__(self) -> tuple[int, int]:
         """The CUDA stream protocol: ``(0, cudaStream_t address)``. Host streams are not CUDA streams."""
-        if self.bd.backend != "cuda":
+        si = self._internal
+        if si.bd.backend != "cuda":
             raise TypeError(f"{self.device.name}'s streams are host threads, not CUDA streams")
-        self._check_open()
+        si.check_open()
         return (0, self.handle)
 
     # -- ordering -----------------------------------------------------------------------------------------
@@ -225,24 +236,25 @@ class Stream:
         """Make this stream wait, on the device, for ``event`` (also an event of another GPU). No host wait."""
         if not isinstance(event, Event):
             raise TypeError(f"stream.wait() takes an asyncgpu Event, not {type(event).__name__}")
-        self._check_open()
-        if event.device.backend != self.bd.backend:
+        si = self._internal
+        si.check_open()
+        if event.device.backend != si.bd.backend:
             raise DeviceMismatchError(
-                f"a {self.bd.backend} stream cannot wait on a {event.device.backend} event: wait on the host "
+                f"a {si.bd.backend} stream cannot wait on a {event.device.backend} event: wait on the host "
                 "with `await event.wait()` instead"
             )
         raw = raw_of(event)
-        if self.ops - self.done_ops >= QUEUE_LIMIT:
-            self.check_room()
-        self.bd.wait_event(self.raw, raw)
-        self.counted()
+        check_queue(si)
+        si.bd.wait_event(si.raw, raw)
+        si.counted()
 
     def sync(self) -> None:
         """Block the calling thread (GIL released) until everything enqueued here has run. In a task:
         ``await stream.record().wait()`` (called from an event loop's thread, this warns: `BlockingCallWarning`)."""
-        self._check_open()
+        si = self._internal
+        si.check_open()
         loops.warn_blocking("stream.sync()", "`with stream.record() as ev: await ev.wait()`")
-        self.bd.sync_stream(self.raw)
+        si.bd.sync_stream(si.raw)
 
     # -- graphs -------------------------------------------------------------------------------------------
     def capture(self) -> GraphCapture:
@@ -252,7 +264,7 @@ class Stream:
         Enter and exit the block in one thread, without ``await`` inside (see `asyncgpu._graph`)."""
         from asyncgpu._runtime.graph import GraphCapture
 
-        self._check_open()
+        self._internal.check_open()
         return GraphCapture(self)
 
     # -- work ---------------------------------------------------------------------------------------------
@@ -260,54 +272,57 @@ class Stream:
         """Enqueue a kernel: a cuda.core ``Kernel`` with a ``LaunchConfig`` on CUDA; a callable with
         ``config=None`` on the host backend. Recorded as a ``kernel`` activity called ``name``. A kernel's module
         is loaded before its first launch is bracketed (CUDA loads lazily: the load is host time, not device time)."""
-        if self.device.closed:
-            self._check_open()
+        si = self._internal
+        if si.dev.closed:
+            si.check_open()
         if name is not None and not isinstance(name, str):
             raise TypeError(f"name is the kernel activity's name: a str, not {name!r}")
         label = name or getattr(kernel, "__name__", None) or "kernel"
-        if self.capture_hook is None:  # (a capture times its parts at replay, when the module is loaded)
-            self.bd.prepare_kernel(kernel)
-        run_timed(self, label, "kernel", self.bd.launch, self.raw, kernel, config, args)
+        bd = si.bd
+        if si.capture_hook is None:  # (a capture times its parts at replay, when the module is loaded)
+            bd.prepare_kernel(kernel)
+        run_timed(self, label, "kernel", bd.launch, si.raw, kernel, config, args)
 
     def spin_us(self, duration_us: float) -> None:
         """Busy-wait ``duration_us`` microseconds (a finite number >= 0) on the device (one thread on CUDA, on
         ``%globaltimer``)."""
         duration_ns = int(number("duration_us", duration_us, unit="microseconds", maximum=_MAX_SPIN_US) * 1000)
-        self._check_open()
-        self.bd.prepare("spin")
-        run_timed(self, "spin", "kernel", self.bd.spin, self.raw, duration_ns)
+        si = self._internal
+        si.check_open()
+        si.bd.prepare("spin")
+        run_timed(self, "spin", "kernel", si.bd.spin, si.raw, duration_ns)
 
     def inc_loop(self, array: DeviceArray, iterations: int) -> None:
         """Warp's ``inc_loop``: add 1.0 to every element of a float32 ``array``, ``iterations`` (a whole number
         >= 0) times."""
-        self._check_array(array)
+        si = self._check_array(array)
         iterations = whole("iterations", iterations, maximum=MAX_ITERATIONS)
         if array.dtype != np.float32:
             raise TypeError(f"inc_loop works on float32 arrays, not {array.dtype}")
-        self.bd.prepare("inc_loop")
-        run_timed(self, "inc_loop", "kernel", self.bd.inc_loop, self.raw, array.live(), array.size, iterations)
+        si.bd.prepare("inc_loop")
+        run_timed(self, "inc_loop", "kernel", si.bd.inc_loop, si.raw, array.live(), array.size, iterations)
 
     def memset(self, array: DeviceArray, byte: int = 0) -> None:
         """Set every byte of ``array`` to ``byte`` (0..255)."""
-        self._check_array(array)
+        si = self._check_array(array)
         byte = whole("byte", byte, maximum=255)
-        run_timed(self, "memset", "memset", self.bd.memset, self.raw, array.live(), array.nbytes, byte)
+        run_timed(self, "memset", "memset", si.bd.memset, si.raw, array.live(), array.nbytes, byte)
 
     def copy_to_host(self, array: DeviceArray, out: np.ndarray) -> None:
         """Copy ``array`` into the numpy array ``out`` (page-locked: `Device.alloc_pinned`) asynchronously.
         ``out`` holds the data once an event recorded after this call has completed."""
-        self._check_array(array)
+        si = self._check_array(array)
         if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or out.nbytes < array.nbytes:
             raise ValueError(
                 f"out must be a C-contiguous numpy array of at least {array.nbytes} bytes "
                 "(make one with device.alloc_pinned(n, dtype))"
             )
-        run_timed(self, "copy_to_host", "memcpy", self.bd.copy_to_host, self.raw, array.live(), out, array.nbytes)
+        run_timed(self, "copy_to_host", "memcpy", si.bd.copy_to_host, si.raw, array.live(), out, array.nbytes)
 
     def copy(self, dst: DeviceArray, src: DeviceArray) -> None:
         """Copy ``src`` into ``dst`` (same size in bytes or larger). ``dst`` must be on this stream's device;
         ``src`` may live on another device of the same backend: a peer-to-peer copy (NVLink/PCIe)."""
-        self._check_array(dst)
+        si = self._check_array(dst)
         if not isinstance(src, DeviceArray):
             raise TypeError(f"expected an asyncgpu DeviceArray (device.alloc), not {type(src).__name__}")
         if src.device.backend != self.device.backend:
@@ -317,14 +332,11 @@ class Stream:
             )
         if dst.nbytes < src.nbytes:
             raise ValueError(f"dst holds {dst.nbytes} bytes, src {src.nbytes}: allocate a large enough dst")
-        run_timed(self, "copy", "memcpy", self.bd.copy, self.raw, dst.live(), src.live(), src.nbytes)
+        run_timed(self, "copy", "memcpy", si.bd.copy, si.raw, dst.live(), src.live(), src.nbytes)
 
-    def _check_open(self) -> None:
-        if self.device.closed:
-            raise self.device._internal.closed_error("this stream")
-
-    def _check_array(self, array: DeviceArray) -> None:
-        self._check_open()
+    def _check_array(self, array: DeviceArray) -> StreamInternal:
+        si = self._internal
+        si.check_open()
         if not isinstance(array, DeviceArray):
             raise TypeError(f"expected an asyncgpu DeviceArray (device.alloc), not {type(array).__name__}")
         if array.device is not self.device:
@@ -332,6 +344,7 @@ class Stream:
                 f"that array lives on {array.device.name}, this stream on {self.device.name}: "
                 "allocate it on this device or copy it first"
             )
+        return si
 
     def __repr__(self) -> str:
         return f"<asyncgpu.Stream {self.device.name}/{self.label} handle={self.handle:#x}>"

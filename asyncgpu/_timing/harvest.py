@@ -50,7 +50,7 @@ def ended(act: Activity) -> None:
     s = act.stream
     try:
         dev._internal.engine.add(
-            act.end_raw, s.handle, next(s.seqs), None, 0, KIND_CALLBACK, None, lambda _raw: _harvest(dev)
+            act.end_raw, s.handle, next(s._internal.seqs), None, 0, KIND_CALLBACK, None, lambda _raw: _harvest(dev)
         )
     except AsyncGPUError:
         _HARVESTING.discard(dev)

@@ -124,7 +124,7 @@ def begin(stream: Stream, name: str, kind: str, owners: list, block: bool = Fals
         dev._internal.timing_pool.give(raw)  # not recorded: as it was
         raise
     act = Activity(dev, stream, name, kind, raw, len(owners))
-    act.held = stream.held and not block
+    act.held = stream._internal.held and not block
     nvtx = _nvtx.ACTIVE or _nvtx.sink is not None
     for scope in owners:
         scope._acts.append(act)
@@ -254,8 +254,7 @@ class ActivityBlock:
                 owners.append(timer)
         if owners:
             stream = self._stream
-            if stream.ops - stream.done_ops >= hooks.QUEUE_LIMIT:
-                stream.check_room()  # (a full stream, in a loop's thread: `QueueFullError`, nothing begun)
+            hooks.check_queue(stream._internal)  # (a full stream, in a loop's thread: `QueueFullError`, nothing begun)
             act = self._act = begin(stream, self._name, self._kind, owners, block=True)
             act.issued_ns = self._t0_ns  # a block is issued when it is entered (its work follows inside)
         return self
@@ -264,9 +263,9 @@ class ActivityBlock:
         act, self._act = self._act, None
         if act is not None:
             end(act, block=True)
-            stream = self._stream
-            stream.tag, stream.last_kind = self._name, "user"  # (whatever ran inside: its engine is unknown)
-            stream.counted(2)
+            si = self._stream._internal
+            si.tag, si.last_kind = self._name, "user"  # (whatever ran inside: its engine is unknown)
+            si.counted(2)
         timer = self._timer
         if timer._state == OPEN:  # a plain tuple here (hot path); a HostRange when the scope ends
             timer._host_ranges.append(

@@ -47,7 +47,7 @@ from asyncgpu._base.errors import AsyncGPUError, ClockError, ScopeError
 from asyncgpu._base.records import Timeline
 from asyncgpu._runtime.clock import CLOCK_MAX_AGE_S, placement
 from asyncgpu._runtime.device import Device
-from asyncgpu._runtime.hooks import QUEUE_LIMIT
+from asyncgpu._runtime.hooks import check_queue
 from asyncgpu._runtime.stream import Stream
 from asyncgpu._timing.step_cupti import StepRecords, totals
 from asyncgpu._timing.step_live import LiveView, wants_live
@@ -63,17 +63,16 @@ Listener = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Any], None]
 
 def _record(s: Stream) -> Any:
     """A pooled timing event recorded on ``s`` now (as `Device.record`, without the `Event` object)."""
-    dev = s.device
-    if s.ops - s.done_ops >= QUEUE_LIMIT:
-        s.check_room()  # (raises in a loop's thread when the stream is full, before anything is taken)
-    pool = dev._internal.timing_pool
+    si = s._internal
+    check_queue(si)  # (raises in a loop's thread when the stream is full, before anything is taken)
+    pool = si.dev.timing_pool
     raw = pool.take()
     try:
-        dev._internal.record_raw(s, raw)
+        si.dev.record_raw(s, raw)
     except BaseException:
         pool.give(raw)
         raise
-    s.counted()
+    si.counted()
     return raw
 
 

@@ -173,7 +173,7 @@ class KernelProfiler:
             "inc_loop",
             "kernel",
             rt.inc_loop_profiled,
-            s.raw,
+            s._internal.raw,
             array.live(),
             array.size,
             iterations,
