@@ -131,12 +131,12 @@ asyncgpu.close_all()
 
 
 def test_train_loop_memory_stays_flat(tmp_path):
-    """The example's memory between steps 1,000 and 3,500 (traced Python and numpy allocations, the live ring, the
+    """The example's memory between steps 1,250 and 3,750 (traced Python and numpy allocations, the live ring, the
     trace stream and the event pools included), extrapolated to steps 2,000 -> 20,000: within 10 %. Measured over
     2,500 steps of tiny host work (20,000 would take ~20 s under tracemalloc): the growth per step times 18,000.
     Each end is the least of three marks 250 steps apart: a queue that has not drained yet (a loaded machine) adds
     to one mark, growth to all."""
-    early, late = (1000, 1250, 1500), (3000, 3250, 3500)
+    early, late = (1250, 1500, 1750), (3250, 3500, 3750)  # (from 1,250 on: after the ring of 1,000 has filled)
     b = late[-1]
     code = _MEMORY.replace("MARKS", repr(early + late)).replace("LAST", str(b))
     out = subprocess.run(

@@ -162,8 +162,7 @@ async def test_a_slow_device_is_the_straggler(anyio_backend, two_devs):
     assert s.busy_ms[devs[1].name]["p50"] > 2 * s.busy_ms[devs[0].name]["p50"]  # (5x the work: a ratio, not a figure)
     assert s.verdict.startswith(f"device-bound: {devs[1].name}")
     assert len(st.steps()) == 16
-    rec = st.steps()[-1]
-    assert rec.straggler == st.balance(rec.index).straggler == devs[1].name
+    assert all(st.balance(r.index).straggler == r.straggler for r in st.steps())  # one balance, per step too
     await _aquiet(devs)
 
 
@@ -421,6 +420,7 @@ async def test_cupti_records_give_each_step_its_busy_time_and_kernel_names(anyio
     from asyncgpu._backends import cupti
 
     seen: list[tuple] = []
+    every: list[tuple] = []  # each record as made: (device index, start ns, end ns)
     state = {"users": 0}
 
     def choose(source, devices, channel, what):
@@ -440,7 +440,9 @@ async def test_cupti_records_give_each_step_its_busy_time_and_kernel_names(anyio
         t0 = time.perf_counter_ns()
         while time.perf_counter_ns() - t0 < us * 1e3:
             pass
-        seen.append(("kernel", t0, time.perf_counter_ns(), 0, index, 0, name))
+        t1 = time.perf_counter_ns()
+        seen.append(("kernel", t0, t1, 0, index, 0, name))
+        every.append((index, t0, t1))
 
     async with asyncgpu.step_timer(two_devs, source="cupti") as st:
         assert st.source == "cupti"
@@ -455,8 +457,13 @@ async def test_cupti_records_give_each_step_its_busy_time_and_kernel_names(anyio
                     await done.wait()
     assert state["users"] == 0  # released at the exit
     for rec in st.steps():
-        for dev in rec.devices:
-            assert 0.8 <= dev.busy_ms <= 1.2, rec  # 0.2 + 0.6 ms of records, not the ~2.8 ms span
+        for d, dev in zip(two_devs, rec.devices):
+            # the records' own time inside the step's window (a loaded machine stretches them: the reference is
+            # what they say, not the 0.8 ms asked for), and less than the window, which holds 2 ms of sleep
+            inside = [(max(a, dev.start_ns), min(b, dev.end_ns)) for i, a, b in every if i == d.index]
+            expect_ms = sum(b - a for a, b in inside if b > a) / 1e6  # (one stream: its records never overlap)
+            assert dev.busy_ms == pytest.approx(expect_ms, abs=1e-6), (rec, expect_ms)
+            assert 0.8 <= dev.busy_ms < dev.span_ms - 1.5, rec
     names = st.kernels()
     assert [n for n, _, _ in names[two_devs[0].name]] == ["long", "short"]
     assert names[two_devs[1].name][0][1] == 6  # six of each
