@@ -10,7 +10,12 @@ from asyncgpu._backends import cupti
 from asyncgpu._runtime import hooks, select
 from asyncgpu._timing import functional
 
-__all__ = ["assert_quiescent", "leftovers"]
+__all__ = ["assert_quiescent", "cupti_users", "leftovers"]
+
+
+def cupti_users() -> int:
+    """How many scopes, step timers and calibrations hold CUPTI now (process-wide)."""
+    return cupti.users()
 
 
 def leftovers() -> dict[str, object]:
@@ -30,9 +35,12 @@ def leftovers() -> dict[str, object]:
     }
 
 
-def assert_quiescent() -> None:
-    """`leftovers`, and `AssertionError` naming whatever was left (threads, scopes, CUPTI users)."""
+def assert_quiescent(*, cupti_users_before: int = 0) -> None:
+    """`leftovers`, and `AssertionError` naming whatever was left (threads, scopes, CUPTI users beyond
+    ``cupti_users_before``: what `cupti_users` said before the test, so that one test's leak is blamed on it
+    alone)."""
     left = leftovers()
     assert not left["threads"], f"threads left running: {left['threads']}"
+    left["CUPTI users"] = max(0, int(left["CUPTI users"]) - cupti_users_before)  # type: ignore[call-overload]
     scopes = {k: v for k, v in left.items() if k != "threads" and v}
     assert not scopes, f"scopes left open: {scopes}"

@@ -48,10 +48,11 @@ BACKENDS = ["host", pytest.param("cuda", marks=pytest.mark.gpu)]
 @pytest.fixture(autouse=True)
 def _close_workers():
     """Every test starts with no open worker and must leave nothing of asyncgpu running behind it."""
-    yield
-    from asyncgpu._testing import assert_quiescent
+    from asyncgpu._testing import assert_quiescent, cupti_users
 
-    assert_quiescent()
+    before = cupti_users()  # (a leak is blamed on the test that made it, not on every test after it)
+    yield
+    assert_quiescent(cupti_users_before=before)
 
 
 @pytest.fixture(params=BACKENDS)

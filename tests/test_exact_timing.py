@@ -70,6 +70,38 @@ def test_a_failed_launch_releases_its_hold(dev):
     assert [r.name for r in t.records] == ["spin", "spin"] and t.records[1].complete
 
 
+def test_a_pinned_free_while_a_launch_is_held_stops_no_thread(dev):
+    """Freeing pinned memory waits for the GPU and holds a driver lock meanwhile. A free that starts while a hold
+    is open would wait for the hold, and the thread that ends the hold would wait in its next driver call for the
+    free: every thread stops. The free ends the holds first."""
+    if dev.backend != "cuda":
+        pytest.skip("CUDA's frees wait for the GPU; the host backend's do not")
+    bd, raw = dev._internal.bd, dev.stream._internal.raw
+    x = dev.alloc(1 << 20)
+    holder = [dev.alloc_pinned(1024)]  # (small: freed by the thread that drops it, not handed to the worker)
+    token = bd.hold(raw)
+    assert token is not None, bd.hold_problem()
+    freed, rescued = threading.Event(), threading.Event()
+
+    def free() -> None:
+        holder.clear()  # the last reference: cuMemFreeHost here
+        freed.set()
+
+    def rescue() -> None:  # without the fix the threads stop: end the hold after a while, so the test fails
+        if not freed.wait(10):
+            rescued.set()
+            bd.release(token)
+
+    threading.Thread(target=free, daemon=True).start()
+    threading.Thread(target=rescue, daemon=True).start()
+    time.sleep(0.05)  # the free is under way
+    dev.stream.memset(x, 0)  # a driver call of the holding thread while the free runs
+    bd.release(token)
+    assert freed.wait(15) and not rescued.is_set(), "the free waited for an open hold"
+    dev.synchronize()
+    x.free()
+
+
 # -- the timing source ------------------------------------------------------------------------------------------
 def test_an_unknown_source_names_the_choices(dev):
     with pytest.raises(ValueError, match="'auto', 'cupti', 'events'"):

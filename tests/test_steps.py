@@ -400,7 +400,8 @@ def test_records_are_attributed_to_steps_by_their_union():
     assert list(r._end[0]) == [12 * MS]
 
 
-async def test_the_cupti_source_on_host_devices_names_the_fix_and_auto_falls_back(anyio_backend, two_devs):
+async def test_the_cupti_source_on_host_devices_names_the_fix_and_auto_falls_back(anyio_backend):
+    two_devs = asyncgpu.devices("host", count=2)
     with pytest.raises(asyncgpu.errors.SourceError, match="source='events'"):
         async with asyncgpu.step_timer(two_devs, source="cupti"):
             pass
@@ -413,12 +414,13 @@ async def test_the_cupti_source_on_host_devices_names_the_fix_and_auto_falls_bac
     await _aquiet(two_devs)
 
 
-async def test_cupti_records_give_each_step_its_busy_time_and_kernel_names(anyio_backend, two_devs, monkeypatch):
+async def test_cupti_records_give_each_step_its_busy_time_and_kernel_names(anyio_backend, monkeypatch):
     """A stand-in for CUPTI's records-only channel on host devices: each "kernel" (a callable on a host stream)
     writes its own start and end, as CUPTI would; the step's busy time is their union inside the step, not the
     span of its event pair, and the names are counted."""
     from asyncgpu._backends import cupti
 
+    two_devs = asyncgpu.devices("host", count=2)
     seen: list[tuple] = []
     every: list[tuple] = []  # each record as made: (device index, start ns, end ns)
     state = {"users": 0}

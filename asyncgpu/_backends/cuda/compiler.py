@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from asyncgpu._backends.cuda.driver import LIBCUDA
+from asyncgpu._backends.cuda.unheld import releasing_holds
 from asyncgpu._backends.kernels import kernels_dir
 from asyncgpu._base.errors import BackendError
 
@@ -123,7 +124,8 @@ class _Primer:
         }
 
     def close(self) -> None:
-        self._drv.d.cuMemFree(self._dptr)  # (the stream-ordered primers ahead of a close are done or dropped)
+        with releasing_holds():  # (cuMemFree waits for the GPU)
+            self._drv.d.cuMemFree(self._dptr)  # (the stream-ordered primers ahead of a close are done or dropped)
 
 
 _PRIMER_LOCK = threading.Lock()

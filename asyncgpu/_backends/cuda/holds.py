@@ -8,6 +8,7 @@ from typing import Any
 
 from asyncgpu._backends.cuda.driver import MASK32, PAGE
 from asyncgpu._backends.cuda.hotpath import CudaDeviceBase
+from asyncgpu._backends.cuda.unheld import ACTIVE, GATES
 from asyncgpu._base.errors import BackendError
 
 
@@ -15,6 +16,8 @@ class HoldsMixin(CudaDeviceBase):
     """`CudaDevice`'s holds, on one page of hold words per GPU (`_Gates`)."""
 
     def hold(self, raw_stream: Any) -> Any:
+        if ACTIVE[0]:  # a call that synchronizes the GPU is running: a hold now could stop every thread (`unheld`)
+            return None
         gates = _GATES.get(self.index)
         if gates is None:
             if self.index in _NO_GATES:
@@ -86,6 +89,6 @@ class _Gates:
             return slot
 
 
-_GATES: dict[int, _Gates] = {}  # GPU index -> its hold words
+_GATES: dict[int, _Gates] = GATES  # GPU index -> its hold words (shared with `unheld`, which releases them)
 _NO_GATES: dict[int, str] = {}  # GPU index -> why its streams cannot be held
 _GATES_LOCK = threading.Lock()

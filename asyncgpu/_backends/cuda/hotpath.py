@@ -18,6 +18,7 @@ import numpy as np
 from asyncgpu._backends.contract import BackendDevice, pinned_array
 from asyncgpu._backends.cuda.compiler import _KERNEL_SOURCES, _compiled
 from asyncgpu._backends.cuda.driver import CUDA_ERROR_NOT_READY, _ctypes_hot_paths, _Driver
+from asyncgpu._backends.cuda.unheld import UnheldFree, releasing_holds
 from asyncgpu._base.errors import BackendError, DeviceMismatchError, NotReadyError
 
 if TYPE_CHECKING:
@@ -43,7 +44,8 @@ class MappedPage:
 
     def free(self) -> None:
         if self.ptr:
-            self._drv.d.cuMemFreeHost(self.ptr)
+            with releasing_holds():  # (cuMemFreeHost waits for the GPUs)
+                self._drv.d.cuMemFreeHost(self.ptr)
             self.ptr = 0
 
 
@@ -229,7 +231,7 @@ class CudaDeviceBase(BackendDevice):
         nbytes = max(1, n * np.dtype(dtype).itemsize)
         buf = self._pinned_mr.allocate(nbytes)
         hand = self.free_elsewhere if nbytes >= (self.slow_pinned_bytes or 0) else None  # (unpinning is slow too)
-        return pinned_array(buf, int(buf.handle), nbytes, n, dtype, hand)
+        return pinned_array(UnheldFree(buf), int(buf.handle), nbytes, n, dtype, hand)  # (its free waits for the GPUs)
 
     def _kernel(self, name: str) -> Any:
         with self._kernel_lock:

@@ -1,0 +1,103 @@
+"""Calls that synchronize a GPU run with every hold released.
+
+A hold (`asyncgpu._backends.cuda.holds`) keeps a stream waiting on a pinned host word until the thread that made
+it has enqueued its bracket, a few microseconds later. Freeing pinned or device memory (``cuMemFreeHost``,
+``cuMemFree``) waits for the GPU to go idle, and holds a driver lock while it waits. If such a free starts while
+a hold is open, the GPU waits for the hold, the free waits for the GPU, and the thread that would end the hold
+waits in its next driver call for the free's lock: every thread stops. The same thread can meet itself there:
+a finalizer that frees pinned memory may run inside its own hold window.
+
+So every synchronizing call the backend makes runs inside `releasing_holds`: while it runs, new holds are
+skipped (their brackets go unheld: they may count a few microseconds of the host's time), and a releaser thread
+moves every hold word to its latest value every `RELEASE_PERIOD_S`, which also ends a hold that began just
+before the call. Synchronizing calls made by other libraries on other threads are not seen: a free of theirs
+inside one of our hold windows can still stop both (ARCHITECTURE.md, "Holds").
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from asyncgpu._backends.cuda.driver import MASK32
+
+#: How often the releaser moves the hold words while a synchronizing call runs (s). A hold that began just
+#: before the call ends within this long; the call itself takes at least as long (a free unpins pages).
+RELEASE_PERIOD_S = 50e-6
+
+#: GPU index -> its hold words (`holds._Gates`: ``words``, the pinned uint32 words the streams wait on, and
+#: ``next``, each word's latest hold value). Registered by the holds, read here.
+GATES: dict[int, Any] = {}
+#: Synchronizing calls in progress (one item): `holds.hold` makes no hold while it is not 0.
+ACTIVE = [0]
+_lock = threading.Lock()
+
+
+def syncing() -> bool:
+    """Whether a synchronizing call is in progress (a hold made now could stop every thread)."""
+    return ACTIVE[0] != 0
+
+
+def release_all() -> None:
+    """Move every hold word forward to its latest hold's value: every held stream may go on. Any thread."""
+    for gates in list(GATES.values()):
+        words, latest = gates.words, gates.next
+        for slot, value in enumerate(latest):
+            if (value - words[slot]) & MASK32 < 0x80000000:  # never move a word back
+                words[slot] = value
+
+
+@contextmanager
+def releasing_holds() -> Iterator[None]:
+    """Run the body (a call that synchronizes a GPU) with no hold open on any GPU of this process: holds are
+    skipped while it runs, and a releaser thread (``asyncgpu-unhold``, joined at the end) ends those that began
+    before it. Any thread, a finalizer's too. Without any hold word there is nothing to release: no thread."""
+    if not GATES:
+        yield
+        return
+    with _lock:
+        ACTIVE[0] += 1
+    done = threading.Event()
+
+    def keep_releasing() -> None:
+        while True:
+            release_all()
+            if done.wait(RELEASE_PERIOD_S):
+                return
+
+    releaser: threading.Thread | None = threading.Thread(target=keep_releasing, name="asyncgpu-unhold", daemon=True)
+    try:
+        assert releaser is not None
+        releaser.start()
+    except RuntimeError:  # at interpreter shutdown no thread starts: no loop makes holds then either
+        releaser = None
+        release_all()
+    try:
+        yield
+    finally:
+        done.set()
+        if releaser is not None:
+            releaser.join()
+        with _lock:
+            ACTIVE[0] -= 1
+
+
+class UnheldFree:
+    """The owner of a cuda.core buffer whose free synchronizes (pinned host memory): the last reference to it
+    frees the buffer inside `releasing_holds`, in whichever thread drops it."""
+
+    __slots__ = ("buffer",)
+
+    def __init__(self, buffer: Any) -> None:
+        self.buffer = buffer
+
+    def close(self) -> None:
+        buffer, self.buffer = self.buffer, None
+        if buffer is not None:
+            with releasing_holds():
+                buffer.close()
+
+    def __del__(self) -> None:
+        self.close()
