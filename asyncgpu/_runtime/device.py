@@ -147,8 +147,9 @@ class Device:
         one of the driver's ~1,000 launch slots of the stream (one without, ``timing=False``, takes none): past
         them the driver blocks the calling thread until the device drains. In an event loop's thread a record
         onto a full stream raises `QueueFullError` instead, taking nothing (``await stream.room()`` first)."""
-        if self._internal.closed:
-            self._internal.check_open()
+        rt = self._internal
+        if rt.closed:
+            rt.check_open()
         s = self.stream if stream is None else self.stream_of(stream)
         si = s._internal
         if timing and si.ops - si.done_ops >= QUEUE_LIMIT:  # (`hooks.check_queue`, inlined)
@@ -162,14 +163,14 @@ class Device:
             raise
         if timing:  # a timing record takes one of the driver's launch slots (a plain one does not)
             si.counted()
-        ev = Event._recorded(self, raw, timing, s.handle, next(si.seqs), _now(), si.tag if tag is None else tag)
+        ev = Event._recorded(rt, raw, timing, s.handle, next(si.seqs), _now(), si.tag if tag is None else tag)
         si.tag = None  # a second record right behind this one has no work of its own before it
         return ev
 
     def create_event(self, *, timing: bool = True) -> Event:
         """A pooled event that is not recorded yet: record it with ``event.record(stream)``."""
         self._internal.check_open()
-        return Event._create(self, (self._timing_pool if timing else self._plain_pool).take(), timing)
+        return Event._create(self._internal, (self._timing_pool if timing else self._plain_pool).take(), timing)
 
     def pool_stats(self, timing: bool = True) -> PoolStats:
         """Counters of the pool of timing (or non-timing) events, after taking back the released events the
@@ -213,7 +214,7 @@ class Device:
         if stream is None:
             return self.stream
         if isinstance(stream, Stream):
-            if stream.device is not self:
+            if stream._internal.dev is not self._internal:  # (one `DeviceInternal` per `Device`)
                 raise DeviceMismatchError(
                     f"that stream belongs to {stream.device.name}, not {self.name}: record on one of "
                     f"{self.name}'s streams, or on {stream.device.name}"

@@ -22,6 +22,7 @@ from asyncgpu._runtime.waiting import await_completion, block_until_complete
 
 if TYPE_CHECKING:
     from asyncgpu._runtime.device import Device
+    from asyncgpu._runtime.internal import DeviceInternal
     from asyncgpu._runtime.stream import Stream
 
 __all__ = ["Event", "block", "block_until", "peek_raw", "raw_of", "record_point"]
@@ -31,11 +32,13 @@ _now = time.perf_counter_ns
 
 @final
 class Event:
-    """A point in a stream's work on one device. Create with `Device.record` or `Device.create_event`."""
+    """A point in a stream's work on one device. Create with `Device.record` or `Device.create_event`.
 
-    __slots__ = ("device", "timing", "_raw", "_key", "_seq", "_record_ns", "_tag", "__weakref__")
-    device: Device
+    Holds its device's `DeviceInternal` (``_dev``), not the `Device`: `device` reads it from there."""
+
+    __slots__ = ("timing", "_dev", "_raw", "_key", "_seq", "_record_ns", "_tag", "__weakref__")
     timing: bool
+    _dev: DeviceInternal
     _raw: Any
     _key: int | None
     _seq: int
@@ -46,9 +49,9 @@ class Event:
         raise TypeError("events come from device.record() or device.create_event()")
 
     @classmethod
-    def _create(cls, device: Device, raw: Any, timing: bool) -> Event:
+    def _create(cls, dev: DeviceInternal, raw: Any, timing: bool) -> Event:
         self = object.__new__(cls)
-        self.device = device
+        self._dev = dev
         self.timing = timing
         self._raw = raw
         self._key = None  # the stream it was last recorded on (None: never recorded)
@@ -58,13 +61,20 @@ class Event:
         return self
 
     @classmethod
-    def _recorded(cls, device: Device, raw: Any, timing: bool, key: int, seq: int, record_ns: int, tag: Any) -> Event:
-        """An event that ``raw``'s record on stream ``key`` (record number ``seq``) has just made (`Device.record`:
-        the hot path, every field set once)."""
+    def _recorded(
+        cls, dev: DeviceInternal, raw: Any, timing: bool, key: int, seq: int, record_ns: int, tag: Any
+    ) -> Event:
+        """An event that ``raw``'s record on stream ``key`` (record number ``seq``) has just made on ``dev``'s device
+        (`Device.record`: the hot path, every field set once)."""
         self = object.__new__(cls)
-        self.device, self.timing, self._raw = device, timing, raw
+        self._dev, self.timing, self._raw = dev, timing, raw
         self._key, self._seq, self._record_ns, self._tag = key, seq, record_ns, tag
         return self
+
+    @property
+    def device(self) -> Device:
+        """The `Device` this event belongs to (read-only)."""
+        return self._dev.device
 
     # -- recording ---------------------------------------------------------------------------------------
     def record(self, stream: Stream | Any | None = None, *, tag: Any = None) -> Event:
@@ -74,7 +84,7 @@ class Event:
         record, if any); the completion engine learns how long each tag takes to wake waiters just in time.
         """
         raw = self._live()
-        s = self.device.stream_of(stream)
+        s = self._dev.device.stream_of(stream)
         si = s._internal
         if self.timing:
             check_queue(si)  # (a full stream, in a loop's thread: `QueueFullError`, the event untouched)
@@ -95,7 +105,7 @@ class Event:
     # -- completion ---------------------------------------------------------------------------------------
     def query(self) -> bool:
         """True once the device has passed the event. Never blocks."""
-        return self.device._internal.bd.query(self._checked())
+        return self._dev.bd.query(self._checked())
 
     def wait_sync(self, *, timeout_s: float | None = None) -> None:
         """Block the calling thread (GIL released) until the device has passed the event: the blocking form of
@@ -110,7 +120,7 @@ class Event:
         raw = self._checked()
         if timeout_s is not None:
             timeout_s = check_timeout_s(timeout_s)
-        if self.device._internal.bd.query(raw):
+        if self._dev.bd.query(raw):
             return
         loops.warn_blocking("event.wait_sync()", "`await event.wait()`")
         self._block(timeout_s)
@@ -119,7 +129,7 @@ class Event:
         """`wait_sync` without its event-loop check, for asyncgpu's own blocking forms (which warned already,
         or run in a plain thread). ``timeout_s``: checked by the caller."""
         if timeout_s is None:
-            self.device._internal.bd.sync_event(self._checked())
+            self._dev.bd.sync_event(self._checked())
         elif not self._block_until(_now() + int(timeout_s * 1e9)):
             raise TimeoutError(f"{self.device.name} had not passed the event after {timeout_s} s")
 
@@ -127,7 +137,7 @@ class Event:
         """Block this plain thread (GIL released) until the event completes or ``deadline_ns`` passes (False):
         the waiter thread wakes it shortly before the predicted completion; without a deadline it then
         finishes with the driver's spin wait."""
-        rt = self.device._internal
+        rt = self._dev
         raw = self._checked()
         key = self._key
         assert key is not None  # checked() raised otherwise
@@ -145,7 +155,7 @@ class Event:
         for the loop to pass through at every wake, the loop's cost of a burst of completions.)
         """
         raw = self._checked()
-        rt = self.device._internal
+        rt = self._dev
         key = self._key
         assert key is not None  # checked() raised otherwise
         return await_completion(rt.engine, rt.bd.query, WaitFor(raw, key, self._seq, self._tag, self._record_ns, self))
@@ -155,7 +165,7 @@ class Event:
         """Milliseconds from ``start`` to this event (same device; both recorded, complete, with timing)."""
         if not isinstance(start, Event):
             raise TypeError(f"elapsed_ms() takes an asyncgpu Event, not {type(start).__name__}")
-        if start.device is not self.device:
+        if start._dev is not self._dev:  # (one `DeviceInternal` per `Device`)
             raise DeviceMismatchError(
                 f"cannot time between {start.device.name} and {self.device.name}: each device has its own clock. "
                 "Time events of one device, or compare activity records on the aligned timeline"
@@ -165,7 +175,7 @@ class Event:
                 raise TimingDisabledError(
                     "an event recorded with timing=False has no timestamp: record it with device.record(timing=True)"
                 )
-        return self.device._internal.bd.elapsed_ms(start._checked(), self._checked())
+        return self._dev.bd.elapsed_ms(start._checked(), self._checked())
 
     def __sub__(self, start: Event) -> float:
         """``end - start``: `elapsed_ms` in milliseconds."""
@@ -177,7 +187,7 @@ class Event:
         raw = self._raw
         if raw is not None:
             self._raw = None
-            self.device._internal.recycle(raw, self.timing, self._key, self._seq)
+            self._dev.recycle(raw, self.timing, self._key, self._seq)
 
     def __enter__(self) -> Event:
         return self
@@ -189,7 +199,7 @@ class Event:
         raw = getattr(self, "_raw", None)
         if raw is not None:
             self._raw = None
-            self.device._internal.recycle(raw, self.timing, self._key, self._seq)
+            self._dev.recycle(raw, self.timing, self._key, self._seq)
 
     def _live(self) -> Any:
         """The backend event; `ReleasedError` once released, `ClosedError` once its worker is closed."""
@@ -198,8 +208,9 @@ class Event:
             raise ReleasedError(
                 "this event went back to its pool (released, or its scope closed): take a new one with device.record()"
             )
-        if self.device.closed:
-            raise self.device._internal.closed_error("this event")
+        dev = self._dev
+        if dev.closed:
+            raise dev.closed_error("this event")
         return raw
 
     def _checked(self) -> Any:

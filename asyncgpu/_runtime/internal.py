@@ -271,7 +271,7 @@ class DeviceInternal:
         except BaseException:
             self.timing_pool.give(raw)
             raise
-        return Event._recorded(self.device, raw, True, key, next(self.mark_seqs), time.perf_counter_ns(), "mark")
+        return Event._recorded(self, raw, True, key, next(self.mark_seqs), time.perf_counter_ns(), "mark")
 
     def recycle(self, raw: Any, timing: bool, key: int | None, seq: int = 0) -> None:
         """Give ``raw`` back to its pool once the device can no longer touch it (``key``: the stream it was last

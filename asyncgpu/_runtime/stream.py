@@ -170,10 +170,12 @@ class StreamInternal:
 
 @final
 class Stream:
-    """One stream of a device. Get them from `Device.streams`, `Device.create_stream` or `Device.adopt_stream`."""
+    """One stream of a device. Get them from `Device.streams`, `Device.create_stream` or `Device.adopt_stream`.
 
-    __slots__ = ("device", "label", "handle", "_internal")
-    device: Device
+    Holds its label, handle and library side (`StreamInternal`, which holds the device's `DeviceInternal`), not
+    the `Device`: `device` reads it from there."""
+
+    __slots__ = ("label", "handle", "_internal")
     label: str
     handle: int
     _internal: StreamInternal
@@ -184,12 +186,16 @@ class Stream:
     @classmethod
     def _create(cls, device: Device, raw: Any, label: str, owned: bool) -> Stream:
         self = object.__new__(cls)
-        self.device = device
         self.label = label  #: ``s0``, ``s1``… for the worker's streams, ``x0``… for adopted ones
         dev = device._internal
         self.handle = dev.bd.stream_handle(raw)  #: the ``cudaStream_t`` address on CUDA
         self._internal = StreamInternal(dev, raw, self.handle, label, owned)
         return self
+
+    @property
+    def device(self) -> Device:
+        """The `Device` this stream belongs to (read-only)."""
+        return self._internal.dev.device
 
     async def room(self, launches: int = 1) -> None:
         """Wait until ``launches`` more launches fit on this stream under `QUEUE_BOUND`: the driver queues
@@ -224,11 +230,12 @@ class Stream:
     # -- ordering -----------------------------------------------------------------------------------------
     def record(self, event: Event | None = None, *, timing: bool = True, tag: Any = None) -> Event:
         """Record ``event`` here (or a new pooled one) and return it. See `Device.record`."""
+        dev = self._internal.dev
         if event is None:
-            return self.device.record(self, timing=timing, tag=tag)
+            return dev.device.record(self, timing=timing, tag=tag)
         if not isinstance(event, Event):
             raise TypeError(f"stream.record() records an asyncgpu Event (device.create_event()), not {event!r}")
-        if event.device is not self.device:
+        if event.device is not dev.device:
             raise DeviceMismatchError(f"that event belongs to {event.device.name}, this stream to {self.device.name}")
         return event.record(self, tag=tag)
 
@@ -325,7 +332,7 @@ class Stream:
         si = self._check_array(dst)
         if not isinstance(src, DeviceArray):
             raise TypeError(f"expected an asyncgpu DeviceArray (device.alloc), not {type(src).__name__}")
-        if src.device.backend != self.device.backend:
+        if src.device.backend != si.dev.backend:
             raise DeviceMismatchError(
                 f"cannot copy from {src.device.name} to {self.device.name}: copy through a "
                 "host array (copy_to_host) between backends"
@@ -339,7 +346,7 @@ class Stream:
         si.check_open()
         if not isinstance(array, DeviceArray):
             raise TypeError(f"expected an asyncgpu DeviceArray (device.alloc), not {type(array).__name__}")
-        if array.device is not self.device:
+        if array.device is not si.dev.device:
             raise DeviceMismatchError(
                 f"that array lives on {array.device.name}, this stream on {self.device.name}: "
                 "allocate it on this device or copy it first"

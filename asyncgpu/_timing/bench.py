@@ -268,7 +268,7 @@ def _targets(devices: Any) -> list[Stream]:
     out: list[Stream] = []
     for item in items:
         s = item if isinstance(item, Stream) else open_device(item).stream
-        s.device._internal.check_open()
+        s._internal.dev.check_open()
         if any(o.device is s.device for o in out):
             raise ValueError(
                 f"{s.device.name} is given twice: benchmark times one stream per device (pass one of "

@@ -143,7 +143,7 @@ def _shape(stream: Stream, fn: Any, args: tuple) -> tuple[Any, Any]:
         config = args[2]
         return _dim3(getattr(config, "grid", None)), _dim3(getattr(config, "block", None))
     n = args[2] if what == "inc_loop" else 1  # inc_loop: (raw_stream, array, n, iterations)
-    shape = stream.device._internal.workload_shape(what, n) if what in ("spin", "inc_loop") else None
+    shape = stream._internal.dev.workload_shape(what, n) if what in ("spin", "inc_loop") else None
     return shape if shape is not None else (None, None)
 
 
@@ -184,15 +184,15 @@ _OBSERVER = _Observer()
 
 def begin(stream: Stream, name: str, kind: str, fn: Any, args: tuple) -> _Pending:
     """Record the start event of a launch about to be made on ``stream``."""
-    dev = stream.device
+    rt = stream._internal.dev
     p = _Pending()
     p.stream, p.name, p.kind = stream, name, kind
     p.grid, p.block = _shape(stream, fn, args)
-    raw = dev._internal.timing_pool.take()
+    raw = rt.timing_pool.take()
     try:
-        stream.device._internal.record_raw(stream, raw)
+        rt.record_raw(stream, raw)
     except BaseException:
-        dev._internal.timing_pool.give(raw)
+        rt.timing_pool.give(raw)
         raise
     p.start_raw, p.end_raw, p.issue_ns = raw, None, time.perf_counter_ns()
     p.ext, p.cupti, p.span = 0, None, None
@@ -205,11 +205,12 @@ def begin(stream: Stream, name: str, kind: str, fn: Any, args: tuple) -> _Pendin
 def end(p: _Pending) -> None:
     """Record the end event after the launch and queue the record."""
     stream = p.stream
-    raw = stream.device._internal.timing_pool.take()
+    rt = stream._internal.dev
+    raw = rt.timing_pool.take()
     try:
-        stream.device._internal.record_raw(stream, raw)
+        rt.record_raw(stream, raw)
     except BaseException:
-        stream.device._internal.timing_pool.give(raw)
+        rt.timing_pool.give(raw)
         drop(p)
         raise
     p.end_raw = raw

@@ -116,14 +116,14 @@ def owners_of(scopes: tuple, device: Device, kind: str) -> list:
 def begin(stream: Stream, name: str, kind: str, owners: list, block: bool = False) -> Activity:
     """Record an activity's start event on ``stream`` for its ``owners`` (open scopes); ``block``: a
     ``t.activity()`` block, which launches run inside (CUPTI source)."""
-    dev = stream.device
-    raw = dev._internal.timing_pool.take()
+    rt = stream._internal.dev
+    raw = rt.timing_pool.take()
     try:
-        stream.device._internal.record_raw(stream, raw)
+        rt.record_raw(stream, raw)
     except BaseException:
-        dev._internal.timing_pool.give(raw)  # not recorded: as it was
+        rt.timing_pool.give(raw)  # not recorded: as it was
         raise
-    act = Activity(dev, stream, name, kind, raw, len(owners))
+    act = Activity(rt.device, stream, name, kind, raw, len(owners))
     act.held = stream._internal.held and not block
     nvtx = _nvtx.ACTIVE or _nvtx.sink is not None
     for scope in owners:
@@ -156,7 +156,7 @@ def end(act: Activity, block: bool = False) -> None:
     stream, pool = act.stream, act.device._internal.timing_pool
     raw = pool.take()
     try:
-        stream.device._internal.record_raw(stream, raw)
+        stream._internal.dev.record_raw(stream, raw)
     except BaseException:
         pool.give(raw)  # not recorded: the activity stays unfinished
         raise

@@ -183,7 +183,7 @@ class StepTimer:
         except BaseException:  # (a full stream in a loop's thread, a failed device): the recorded ones go back
             self._current = None
             for s, raw in zip(self._streams, starts):
-                s.device._internal.recycle_later(raw)
+                s._internal.dev.recycle_later(raw)
             starts.clear()
             raise
 
@@ -199,7 +199,7 @@ class StepTimer:
                 ends.append(_record(s))
         except BaseException:
             for s, raw in zip(self._streams, ends):
-                s.device._internal.recycle_later(raw)
+                s._internal.dev.recycle_later(raw)
             ends.clear()
             issued.clear()
             raise
@@ -230,9 +230,9 @@ class StepTimer:
 
     def _give_back(self, starts: list, ends: list) -> None:
         for s, raw in zip(self._streams, starts):
-            s.device._internal.recycle_later(raw)
+            s._internal.dev.recycle_later(raw)
         for s, raw in zip(self._streams, ends):
-            s.device._internal.recycle_later(raw)
+            s._internal.dev.recycle_later(raw)
 
     # -- the harvest thread -------------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -250,7 +250,7 @@ class StepTimer:
             with self._lock:
                 while self._pending:
                     item = self._pending[0]
-                    if not all(s.device._internal.query(raw) for s, raw in zip(self._streams, item[4])):
+                    if not all(s._internal.dev.query(raw) for s, raw in zip(self._streams, item[4])):
                         break
                     done.append(self._pending.popleft())
             if not done:
@@ -272,7 +272,7 @@ class StepTimer:
         issued = np.array([it[5] for it in done], np.float64).reshape(n, nd)
         start, end = np.empty((n, nd)), np.empty((n, nd))
         for d, (s, place) in enumerate(zip(self._streams, places)):
-            pool = s.device._internal.timing_pool
+            pool = s._internal.dev.timing_pool
             for i, it in enumerate(done):
                 start[i, d] = place.host_ns(it[3][d])
                 end[i, d] = place.host_ns(it[4][d])
