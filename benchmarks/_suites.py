@@ -192,8 +192,13 @@ def _steps(runs: dict[str, Record]) -> list[tuple[str, str]]:
         out = []
         for loop, modes in res["results"].items():
             bare = modes["bare"]["median_ms"]
-            cells = [f"{m} {_n(v['median_ms'] / bare, 3)}×" for m, v in modes.items() if m != "bare"]
-            out.append((f"step timing: step time vs bare, {loop} ({_n(bare, 2)} ms bare)", ", ".join(cells)))
+            cells = [
+                f"{m} {_n(v['ratio_to_bare'], 3)}× [{_n(min(v['paired_ratios']), 3)}, {_n(max(v['paired_ratios']), 3)}]"
+                for m, v in modes.items()
+                if m != "bare"
+            ]
+            what = f"step timing: step time vs bare, median of paired ratios [min, max], {loop} ({_n(bare, 2)} ms bare)"
+            out.append((what, ", ".join(cells)))
         return out
 
     def cost() -> list[tuple[str, str]]:

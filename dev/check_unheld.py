@@ -17,9 +17,7 @@ from asyncgpu._backends.cuda import hotpath, unheld
 def main() -> int:
     unheld.UnheldFree.close = lambda self: setattr(self, "buffer", None)  # the buffer's own finalizer frees it
     hotpath.releasing_holds = contextlib.nullcontext  # type: ignore[assignment]
-    rc = pytest.main(
-        ["-q", "-p", "no:cacheprovider", "tests/test_exact_timing.py", "-k", "pinned_free_while and cuda"]
-    )
+    rc = pytest.main(["-q", "-p", "no:cacheprovider", "tests/test_exact_timing.py", "-k", "pinned_free_while and cuda"])
     print(f"KEY without the release the test {'failed, as it should' if rc == 1 else f'returned {rc}'}")
     return 0 if rc == 1 else 1
 

@@ -429,12 +429,12 @@ async def test_cupti_records_give_each_step_its_busy_time_and_kernel_names(anyio
         state["users"] += 1
         return "cupti", ""
 
-    def flush(channel):
+    def flush_batch(channel):
         out, seen[:] = list(seen), []
-        return out, {}
+        return cupti.RecordBatch.from_tuples(out), {}
 
     monkeypatch.setattr(cupti, "choose", choose)
-    monkeypatch.setattr(cupti, "flush", flush)
+    monkeypatch.setattr(cupti, "flush_batch", flush_batch)
     monkeypatch.setattr(cupti, "host_offset_ns", lambda samples=16: 0)
     monkeypatch.setattr(cupti, "release", lambda channel: state.__setitem__("users", state["users"] - 1))
 

@@ -15,11 +15,11 @@ One CUPTI subscriber per process: `acquire` claims it (``cuptiSubscribe``) and f
 torch.profiler, Nsight Systems or another tool holds it. The session is shared by every user of every channel
 (counted); the last `release` flushes, disables the kinds and unsubscribes.
 
-Threads: `push`/`pop` on the launching thread (CUPTI keeps one stack per thread and kind). CUPTI hands full
-buffers to `_completed` on a thread of its own: it only filters and appends tuples (no asyncgpu code, no locks
-held long). `flush` blocks (CUPTI walks its buffers: ~0.1 ms per hundred records), so async callers run it in a
-worker thread. Timestamps are ns on CUPTI's own clock, shared by every device: `host_offset_ns` places them on the
-host's.
+Threads: `push`/`pop` on the launching thread (CUPTI keeps one stack per thread and kind). CUPTI's buffers are
+handed over raw and parsed in bulk by whichever thread flushes (`asyncgpu._backends.cupti_buffers`: CUPTI's own
+thread only queues them). `flush` blocks (CUPTI hands its buffers over without the GIL; parsing costs ~1 µs per
+record), so async callers run it in a worker thread. Timestamps are ns on CUPTI's own clock, shared by every
+device: `host_offset_ns` places them on the host's.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import itertools
 import threading
 from typing import Any, Iterable, Sequence, final
 
+from asyncgpu._backends.cupti_buffers import KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, Buffers, RecordBatch, find_libcupti
 from asyncgpu._base.errors import SourceError
 
 __all__ = [
@@ -38,12 +39,14 @@ __all__ = [
     "STEPS",
     "TIMER",
     "CuptiRecord",
+    "RecordBatch",
     "Router",
     "acquire",
     "available",
     "check_source",
     "choose",
     "flush",
+    "flush_batch",
     "host_offset_ns",
     "pop",
     "push",
@@ -64,13 +67,14 @@ _RECORDS_ONLY = (CALIBRATION, STEPS)  # while only these are open, no API record
 CuptiRecord = tuple
 
 _lock = threading.Lock()  # the session (subscriber, users, kinds); CUPTI may be called while it is held
-# The records (inboxes, external ids): CUPTI calls `_completed` synchronously from inside its own calls (enabling
-# kinds, flushing, unsubscribing), on the caller's thread or its own, so `_completed` takes only this lock, and
-# no CUPTI call is ever made while it is held.
+# The records (inboxes, external ids). CUPTI's buffer callbacks (inside its own calls: enabling kinds, flushing,
+# unsubscribing; on the caller's thread or its own) take only the buffers' lock, and no CUPTI call is ever made
+# while this one is held.
 _records_lock = threading.Lock()
+_parse_lock = threading.Lock()  # one thread parses the completed buffers at a time (then hands them to every channel)
 _users = 0  # users of every channel
 _channel_users = [0] * _CHANNELS
-_inbox: list[list[CuptiRecord]] = [[] for _ in range(_CHANNELS)]  # records not flushed yet, per open channel
+_inbox: list[list[RecordBatch]] = [[] for _ in range(_CHANNELS)]  # records not flushed yet, per open channel
 _external: list[dict[int, int]] = [{} for _ in range(_CHANNELS)]  # per channel: correlation id -> external id
 _subscriber: Any = None
 _kinds: tuple = ()  # the activity kinds enabled now
@@ -78,6 +82,7 @@ _api_kinds: tuple = ()  # the kinds that carry external ids (API calls, correlat
 _ext_kinds: tuple = ()  # CUPTI's external correlation kind of each channel
 _channel_of: dict[int, int] = {}  # and back
 _api: Any = None  # the ``cupti`` module, once a session was opened
+_buffers: Buffers | None = None  # the buffers lent to CUPTI (made with the process's first session)
 _why_not: str | None = None  # why CUPTI cannot be used in this process, once known
 
 
@@ -232,37 +237,6 @@ def available() -> tuple[bool, str]:
     return True, ""
 
 
-def _completed(activities: Any) -> None:
-    """CUPTI's buffer-completed callback (a CUPTI thread, or the flushing one): keep what asyncgpu reads."""
-    from cupti import cupti
-
-    kinds = cupti.ActivityKind
-    kernel, memset, memcpy, ext = kinds.CONCURRENT_KERNEL, kinds.MEMSET, kinds.MEMCPY, kinds.EXTERNAL_CORRELATION
-    out: list[CuptiRecord] = []
-    corr: list[tuple[int, int, int]] = []  # (channel, correlation id, external id)
-    for a in activities:
-        k = a.kind
-        if k in (kernel, memset, memcpy) and not 0 < a.start < a.end:
-            continue  # flushed before the work completed (a cancelled scope): CUPTI has no times for it
-        if k == kernel:
-            out.append(("kernel", a.start, a.end, a.correlation_id, a.device_id, a.stream_id, a.name))
-        elif k == memset:
-            out.append(("memset", a.start, a.end, a.correlation_id, a.device_id, a.stream_id, "memset"))
-        elif k == memcpy:
-            out.append(("memcpy", a.start, a.end, a.correlation_id, a.device_id, a.stream_id, "memcpy"))
-        elif k == ext:
-            channel = _channel_of.get(int(a.external_kind))
-            if channel is not None:
-                corr.append((channel, a.correlation_id, a.external_id))
-    with _records_lock:
-        for channel in range(_CHANNELS):
-            if _channel_users[channel]:
-                _inbox[channel].extend(out)
-        for channel, correlation, external in corr:
-            if _channel_users[channel]:
-                _external[channel][correlation] = external
-
-
 _KEEP_APIS = ("Launch", "Memcpy", "Memset")  # the API calls whose records carry an external id asyncgpu reads
 
 
@@ -281,10 +255,6 @@ def _quiet_apis(cupti: Any, enable: int) -> None:
                 switch(cbid, enable)
             except cupti.cuptiError:
                 pass  # an API this CUPTI does not trace
-
-
-def _requested() -> tuple[int, int]:
-    return BUFFER_BYTES, 0
 
 
 def _noop(*_: Any) -> None:  # the subscriber's callback: asyncgpu subscribes only to claim CUPTI
@@ -325,16 +295,19 @@ def acquire(channel: int) -> None:
             kinds += _id_kinds(k)
         enabled: list = []
         try:
+            buffers = _buffers or _make_buffers(cupti)
             # Every time: a profiler that ran in between (torch.profiler) registered its own callbacks.
-            cupti.activity_register_callbacks(_requested, _completed)
+            buffers.register()
             for kind in kinds:
                 cupti.activity_enable(kind)
                 enabled.append(kind)
-        except cupti.cuptiError as exc:
+        except (cupti.cuptiError, SourceError) as exc:
             for kind in enabled:
                 cupti.activity_disable(kind)
             cupti.unsubscribe(_subscriber)
             _subscriber = None
+            if isinstance(exc, SourceError):
+                raise
             _why_not = f"CUPTI refused its activity kinds ({exc}): the CUPTI library may not match the driver"
             raise SourceError(
                 _why_not + "; install the cupti-python of your driver's CUDA major, or use source='events'"
@@ -347,6 +320,23 @@ def acquire(channel: int) -> None:
         _api_kinds = _id_kinds(k)
         _users = 1
         _channel_users[channel] += 1
+
+
+def _make_buffers(cupti: Any) -> Buffers:
+    """The process's `Buffers` (once libcupti is loaded: after the first ``subscribe``), with the layout of each
+    kind of record asyncgpu enables, from cupti-python's dtypes."""
+    global _buffers
+    k = cupti.ActivityKind
+    layouts = {
+        k.CONCURRENT_KERNEL: (cupti.activity_kernel10_dtype, KIND_KERNEL),
+        k.MEMSET: (cupti.activity_memset4_dtype, KIND_MEMSET),
+        k.MEMCPY: (cupti.activity_memcpy6_dtype, KIND_MEMCPY),
+        k.EXTERNAL_CORRELATION: (cupti.activity_external_correlation_dtype, "external"),
+        k.DRIVER: (cupti.activity_api_dtype, None),
+        k.RUNTIME: (cupti.activity_api_dtype, None),
+    }
+    _buffers = Buffers(find_libcupti(), BUFFER_BYTES, layouts)
+    return _buffers
 
 
 def _id_kinds(k: Any) -> tuple:
@@ -365,8 +355,9 @@ def _enable_api_kinds(cupti: Any) -> None:
 
 def release(channel: int) -> None:
     """A user of ``channel`` leaves the session (that channel's unflushed records go once it has no user); the
-    last user of all disables the kinds, flushes and unsubscribes, under the session's lock (`_completed` takes
-    only the records' lock, so CUPTI may call it meanwhile): an `acquire` racing it waits and opens a new session.
+    last user of all disables the kinds, flushes and unsubscribes, under the session's lock (CUPTI's buffer
+    callbacks take only the buffers' lock, so CUPTI may call them meanwhile): an `acquire` racing it waits and
+    opens a new session.
     Never raises."""
     global _users, _subscriber, _kinds
     with _lock:
@@ -388,11 +379,15 @@ def release(channel: int) -> None:
             # Forced: every buffer CUPTI holds comes back through our callback now, even a partly filled one. A
             # buffer left behind would be completed later to whichever profiler registered its callbacks after
             # us (torch.profiler's: "bufferCompleted called with unknown buffer", then a double free at exit).
-            cupti.activity_flush_all(1)
+            if _buffers is not None:
+                _buffers.flush_all(forced=True)
         finally:
             _quiet_apis(cupti, 1)  # as found: a profiler after us (torch.profiler) sees every API again
             cupti.unsubscribe(_subscriber)
             _subscriber, _kinds = None, ()
+            if _buffers is not None:
+                with _parse_lock:
+                    _buffers.drop()
             with _records_lock:
                 for c in range(_CHANNELS):
                     _inbox[c].clear()
@@ -427,12 +422,34 @@ def host_offset_ns(samples: int = 16) -> int:
     return offset
 
 
-def flush(channel: int) -> tuple[list[CuptiRecord], dict[int, int]]:
-    """Every record CUPTI holds for work that has completed since ``channel``'s last flush, and the channel's
-    correlation -> external id map; both are taken (a later flush returns newer ones only; other channels keep
-    theirs). Blocks the calling thread while CUPTI hands its buffers over."""
-    _api.activity_flush_all(1)
+def flush_batch(channel: int) -> tuple[RecordBatch, dict[int, int]]:
+    """Every record CUPTI holds for work that has completed since ``channel``'s last flush, as one `RecordBatch`,
+    and the channel's correlation -> external id map; both are taken (a later flush returns newer ones only; other
+    channels keep theirs). Blocks the calling thread while CUPTI hands its buffers over (without the GIL) and while
+    they are parsed (numpy, ~1 µs per record). `SourceError` when CUPTI's records are not the ones cupti-python
+    describes."""
+    buffers = _buffers
+    if buffers is not None:
+        buffers.flush_all(forced=True)
+        with _parse_lock:
+            batch = buffers.take()
+            if len(batch) or batch.external:
+                with _records_lock:
+                    for c in range(_CHANNELS):
+                        if _channel_users[c]:
+                            _inbox[c].append(batch)
+                    for kind, correlation, external in batch.external:
+                        to = _channel_of.get(kind)
+                        if to is not None and _channel_users[to]:
+                            _external[to][correlation] = external
     with _records_lock:
-        records, ext = _inbox[channel], _external[channel]
+        batches, ext = _inbox[channel], _external[channel]
         _inbox[channel], _external[channel] = [], {}
-    return records, ext
+    return RecordBatch.concat(batches), ext
+
+
+def flush(channel: int) -> tuple[list[CuptiRecord], dict[int, int]]:
+    """`flush_batch`, the records as ``(kind, start_ns, end_ns, correlation, device, stream, name)`` tuples (kind
+    ``"kernel"``, ``"memset"`` or ``"memcpy"``): for callers that route records one by one."""
+    batch, ext = flush_batch(channel)
+    return batch.tuples(), ext

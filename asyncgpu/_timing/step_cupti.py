@@ -44,41 +44,48 @@ class StepRecords:
         self._offset_ns, self._offset_at = 0, 0
 
     def take(self) -> int:
-        """Flush the channel (blocks while CUPTI hands its buffers over) and keep what it held. Returns how many."""
-        recs, _ = cupti.flush(cupti.STEPS)
-        if not recs:
+        """Flush the channel (blocks while CUPTI hands its buffers over and they are parsed) and keep what it held,
+        in bulk (no Python per record). Returns how many."""
+        batch, _ = cupti.flush_batch(cupti.STEPS)
+        n = len(batch)
+        if not n:
             return 0
         now = time.perf_counter_ns()
         if now - self._offset_at > _OFFSET_AGE_NS:
             self._offset_ns, self._offset_at = cupti.host_offset_ns(), now
-        cols = np.array([self._col.get(r[4], -1) for r in recs], np.int64)
-        start = np.array([r[1] for r in recs], np.float64) - self._offset_ns
-        end = np.array([r[2] for r in recs], np.float64) - self._offset_ns
+        cols = np.full(n, -1, np.int64)
+        for ordinal, c in self._col.items():
+            cols[batch.device == ordinal] = c
+        start = batch.start_ns.astype(np.float64) - self._offset_ns
+        end = batch.end_ns.astype(np.float64) - self._offset_ns
         for c in range(len(self._start)):
             m = cols == c
             if not m.any():
                 continue
             self._start[c] = np.concatenate([self._start[c], start[m]])
             self._end[c] = np.concatenate([self._end[c], end[m]])
+            which = batch.name[m]
+            counts = np.bincount(which, minlength=len(batch.names))
+            total_ns = np.bincount(which, weights=end[m] - start[m], minlength=len(batch.names))
             names = self.names[c]
             with self.names_lock:
-                for r, dur in zip((r for r, k in zip(recs, m) if k), end[m] - start[m]):
-                    key = r[6] if r[0] == "kernel" else r[0]
+                for i in np.flatnonzero(counts).tolist():
+                    key = batch.names[i]
                     slot = names.get(key)
                     if slot is None:
                         if len(names) >= MAX_NAMES:
                             key = "(other)"
                         slot = names.setdefault(key, [0, 0.0])
-                    slot[0] += 1
-                    slot[1] += float(dur)
-        self.records += len(recs)
+                    slot[0] += int(counts[i])
+                    slot[1] += float(total_ns[i])
+        self.records += n
         share = MAX_RECORDS // len(self._start)
         for c in range(len(self._start)):
             extra = len(self._start[c]) - share
             if extra > 0:  # (steps that never finish: keep the newest)
                 self.lost += extra
                 self._start[c], self._end[c] = self._start[c][extra:], self._end[c][extra:]
-        return len(recs)
+        return n
 
     def measured(
         self, start_ns: np.ndarray, end_ns: np.ndarray, issued_ns: np.ndarray
