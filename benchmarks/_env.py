@@ -68,8 +68,10 @@ def versions() -> dict[str, str | None]:
 
 def environment(backend: str) -> dict[str, Any]:
     names, driver = gpus()
-    commit = _run(["git", "rev-parse", "HEAD"]) or "unknown"
-    dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"])
+    # A copy of the working tree on another machine may carry a stale .git: the caller names the commit there.
+    named = os.environ.get("ASYNCGPU_COMMIT")
+    commit = named or _run(["git", "rev-parse", "HEAD"]) or "unknown"
+    dirty = None if named else _run(["git", "status", "--porcelain", "--untracked-files=no"])
     return {
         "gpus": names or "none",
         "gpu_model": " + ".join(dict.fromkeys(names)) if names else "none",

@@ -197,8 +197,8 @@ def _steps(runs: dict[str, Record]) -> list[tuple[str, str]]:
                 for m, v in modes.items()
                 if m != "bare"
             ]
-            what = f"step timing: step time vs bare, median of paired ratios [min, max], {loop} ({_n(bare, 2)} ms bare)"
-            out.append((what, ", ".join(cells)))
+            what = f"step timing: step time vs bare, median of paired ratios [min, max], {loop} loop"
+            out.append((what, f"bare {_n(bare, 2)} ms: " + ", ".join(cells)))
         return out
 
     def cost() -> list[tuple[str, str]]:

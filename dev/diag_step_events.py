@@ -1,0 +1,76 @@
+"""Where the events step timer's overhead goes on a host-bound torch loop: variants of the timer against bare steps,
+interleaved in pairs (bare first, then the variant first), in one process.
+
+    PYTHONPATH=$PWD python dev/diag_step_events.py [--steps 200] [--pairs 6] [--devices 1]
+
+Variants: ``default``; ``no-harvest`` (harvest_s=3600: the harvest thread sleeps while timed); ``big-pool`` (the
+timing pool grown ahead with ``prepare(events=...)``: no reclaim or growth while timed); ``switch-1ms``
+(``sys.setswitchinterval(0.001)`` for bare and timed alike: a thread that waits for the GIL waits less).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import anyio
+
+import asyncgpu
+from benchmarks.bench_steps import run_steps, torch_work
+
+VARIANTS = ("default", "no-harvest", "big-pool", "switch-1ms")
+
+
+async def timed(devs: list, work: list, steps: int, variant: str | None) -> float:
+    if variant is None:
+        await run_steps(devs, work, 20, None)
+        t0 = time.perf_counter()
+        await run_steps(devs, work, steps, None)
+        return (time.perf_counter() - t0) / steps * 1e3
+    harvest_s = 3600 if variant == "no-harvest" else 0.05
+    async with asyncgpu.step_timer(devs, harvest_s=harvest_s, max_pending=4 * steps) as st:
+        await run_steps(devs, work, 20, st)
+        t0 = time.perf_counter()
+        await run_steps(devs, work, steps, st)
+        dt = time.perf_counter() - t0
+    return dt / steps * 1e3
+
+
+async def main(args: argparse.Namespace) -> None:
+    devs = asyncgpu.devices("cuda", count=args.devices)
+    ns = argparse.Namespace(layers=8, width=2048, batch=16, size=8192, matmuls=4)
+    work = [torch_work(d, "host-bound", ns) for d in devs]
+    for d in devs:
+        await d.prepare()
+    print(f"{'variant':<12} {'bare ms':>8} {'timed ms':>9}  paired ratio p50 [min, max]")
+    for v in args.variants.split(","):
+        if v == "big-pool":
+            for d in devs:
+                await d.prepare(events=4 * args.steps + 200)
+        old = sys.getswitchinterval()
+        if v == "switch-1ms":
+            sys.setswitchinterval(0.001)
+        bare, on, ratios = [], [], []
+        for k in range(args.pairs):
+            order = (None, v) if k % 2 == 0 else (v, None)
+            pair = {m: await timed(devs, work, args.steps, m) for m in order}
+            bare.append(pair[None])
+            on.append(pair[v])
+            ratios.append(pair[v] / pair[None])
+        sys.setswitchinterval(old)
+        print(
+            f"{v:<12} {statistics.median(bare):8.3f} {statistics.median(on):9.3f}  "
+            f"{statistics.median(ratios):.3f} [{min(ratios):.3f}, {max(ratios):.3f}]"
+        )
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--pairs", type=int, default=6)
+    ap.add_argument("--devices", type=int, default=1)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    anyio.run(main, ap.parse_args())
+    asyncgpu.close_all()
