@@ -9,8 +9,7 @@ CUSTOM0..2), so that a launch timed by a scope and recorded by the kernel histor
 flush hands each channel every record (`flush` takes only the caller's channel). CUPTI emits the ids only for API
 records (no EXTERNAL_CORRELATION record comes without the DRIVER kind), so the driver and runtime API kinds are on
 while a channel that pushes ids is open (`TIMER`, `BENCH`, `HISTORY`; the records-only channels need none), for
-launch, copy and set calls only (`_quiet_apis`); their records are stepped over when the buffers are parsed. A
-session of records-only channels never touches the API switches (nothing is traced per API call).
+launch, copy and set calls only (`_quiet_apis`); their records are dropped in the buffer callback.
 
 One CUPTI subscriber per process: `acquire` claims it (``cuptiSubscribe``) and fails with `SourceError` when
 torch.profiler, Nsight Systems or another tool holds it. The session is shared by every user of every channel
@@ -83,7 +82,6 @@ _api_kinds: tuple = ()  # the kinds that carry external ids (API calls, correlat
 _ext_kinds: tuple = ()  # CUPTI's external correlation kind of each channel
 _channel_of: dict[int, int] = {}  # and back
 _api: Any = None  # the ``cupti`` module, once a session was opened
-_quieted = False  # the API records of calls asyncgpu does not read are switched off (`_quiet_apis`)
 _buffers: Buffers | None = None  # the buffers lent to CUPTI (made with the process's first session)
 _why_not: str | None = None  # why CUPTI cannot be used in this process, once known
 
@@ -246,7 +244,6 @@ def _quiet_apis(cupti: Any, enable: int) -> None:
     """Record API calls only for launches, copies and sets (``enable=0``), or every call again (``enable=1``):
     CUPTI emits external ids only with API records, and recording every driver call (each event record and
     query) would multiply the records a flush has to hand over."""
-    global _quieted
     for domain, switch in (
         (cupti.driver_api_trace_cbid, cupti.activity_enable_driver_api),
         (cupti.runtime_api_trace_cbid, cupti.activity_enable_runtime_api),
@@ -258,7 +255,6 @@ def _quiet_apis(cupti: Any, enable: int) -> None:
                 switch(cbid, enable)
             except cupti.cuptiError:
                 pass  # an API this CUPTI does not trace
-    _quieted = not enable
 
 
 def _noop(*_: Any) -> None:  # the subscriber's callback: asyncgpu subscribes only to claim CUPTI
@@ -316,8 +312,7 @@ def acquire(channel: int) -> None:
             raise SourceError(
                 _why_not + "; install the cupti-python of your driver's CUDA major, or use source='events'"
             ) from None
-        if channel not in _RECORDS_ONLY:
-            _quiet_apis(cupti, 0)
+        _quiet_apis(cupti, 0)
         ek = cupti.ExternalCorrelationKind
         _api, _ext_kinds = cupti, (ek.CUSTOM0, ek.CUSTOM1, ek.CUSTOM2)
         _channel_of = {int(kind): channel for channel, kind in enumerate(_ext_kinds)}
@@ -352,8 +347,6 @@ def _id_kinds(k: Any) -> tuple:
 def _enable_api_kinds(cupti: Any) -> None:
     """A channel that pushes external ids joins a records-only session: turn the API kinds on (under `_lock`)."""
     global _kinds
-    if not _quieted:
-        _quiet_apis(cupti, 0)
     for kind in _api_kinds:
         if kind not in _kinds:
             cupti.activity_enable(kind)
@@ -389,8 +382,7 @@ def release(channel: int) -> None:
             if _buffers is not None:
                 _buffers.flush_all(forced=True)
         finally:
-            if _quieted:
-                _quiet_apis(cupti, 1)  # as found: a profiler after us (torch.profiler) sees every API again
+            _quiet_apis(cupti, 1)  # as found: a profiler after us (torch.profiler) sees every API again
             cupti.unsubscribe(_subscriber)
             _subscriber, _kinds = None, ()
             if _buffers is not None:
