@@ -207,7 +207,8 @@ def _steps(runs: dict[str, Record]) -> list[tuple[str, str]]:
             f"{_n(h['enter_exit_us']['median'], 1)} µs on the loop's thread, "
             f"{_n(h['harvest_us']['median'], 1)} µs on the harvest thread"
         )
-        return [(f"step timing's host cost per step, {h['devices']} devices, no work", cell)]
+        n = h["devices"]
+        return [(f"step timing's host cost per step, {n} device{'s' if n != 1 else ''}, no work", cell)]
 
     return _guard(ratios) + _guard(cost)
 
