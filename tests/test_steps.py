@@ -177,6 +177,41 @@ async def test_a_slow_host_is_the_straggler(anyio_backend, two_devs):
     assert rec.step_ms >= rec.devices[0].busy_ms * 4  # the host's 2 ms against 50 µs of work: a ratio
 
 
+async def test_the_harvest_takes_the_finished_steps_with_a_few_queries(anyio_backend):
+    """Steps finish in stream order: the harvest asks for the newest one first, then searches, and takes exactly
+    the steps the devices have passed (a step held up by a long spin, and every step after it, stay queued)."""
+    devs = asyncgpu.devices("host", count=2)
+    calls = {"n": 0}
+    real = [d._internal.bd.query for d in devs]
+
+    def counting(q):
+        def query(raw):
+            calls["n"] += 1
+            return q(raw)
+
+        return query
+
+    async with asyncgpu.step_timer(devs, harvest_s=3600, max_pending=100) as st:
+        for i in range(40):
+            with st.step(i):
+                if i == 25:
+                    devs[0].stream.spin_us(300_000)
+        await devs[1].asynchronize()
+        await anyio.sleep(0.05)  # the steps before the spin are done on both devices
+        for d, q in zip(devs, real):
+            d._internal.bd.query = counting(q)
+        try:
+            assert st._harvest() == 25
+            assert calls["n"] <= 2 * (2 + 6) * 2, calls  # the newest, then a search of 40: not one per step
+            await devs[0].asynchronize()
+            assert st._harvest() == 15
+        finally:
+            for d, q in zip(devs, real):
+                d._internal.bd.query = q
+    assert [r.index for r in st.steps()][-3:] == [37, 38, 39]
+    await _aquiet(devs)
+
+
 async def test_a_wait_inside_the_step_after_issued_leaves_the_device_bounding_it(anyio_backend, two_devs):
     devs = two_devs
     async with asyncgpu.step_timer(devs) as st:

@@ -242,16 +242,35 @@ class StepTimer:
             except Exception as exc:  # (kept for the user: `error`; the loop never sees it, the next pass retries)
                 self.error = exc
 
+    def _finished_prefix(self) -> int:
+        """How many steps at the front of the queue the devices have finished (under the timer's lock). A stream
+        passes its events in order, so the newest finished step says that every step before it finished too: the
+        newest is queried first, then a binary search, ``O(log n)`` queries in all (each a driver call that lets
+        go of the GIL, which a host-bound loop's threads then wait to get back)."""
+        pending, streams = self._pending, self._streams
+
+        def finished(item: tuple) -> bool:
+            return all(s._internal.dev.query(raw) for s, raw in zip(streams, item[4]))
+
+        n = len(pending)
+        if not n or finished(pending[-1]):
+            return n
+        lo, hi = 0, n - 1  # the steps before lo finished; step hi did not
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if finished(pending[mid]):
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
     def _harvest(self) -> int:
         """Take the finished steps at the front of the queue (queries only), place and analyse them, feed the ring,
         the trace and the listeners. Any thread; returns how many."""
         done = []
         try:
             with self._lock:
-                while self._pending:
-                    item = self._pending[0]
-                    if not all(s._internal.dev.query(raw) for s, raw in zip(self._streams, item[4])):
-                        break
+                for _ in range(self._finished_prefix()):
                     done.append(self._pending.popleft())
             if not done:
                 return 0
