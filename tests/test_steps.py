@@ -575,7 +575,8 @@ def _rank_worker(rank: int, world: int, store: str, out: str) -> None:
 
     watch = anyio.run(main)
     reps = [r.to_dict() for r in watch.reports]
-    Path(out).write_text(json.dumps({"reports": reps, "error": repr(watch.error), "flags": watch.flags}))
+    cpu = list(watch.exchange_cpu_ms)
+    Path(out).write_text(json.dumps({"reports": reps, "error": repr(watch.error), "flags": watch.flags, "cpu": cpu}))
     dist.destroy_process_group()
 
 
@@ -596,6 +597,7 @@ def test_rank_exchange_on_gloo_flags_the_straggler_rank_and_gpu(tmp_path):
     assert first["excess_ms"][1] > 0 == first["excess_ms"][0]
     assert len(first["lateness_ms"]) == WORLD
     assert all(r["straggler_rank"] == 1 for r in reps)
+    assert all(len(r["cpu"]) == len(reps) and min(r["cpu"]) > 0 for r in res)  # each exchange's CPU time, per rank
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["worker"]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import queue
 import sys
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from datetime import timedelta
@@ -95,6 +96,9 @@ class StepWatch:
         self.reports: deque[RankStepReport] = deque(maxlen=keep)  #: the latest reports, oldest first
         self.flags: dict[int, int] = {}  #: blocks each rank was flagged in
         self.emptied = 0  #: blocks sent empty because the queue was full
+        #: per exchange (the latest ``keep``), this rank's CPU time in it, ms: what the exchange costs the rank (its
+        #: wall time also holds the wait for the slowest rank to reach that block)
+        self.exchange_cpu_ms: deque[float] = deque(maxlen=keep)
         self.error: BaseException | None = None  #: what stopped the exchange, if anything
         self._buf: dict[int, list] = {}  # block -> [index, begin, exit, ends per device] rows
         self._next = 0  # the next block to send
@@ -137,12 +141,14 @@ class StepWatch:
                 continue
             block, rows = item
             out: list[Any] = [None] * self.world
+            cpu0 = time.thread_time_ns()
             try:
                 self._dist.all_gather_object(out, (self._offset, self.devices, rows), group=self._group)
             except Exception as exc:  # (a rank gone or late past timeout_s)
                 self.error = exc
                 continue
             rep = _report(block, out, self.slack)
+            self.exchange_cpu_ms.append((time.thread_time_ns() - cpu0) / 1e6)
             self.reports.append(rep)
             if rep.flagged and rep.straggler_rank is not None:
                 self.flags[rep.straggler_rank] = self.flags.get(rep.straggler_rank, 0) + 1
