@@ -141,7 +141,8 @@ def _timing(runs: dict[str, Record]) -> list[tuple[str, str]]:
                 f"{c['device']} {_n(c['rtt_ns'] / 1e3, 1)} µs, ±{_n(c['globaltimer_bound_ns'] / 1e3, 2)}"
                 for c in clk["calibrations"]
             ]
-            return [("`%globaltimer` calibration: round trip, stated ± bound", ", ".join(cells))]
+            what = "calibration: the events pings' best round trip, the `%globaltimer` offset's stated ± bound"
+            return [(what, ", ".join(cells))]
 
         rows += _guard(align) + _guard(calib)
     return rows
@@ -380,7 +381,7 @@ SUITES: dict[str, Suite] = {
             lambda n: [
                 Run(
                     "bench_steps.py",
-                    ("--repeat", "5"),
+                    ("--repeat", "10", "--steps", "150"),
                     ("--backend", "host"),
                     ("--steps", "5", "--warmup", "2", "--repeat", "1"),
                     out="dir",
