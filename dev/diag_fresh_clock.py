@@ -30,7 +30,7 @@ def main() -> int:
     ap.add_argument("--every-ms", type=float, default=5.0)
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--window-ms", type=float, default=100.0)
-    ap.add_argument("--cupti-at", type=float, default=1.5, help="seconds in: open and close a CUPTI session (<0: never)")
+    ap.add_argument("--cupti-at", type=float, default=1.5, help="seconds in: a CUPTI session (<0: none)")
     ap.add_argument("--out", metavar="DIR")
     args = ap.parse_args()
     t_open = time.perf_counter_ns()
