@@ -153,3 +153,23 @@ def test_batches_concatenate_with_their_names_merged_and_round_trip_through_tupl
     assert both.tuples() == a.tuples() + b.tuples()
     assert sorted(both.names) == ["a", "b", "memset"]
     assert len(RecordBatch.concat([])) == 0 and RecordBatch.concat([a]) is a
+
+
+def test_the_newest_record_version_that_cupti_python_describes_is_read():
+    import types
+
+    from asyncgpu._backends.cupti import _newest_dtype
+
+    fake = types.SimpleNamespace(
+        activity_kernel9_dtype="k9",
+        activity_kernel10_dtype="k10",
+        activity_kernel_cdp_dtype="not a version",
+        activity_api_dtype="api",
+        activity_memcpy6_dtype="m6",
+        activity_memcpy_pto_p4_dtype="peer",
+    )
+    assert _newest_dtype(fake, "activity_kernel") == "k10"
+    assert _newest_dtype(fake, "activity_memcpy") == "m6"
+    assert _newest_dtype(fake, "activity_api") == "api"
+    with pytest.raises(SourceError, match="no memset record"):
+        _newest_dtype(fake, "activity_memset")

@@ -328,15 +328,31 @@ def _make_buffers(cupti: Any) -> Buffers:
     global _buffers
     k = cupti.ActivityKind
     layouts = {
-        k.CONCURRENT_KERNEL: (cupti.activity_kernel10_dtype, KIND_KERNEL),
-        k.MEMSET: (cupti.activity_memset4_dtype, KIND_MEMSET),
-        k.MEMCPY: (cupti.activity_memcpy6_dtype, KIND_MEMCPY),
-        k.EXTERNAL_CORRELATION: (cupti.activity_external_correlation_dtype, "external"),
-        k.DRIVER: (cupti.activity_api_dtype, None),
-        k.RUNTIME: (cupti.activity_api_dtype, None),
+        k.CONCURRENT_KERNEL: (_newest_dtype(cupti, "activity_kernel"), KIND_KERNEL),
+        k.MEMSET: (_newest_dtype(cupti, "activity_memset"), KIND_MEMSET),
+        k.MEMCPY: (_newest_dtype(cupti, "activity_memcpy"), KIND_MEMCPY),
+        k.EXTERNAL_CORRELATION: (_newest_dtype(cupti, "activity_external_correlation"), "external"),
+        k.DRIVER: (_newest_dtype(cupti, "activity_api"), None),
+        k.RUNTIME: (_newest_dtype(cupti, "activity_api"), None),
     }
     _buffers = Buffers(find_libcupti(), BUFFER_BYTES, layouts)
     return _buffers
+
+
+def _newest_dtype(cupti: Any, stem: str) -> Any:
+    """cupti-python's numpy dtype of the newest version of a record (``activity_kernel10_dtype`` over
+    ``activity_kernel9_dtype``; ``activity_api_dtype`` when unversioned): the version its CUPTI writes."""
+    found = [(0, getattr(cupti, f"{stem}_dtype"))] if hasattr(cupti, f"{stem}_dtype") else []
+    for name in dir(cupti):
+        version = name[len(stem) : -len("_dtype")]
+        if name.startswith(stem) and name.endswith("_dtype") and version.isdigit():
+            found.append((int(version), getattr(cupti, name)))
+    if not found:
+        raise SourceError(
+            f"this cupti-python describes no {stem.removeprefix('activity_')} record ({stem}*_dtype): install "
+            "cupti-python 12.8 or newer of your CUDA major, or use source='events'"
+        )
+    return max(found, key=lambda vd: vd[0])[1]
 
 
 def _id_kinds(k: Any) -> tuple:
