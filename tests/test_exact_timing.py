@@ -734,3 +734,33 @@ def test_a_device_that_cannot_hold_says_so(monkeypatch):
         d.stream.spin_us(100)
     note = t.timeline.source_note
     assert note.startswith("CUPTI times CUDA devices only") and note.endswith("stream memory operations unusable)")
+
+
+def test_synchronizing_calls_end_every_hold_and_skip_new_ones():
+    """The CUDA backend's frees run inside `releasing_holds` (the GPU test above shows why); here its bookkeeping,
+    on hold words of our own: the words move to their latest hold while the call runs, never back, and holds are
+    skipped meanwhile."""
+    import types
+
+    from asyncgpu._backends.cuda import unheld
+
+    gates = types.SimpleNamespace(words=[5, 0xFFFFFFFF, 9, 0], next=[7, 1, 9, 3], slots={11: 0, 12: 1, 13: 2})
+    unheld.GATES[-1] = gates
+    try:
+        seen = []
+        with unheld.releasing_holds():
+            seen.append(unheld.syncing())
+            deadline = time.monotonic() + 5
+            while gates.words[:3] != [7, 1, 9] and time.monotonic() < deadline:
+                time.sleep(0.001)
+            gates.next[0] = 8  # a hold made just before the call: the releaser ends it too
+            while gates.words[0] != 8 and time.monotonic() < deadline:
+                time.sleep(0.001)
+        assert seen == [True] and not unheld.syncing()
+        assert gates.words == [8, 1, 9, 0]  # (1 is past 0xFFFFFFFF, cyclically; slot 3 was never given out)
+        gates.words[2] = 20  # a word ahead of its latest hold (holds that ended out of order) never moves back
+        unheld.release_all()
+        assert gates.words[2] == 20
+        assert not [t for t in threading.enumerate() if t.name == "asyncgpu-unhold"]
+    finally:
+        del unheld.GATES[-1]

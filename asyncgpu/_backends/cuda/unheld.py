@@ -27,12 +27,12 @@ from asyncgpu._backends.cuda.driver import MASK32
 #: before the call ends within this long; the call itself takes at least as long (a free unpins pages).
 RELEASE_PERIOD_S = 50e-6
 
-#: GPU index -> its hold words (`holds._Gates`: ``words``, the pinned uint32 words the streams wait on, and
-#: ``next``, each word's latest hold value). Registered by the holds, read here.
+#: GPU index -> its hold words (`holds._Gates`: ``words``, the pinned uint32 words the streams wait on, ``next``,
+#: each word's latest hold value, and ``slots``, the streams given a word). Registered by the holds, read here.
 GATES: dict[int, Any] = {}
 #: Synchronizing calls in progress (one item): `holds.hold` makes no hold while it is not 0.
 ACTIVE = [0]
-_lock = threading.Lock()
+_lock = threading.RLock()  # (re-entrant: a finalizer that frees may run in a thread that holds it)
 
 
 def syncing() -> bool:
@@ -44,7 +44,8 @@ def release_all() -> None:
     """Move every hold word forward to its latest hold's value: every held stream may go on. Any thread."""
     for gates in list(GATES.values()):
         words, latest = gates.words, gates.next
-        for slot, value in enumerate(latest):
+        for slot in range(min(len(gates.slots), len(latest))):  # (words are given out in order: 0, 1, 2…)
+            value = latest[slot]
             if (value - words[slot]) & MASK32 < 0x80000000:  # never move a word back
                 words[slot] = value
 
