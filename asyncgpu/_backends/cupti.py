@@ -17,8 +17,8 @@ torch.profiler, Nsight Systems or another tool holds it. The session is shared b
 
 Threads: `push`/`pop` on the launching thread (CUPTI keeps one stack per thread and kind). CUPTI's buffers are
 handed over raw and parsed in bulk by whichever thread flushes (`asyncgpu._backends.cupti_buffers`: CUPTI's own
-thread only queues them). `flush` blocks (CUPTI hands its buffers over without the GIL; parsing costs ~1 µs per
-record), so async callers run it in a worker thread. Timestamps are ns on CUPTI's own clock, shared by every
+thread only queues them). `flush` blocks (CUPTI hands its buffers over without the GIL; then numpy parses them),
+so async callers run it in a worker thread. Timestamps are ns on CUPTI's own clock, shared by every
 device: `host_offset_ns` places them on the host's.
 """
 
@@ -442,7 +442,7 @@ def flush_batch(channel: int) -> tuple[RecordBatch, dict[int, int]]:
     """Every record CUPTI holds for work that has completed since ``channel``'s last flush, as one `RecordBatch`,
     and the channel's correlation -> external id map; both are taken (a later flush returns newer ones only; other
     channels keep theirs). Blocks the calling thread while CUPTI hands its buffers over (without the GIL) and while
-    they are parsed (numpy, ~1 µs per record). `SourceError` when CUPTI's records are not the ones cupti-python
+    they are parsed (numpy, no Python per field). `SourceError` when CUPTI's records are not the ones cupti-python
     describes."""
     buffers = _buffers
     if buffers is not None:

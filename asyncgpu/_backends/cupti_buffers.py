@@ -1,8 +1,9 @@
 """CUPTI's activity buffers, handed over raw and parsed in bulk with numpy.
 
-cupti-python hands each completed buffer to a Python callback as one Python object per record, and reading a
-record's fields through it costs ~27 µs per record (numpy scalar access per field): a host-bound loop of ~175
-kernels a step spends more time there than in its step. Here CUPTI gets plain C callbacks (ctypes) into libcupti:
+cupti-python hands each completed buffer to a Python callback as one Python object per record, each field read
+through numpy scalar access: per record, that is slower than the kernel launch it describes, and a host-bound loop
+spends more time there than in its steps (benchmarks/HISTORY.md, run 31). Here CUPTI gets plain C callbacks
+(ctypes) into libcupti:
 ``requested`` lends it a buffer from a small pool, ``completed`` only queues the buffer's address and valid size
 (no parsing on CUPTI's thread). `Buffers.take` then walks the queued buffers on the flushing thread: one Python
 step per record to find where records start (each record's size follows from its kind), then every field of
