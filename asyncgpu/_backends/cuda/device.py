@@ -10,8 +10,9 @@ import numpy as np
 from asyncgpu._backends.cuda.calibration import ClockMixin
 from asyncgpu._backends.cuda.compiler import _PRIMER_LOCK, _Primer
 from asyncgpu._backends.cuda.graphs import GraphsMixin
-from asyncgpu._backends.cuda.holds import _GATES, _NO_GATES, HoldsMixin
+from asyncgpu._backends.cuda.holds import _NO_GATES, HoldsMixin
 from asyncgpu._backends.cuda.hotpath import INC_BLOCK
+from asyncgpu._backends.cuda.unheld import GATES
 
 __all__ = ["CudaDevice"]
 
@@ -60,7 +61,7 @@ class CudaDevice(HoldsMixin, ClockMixin, GraphsMixin):
         if what == "prime":
             return self._primer is not None
         if what == "hold":
-            return _GATES.get(self.index) is not None or self.index in _NO_GATES
+            return GATES.get(self.index) is not None or self.index in _NO_GATES
         if isinstance(what, str):
             kernel = self._kernels.get(f"asyncgpu_{what}")
             return kernel is not None and id(kernel) in self._loaded and (self._cal is not None or "clock" not in what)

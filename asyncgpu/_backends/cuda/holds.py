@@ -13,12 +13,13 @@ from asyncgpu._base.errors import BackendError
 
 
 class HoldsMixin(CudaDeviceBase):
-    """`CudaDevice`'s holds, on one page of hold words per GPU (`_Gates`)."""
+    """`CudaDevice`'s holds, on one page of hold words per GPU (`_Gates`, registered in `unheld.GATES`, which
+    releases them during synchronizing calls)."""
 
     def hold(self, raw_stream: Any) -> Any:
         if ACTIVE[0]:  # a call that synchronizes the GPU is running: a hold now could stop every thread (`unheld`)
             return None
-        gates = _GATES.get(self.index)
+        gates = GATES.get(self.index)
         if gates is None:
             if self.index in _NO_GATES:
                 return None
@@ -54,10 +55,10 @@ class HoldsMixin(CudaDeviceBase):
 
     def _open_gates(self) -> _Gates | None:
         with _GATES_LOCK:
-            gates = _GATES.get(self.index)
+            gates = GATES.get(self.index)
             if gates is None and self.index not in _NO_GATES:
                 try:
-                    gates = _GATES[self.index] = _Gates(self)
+                    gates = GATES[self.index] = _Gates(self)
                 except BackendError as exc:
                     _NO_GATES[self.index] = str(exc)
             return gates
@@ -89,6 +90,5 @@ class _Gates:
             return slot
 
 
-_GATES: dict[int, _Gates] = GATES  # GPU index -> its hold words (shared with `unheld`, which releases them)
 _NO_GATES: dict[int, str] = {}  # GPU index -> why its streams cannot be held
 _GATES_LOCK = threading.Lock()
