@@ -193,12 +193,13 @@ def _steps(runs: dict[str, Record]) -> list[tuple[str, str]]:
         out = []
         for loop, modes in res["results"].items():
             bare = modes["bare"]["median_ms"]
-            cells = [
-                f"{m} {_n(v['ratio_to_bare'], 3)}× [{_n(min(v['paired_ratios']), 3)}, {_n(max(v['paired_ratios']), 3)}]"
-                for m, v in modes.items()
-                if m != "bare"
-            ]
-            what = f"step timing: step time vs bare, median of paired ratios [min, max], {loop} loop"
+            cells = []
+            for m, v in modes.items():
+                if m != "bare":
+                    lo, hi = v.get("ratio_ci95") or (min(v["paired_ratios"]), max(v["paired_ratios"]))
+                    cells.append(f"{m} {_n(v['ratio_to_bare'], 3)}× [{_n(lo, 3)}, {_n(hi, 3)}]")
+            pairs = len(v["paired_ratios"])
+            what = f"step timing: step time vs bare, median of {pairs} paired ratios [95 % CI], {loop} loop"
             out.append((what, f"bare {_n(bare, 2)} ms: " + ", ".join(cells)))
         return out
 
@@ -381,7 +382,7 @@ SUITES: dict[str, Suite] = {
             lambda n: [
                 Run(
                     "bench_steps.py",
-                    ("--repeat", "10", "--steps", "150"),
+                    ("--repeat", "30", "--steps", "40"),
                     ("--backend", "host"),
                     ("--steps", "5", "--warmup", "2", "--repeat", "1"),
                     out="dir",

@@ -1,11 +1,13 @@
 """Where the CUPTI step timer's overhead goes on a host-bound torch loop: each variant in a process of its own (CUPTI
 taken before torch loads, as bench_steps does), its step time against the same process's bare steps.
 
-    PYTHONPATH=$PWD python dev/diag_step_cupti.py [--steps 300] [--devices 1]
+    PYTHONPATH=$PWD python dev/diag_step_cupti.py [--steps 300] [--pairs 6] [--devices 1]
 
-Variants: ``default`` (harvest every 50 ms); ``no-flush`` (harvest_s=3600: nothing flushed while timed: what
-CUPTI's own instrumentation costs). Each reports the flushes' count, their wall time (CUPTI's hand-over and the
-bulk parse) and the records.
+Variants: ``default`` (harvest every 50 ms); ``harvest-250ms`` and ``harvest-1s`` (fewer flushes, each of more
+records: is the cost per flush or per record?); ``no-flush`` (harvest_s=3600: nothing flushed while timed: what
+CUPTI's own instrumentation costs). Each runs ``--pairs`` short pairs (bare, then CUPTI; then the other way round)
+and reports the median of the pairs' ratios, the flushes' count, the time inside CUPTI's flush and in the bulk
+parse, and the records.
 """
 
 from __future__ import annotations
@@ -16,15 +18,16 @@ import subprocess
 import sys
 import time
 
-VARIANTS = ("default", "no-flush")
+VARIANTS = ("default", "harvest-250ms", "harvest-1s", "no-flush")
+HARVEST_S = {"default": 0.05, "harvest-250ms": 0.25, "harvest-1s": 1.0, "no-flush": 3600.0}
 
 
-def child(variant: str, steps: int, devices: int) -> dict:
-    from asyncgpu._backends import cupti
+def child(variant: str, steps: int, devices: int, pairs: int) -> dict:
+    from asyncgpu._backends import cupti, cupti_buffers
 
     cupti.acquire(cupti.STEPS)
-    stats = {"flushes": 0, "flush_s": 0.0, "records": 0}
-    real_flush = cupti.flush_batch
+    stats = {"flushes": 0, "flush_s": 0.0, "cupti_flush_s": 0.0, "records": 0}
+    real_flush, real_flush_all = cupti.flush_batch, cupti_buffers.Buffers.flush_all
 
     def timed_flush(channel: int):
         t0 = time.perf_counter()
@@ -34,35 +37,53 @@ def child(variant: str, steps: int, devices: int) -> dict:
         stats["records"] += len(batch)
         return batch, ext
 
+    def timed_flush_all(self, forced: bool = True) -> None:
+        t0 = time.perf_counter()
+        real_flush_all(self, forced)
+        stats["cupti_flush_s"] += time.perf_counter() - t0
+
     cupti.flush_batch = timed_flush
+    cupti_buffers.Buffers.flush_all = timed_flush_all
 
     import anyio
 
     import asyncgpu
-    from benchmarks.bench_steps import run_steps, torch_work
+    from benchmarks.bench_steps import ci95, run_steps, torch_work
 
     args = argparse.Namespace(layers=8, width=2048, batch=16, size=8192, matmuls=4)
     devs = asyncgpu.devices("cuda", count=devices)
     work = [torch_work(d, "host-bound", args) for d in devs]
 
+    async def bare() -> float:
+        await run_steps(devs, work, 10, None)
+        t0 = time.perf_counter()
+        await run_steps(devs, work, steps, None)
+        return (time.perf_counter() - t0) / steps * 1e3
+
+    async def on() -> float:
+        async with asyncgpu.step_timer(devs, source="cupti", harvest_s=HARVEST_S[variant]) as st:
+            await run_steps(devs, work, 10, st)
+            t0 = time.perf_counter()
+            await run_steps(devs, work, steps, st)
+            return (time.perf_counter() - t0) / steps * 1e3
+
     async def main() -> dict:
         for d in devs:
             await d.prepare()
-        out = {}
-        for _rep in range(2):
-            await run_steps(devs, work, 30, None)
-            t0 = time.perf_counter()
-            await run_steps(devs, work, steps, None)
-            out.setdefault("bare_ms", []).append((time.perf_counter() - t0) / steps * 1e3)
-            harvest_s = 3600 if variant == "no-flush" else 0.05
-            for k in stats:
-                stats[k] = 0
-            async with asyncgpu.step_timer(devs, source="cupti", harvest_s=harvest_s) as st:
-                await run_steps(devs, work, 30, st)
-                t0 = time.perf_counter()
-                await run_steps(devs, work, steps, st)
-                out.setdefault("cupti_ms", []).append((time.perf_counter() - t0) / steps * 1e3)
-            out.setdefault("stats", []).append(dict(stats))
+        await bare()
+        out: dict = {"bare_ms": [], "cupti_ms": [], "ratios": []}
+        for k in range(pairs):
+            if k % 2 == 0:
+                b = await bare()
+                c = await on()
+            else:
+                c = await on()
+                b = await bare()
+            out["bare_ms"].append(b)
+            out["cupti_ms"].append(c)
+            out["ratios"].append(c / b)
+        out["ci95"] = ci95(out["ratios"])
+        out["stats"] = dict(stats)
         return out
 
     res = anyio.run(main)
@@ -72,18 +93,23 @@ def child(variant: str, steps: int, devices: int) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=300, help="steps per run (runs must outlast the harvest cadence)")
+    ap.add_argument("--pairs", type=int, default=6)
     ap.add_argument("--devices", type=int, default=1)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print("RESULT " + json.dumps(child(args.child, args.steps, args.devices)))
+        print("RESULT " + json.dumps(child(args.child, args.steps, args.devices, args.pairs)))
         return 0
-    print(f"{'variant':<14} {'bare ms':>8} {'cupti ms':>9} {'ratio':>6}  flushes  flush ms/each  records")
+    print(
+        f"{'variant':<14} {'bare ms':>8} {'cupti ms':>9} {'ratio p50 [95% CI]':>24}  flushes  in CUPTI ms/each"
+        "  parse ms/each  records/step"
+    )
     for v in args.variants.split(","):
         p = subprocess.run(
-            [sys.executable, __file__, "--child", v, "--steps", str(args.steps), "--devices", str(args.devices)],
+            [sys.executable, __file__, "--child", v, "--steps", str(args.steps), "--devices", str(args.devices)]
+            + ["--pairs", str(args.pairs)],
             capture_output=True,
             text=True,
         )
@@ -92,12 +118,17 @@ def main() -> int:
             print(f"{v:<14} failed (exit {p.returncode}): {p.stderr[-800:]}")
             continue
         r = json.loads(line[7:])
-        for bare, cup, s in zip(r["bare_ms"], r["cupti_ms"], r["stats"]):
-            nf = max(s["flushes"], 1)
-            print(
-                f"{v:<14} {bare:8.3f} {cup:9.3f} {cup / bare:6.2f}  {s['flushes']:7d}  {1e3 * s['flush_s'] / nf:13.3f}"
-                f"  {s['records']}"
-            )
+        s = r["stats"]
+        nf = max(s["flushes"], 1)
+        lo, hi = r["ci95"]
+        med = sorted(r["ratios"])[len(r["ratios"]) // 2]
+        timed_steps = args.pairs * (args.steps + 10)
+        bare, on = (sorted(r[k])[len(r[k]) // 2] for k in ("bare_ms", "cupti_ms"))
+        print(
+            f"{v:<14} {bare:8.3f} {on:9.3f}"
+            f" {med:9.4f} [{lo:.4f}, {hi:.4f}]  {s['flushes']:7d}  {1e3 * s['cupti_flush_s'] / nf:16.3f}"
+            f"  {1e3 * (s['flush_s'] - s['cupti_flush_s']) / nf:13.3f}  {s['records'] / timed_steps:12.1f}"
+        )
     return 0
 
 

@@ -99,6 +99,46 @@ def test_cuda_calibration_bounds():
     assert np.all(host >= stamps[:, 1] - slack) and np.all(host <= stamps[:, 2] + slack)
 
 
+def test_a_calibration_whose_drift_is_unknown_is_measured_again_sooner():
+    """The clocks drift apart by some ppm; until a device has a second of history its drift is unknown, and its
+    calibration goes stale after `UNKNOWN_DRIFT_MAX_AGE_S` instead of the caller's age."""
+    from asyncgpu._runtime.clock import UNKNOWN_DRIFT_MAX_AGE_S, ClockCalibration
+    from asyncgpu._runtime.internal import _stale
+
+    age_s = (UNKNOWN_DRIFT_MAX_AGE_S + 0.25) / 2  # between the two ages
+    taken = time.perf_counter_ns() - int(age_s * 1e9)
+
+    def cal(**kw):
+        return ClockCalibration(device="d", host_ns=taken, bound_ns=0.0, samples=1, rtt_ns=0.0, taken_ns=taken, **kw)
+
+    assert _stale(cal(gt_point=(0, 0.0)), 0.25)  # a %globaltimer point, no drift yet
+    assert not _stale(cal(gt_point=(0, 0.0), drift_ppm=7.7), 0.25)
+    assert not _stale(cal(), 0.25)  # no %globaltimer (the host backend): its own age
+    assert _stale(None, 0.25)
+
+
+@pytest.mark.gpu
+def test_a_fresh_process_first_calibration_places_stamps_within_its_bound():
+    """The case that bit: a device's first calibration also measures the pair overheads (the process's first CUPTI
+    session: up to a second), and the clocks drift by some ppm meanwhile. Run alone, in a process of its own."""
+    import subprocess
+    import sys
+
+    code = """
+import numpy as np, asyncgpu
+dev = asyncgpu.device(0, backend="cuda")
+cal = dev.clock()
+stamps, _ = dev._internal.bd.calibrate_globaltimer(8, 5_000_000)
+host = cal.globaltimer_to_host_ns(stamps[:, 0])
+print(float((stamps[:, 1] - host).max()), float((host - stamps[:, 2]).max()), cal.globaltimer_bound_ns)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    early, late, bound = map(float, out.stdout.split()[-3:])
+    # a stamp converts to a host time inside its ping's host bracket, widened by the calibration's own bound
+    assert early <= bound and late <= bound, (early, late, bound)
+
+
 @pytest.mark.gpu
 @pytest.mark.multigpu
 def test_two_gpus_stamp_one_instant_within_the_target():

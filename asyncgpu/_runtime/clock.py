@@ -46,10 +46,22 @@ if TYPE_CHECKING:
     from asyncgpu._runtime.device import Device
     from asyncgpu._runtime.internal import DeviceInternal
 
-__all__ = ["CLOCK_MAX_AGE_S", "ClockCalibration", "Placement", "calibrate", "check_alignment", "placement"]
+__all__ = [
+    "CLOCK_MAX_AGE_S",
+    "UNKNOWN_DRIFT_MAX_AGE_S",
+    "ClockCalibration",
+    "Placement",
+    "calibrate",
+    "check_alignment",
+    "placement",
+]
 
 #: The one age policy: a calibration older than this (seconds) is measured again before it places events.
 CLOCK_MAX_AGE_S = 0.25
+#: ... and, while its drift is not known yet (the device's first second: `_MIN_DRIFT_SPAN_NS`), older than this.
+#: The clocks drift apart by some ppm (5-10 measured on H100 and H200 hosts, benchmarks/HISTORY.md): unmeasured,
+#: that is 0.5 µs at 10 ppm over this age, within a calibration's own bound; over `CLOCK_MAX_AGE_S` it would not be.
+UNKNOWN_DRIFT_MAX_AGE_S = 0.05
 DEFAULT_SAMPLES = 16
 TIMEOUT_NS = 5_000_000
 _MIN_DRIFT_SPAN_NS = 1_000_000_000
@@ -290,9 +302,69 @@ def calibrate(
     timeout_ns: int = TIMEOUT_NS,
 ) -> ClockCalibration:
     """Measure ``device``'s clocks against the host (see the module docstring). ``previous`` (an older
-    calibration of the same device) gives the drift. Raises `ClockError` if the device does not answer."""
+    calibration of the same device) gives the drift and the pair overheads. Raises `ClockError` if the device
+    does not answer.
+
+    A device's first calibration also measures the pair overheads (`bracket_overhead`: the process's first CUPTI
+    session, up to about a second). The clocks drift apart by some ppm and this calibration cannot know by how
+    much yet, so the pings are taken again after it: the calibration stands for the instant it returns."""
     if samples < 1:
         raise ValueError(f"a calibration needs at least one sample, not {samples}")
+    pings = _pings(device, samples, timeout_ns, previous)
+    if previous is not None and previous.bracket_overhead_ns:
+        by_kind, overhead_source = previous.bracket_overhead_by_kind_ns, previous.bracket_overhead_source
+    elif pings.gt_offset is not None:  # the calibration kernel ran, so SMs are free for this one too
+        try:
+            by_kind, overhead_source = device.bd.bracket_overhead()
+        except ClockError:
+            by_kind, overhead_source = {}, ""
+        else:
+            device.clock_events.append(pings.anchor)
+            pings = _pings(device, samples, timeout_ns, previous)
+    else:
+        by_kind, overhead_source = {}, ""
+    return ClockCalibration(
+        device=device.name,
+        host_ns=pings.host_ns,
+        bound_ns=pings.bound_ns,
+        samples=samples,
+        rtt_ns=pings.rtt_ns,
+        taken_ns=pings.taken_ns,
+        globaltimer_offset_ns=pings.gt_offset,
+        globaltimer_bound_ns=pings.gt_bound,
+        naive_offset_ns=pings.naive,
+        drift_ppm=pings.drift,
+        anchor_source=pings.source,
+        kernel_anchor_bound_ns=pings.k_bound,
+        bracket_overhead_ns=by_kind.get("kernel", 0.0),
+        anchor=pings.anchor,
+        gt_point=pings.gt_point,
+        bracket_overhead_source=overhead_source,
+        bracket_overhead_by_kind_ns=dict(by_kind),
+    )
+
+
+@dataclass
+class _Pings:
+    """What one round of a calibration's pings measured (`_pings`); the fields as in `ClockCalibration`."""
+
+    anchor: Any
+    host_ns: int
+    bound_ns: float
+    rtt_ns: float
+    taken_ns: int
+    source: str = "pings"
+    gt_offset: int | None = None
+    gt_bound: float | None = None
+    naive: int | None = None
+    drift: float | None = None
+    k_bound: float | None = None
+    gt_point: tuple[int, float] | None = None
+
+
+def _pings(device: DeviceInternal, samples: int, timeout_ns: int, previous: ClockCalibration | None) -> _Pings:
+    """The events' pings, then the ``%globaltimer`` kernel's (see the module docstring); the anchor event is the
+    caller's to keep or give back to ``device.clock_events``."""
     bd, spare = device.bd, device.clock_events
     raws = [spare.pop() if spare else bd.create_event(True) for _ in range(samples)]
     try:
@@ -305,8 +377,7 @@ def calibrate(
     anchor = raws[best]
     host_ns, bound_ns = _intersect(bd, anchor, raws, brackets)
     spare.extend(raw for raw in raws if raw is not anchor)
-    gt_offset = gt_bound = naive = drift = k_bound = None
-    gt_point, source = None, "pings"
+    out = _Pings(anchor, host_ns, bound_ns, float(rtt[best]), int(brackets[best, 1]))
     after_kernel = spare.pop() if spare else bd.create_event(True)
     try:
         gt = bd.calibrate_globaltimer(samples, timeout_ns, after_kernel)
@@ -323,55 +394,29 @@ def calibrate(
         # best ping's).
         lo, hi = int((pings[:, 0] - pings[:, 2]).max()), int((pings[:, 0] - pings[:, 1]).min())
         if hi >= lo:
-            gt_offset, gt_bound = (lo + hi) // 2, (hi - lo) / 2
+            out.gt_offset, out.gt_bound = (lo + hi) // 2, (hi - lo) / 2
         else:
-            gt_offset, gt_bound = int(pings[b, 0] - mid[b]), float(g_rtt[b]) / 2
-        naive = int(pings[0, 0] - mid[0])
-        gt_point = (int(pings[b, 0]), float(pings[b, 0] - gt_offset))
+            out.gt_offset, out.gt_bound = int(pings[b, 0] - mid[b]), float(g_rtt[b]) / 2
+        out.naive = int(pings[0, 0] - mid[0])
+        gt_point = (int(pings[b, 0]), float(pings[b, 0] - out.gt_offset))
+        out.gt_point = gt_point
         if previous is not None and previous.gt_point is not None:
             pg, ph = previous.gt_point
             span = gt_point[1] - ph
-            drift = ((gt_point[0] - pg) / span - 1.0) * 1e6 if span >= _MIN_DRIFT_SPAN_NS else previous.drift_ppm
+            out.drift = ((gt_point[0] - pg) / span - 1.0) * 1e6 if span >= _MIN_DRIFT_SPAN_NS else previous.drift_ppm
         # The event right after the kernel lies between the kernel's last stamp and the host seeing the write
         # that follows it: usually a tighter placement than the front end's own pings.
-        rate = 1.0 if drift is None else 1.0 / (1.0 + drift * 1e-6)
+        rate = 1.0 if out.drift is None else 1.0 / (1.0 + out.drift * 1e-6)
         lo = gt_point[1] + (exit_stamp - gt_point[0]) * rate
-        if exit_seen_ns is not None and exit_seen_ns >= lo - gt_bound:
-            k_bound = (exit_seen_ns - lo) / 2 + gt_bound
-            if k_bound < bound_ns:
-                spare.append(anchor)
-                anchor, after_kernel = after_kernel, anchor
-                host_ns, bound_ns, source = int((lo + exit_seen_ns) / 2), k_bound, "kernel"
-    if after_kernel is not anchor:
+        if exit_seen_ns is not None and exit_seen_ns >= lo - out.gt_bound:
+            out.k_bound = (exit_seen_ns - lo) / 2 + out.gt_bound
+            if out.k_bound < out.bound_ns:
+                spare.append(out.anchor)
+                out.anchor, after_kernel = after_kernel, out.anchor
+                out.host_ns, out.bound_ns, out.source = int((lo + exit_seen_ns) / 2), out.k_bound, "kernel"
+    if after_kernel is not out.anchor:
         spare.append(after_kernel)
-    by_kind: Mapping[str, float] = {}
-    overhead_source = ""
-    if previous is not None and previous.bracket_overhead_ns:
-        by_kind, overhead_source = previous.bracket_overhead_by_kind_ns, previous.bracket_overhead_source
-    elif gt is not None:  # the calibration kernel ran, so SMs are free for this one too
-        try:
-            by_kind, overhead_source = bd.bracket_overhead()
-        except ClockError:
-            pass
-    return ClockCalibration(
-        device=device.name,
-        host_ns=host_ns,
-        bound_ns=bound_ns,
-        samples=samples,
-        rtt_ns=float(rtt[best]),
-        taken_ns=time.perf_counter_ns(),
-        globaltimer_offset_ns=gt_offset,
-        globaltimer_bound_ns=gt_bound,
-        naive_offset_ns=naive,
-        drift_ppm=drift,
-        anchor_source=source,
-        kernel_anchor_bound_ns=k_bound,
-        bracket_overhead_ns=by_kind.get("kernel", 0.0),
-        anchor=anchor,
-        gt_point=gt_point,
-        bracket_overhead_source=overhead_source,
-        bracket_overhead_by_kind_ns=dict(by_kind),
-    )
+    return out
 
 
 def check_alignment(devices: Iterable[Device], trials: int = 30, samples: int = DEFAULT_SAMPLES) -> dict[str, Any]:
