@@ -1,7 +1,11 @@
-"""Shows that tests/test_exact_timing.py's held-free test can fail: it runs the test with the frees' release of
-open holds switched off (every pinned free as cuda.core makes it), and expects the test to fail.
+"""Shows that tests/test_exact_timing.py's hold tests can fail:
 
-    python dev/check_unheld.py        # exit 0 when the test failed without the release (a GPU is needed)
+- the held-free test, run with the frees' release of open holds switched off (every pinned free as cuda.core
+  makes it), is expected to fail;
+- a kernel's first launch inside its own hold, run with the watchdog kept from starting, is expected to need the
+  child's rescue (the launch waited for its hold until the rescue ended it after 5 s).
+
+    python dev/check_unheld.py        # exit 0 when both failed as they should (a GPU is needed)
 """
 
 from __future__ import annotations
@@ -14,12 +18,26 @@ import pytest
 from asyncgpu._backends.cuda import hotpath, unheld
 
 
+def first_launch() -> bool:
+    import subprocess
+
+    from tests.test_exact_timing import FIRST_LAUNCH_IN_A_HOLD
+
+    out = subprocess.run(
+        [sys.executable, "-c", FIRST_LAUNCH_IN_A_HOLD, "nowatch"], capture_output=True, text=True, timeout=120
+    )
+    took_s, _ended, rescued = (out.stdout.split() + ["?"] * 3)[-3:]
+    print(f"KEY without the watchdog a first launch inside its hold took {took_s} s; rescued: {rescued}")
+    return rescued == "True"
+
+
 def main() -> int:
+    ok = first_launch()
     unheld.UnheldFree.close = lambda self: setattr(self, "buffer", None)  # the buffer's own finalizer frees it
     hotpath.releasing_holds = contextlib.nullcontext  # type: ignore[assignment]
     rc = pytest.main(["-q", "-p", "no:cacheprovider", "tests/test_exact_timing.py", "-k", "pinned_free_while and cuda"])
     print(f"KEY without the release the test {'failed, as it should' if rc == 1 else f'returned {rc}'}")
-    return 0 if rc == 1 else 1
+    return 0 if rc == 1 and ok else 1
 
 
 if __name__ == "__main__":

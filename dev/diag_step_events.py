@@ -3,8 +3,9 @@ interleaved in pairs (bare first, then the variant first), in one process.
 
     PYTHONPATH=$PWD python dev/diag_step_events.py [--steps 200] [--pairs 6] [--devices 1]
 
-Variants: ``default``; ``no-harvest`` (harvest_s=3600: the harvest thread sleeps while timed); ``big-pool`` (the
-timing pool grown ahead with ``prepare(events=...)``: no reclaim or growth while timed); ``switch-1ms``
+Variants: ``default``; ``no-harvest`` (harvest_s=3600: the harvest thread sleeps while timed); ``harvest-250ms``
+(fewer harvests, each of more steps); ``big-pool`` (the timing pool grown ahead with ``prepare(events=...)``: no
+reclaim or growth while timed); ``switch-1ms``
 (``sys.setswitchinterval(0.001)`` for bare and timed alike: a thread that waits for the GIL waits less).
 """
 
@@ -18,9 +19,9 @@ import time
 import anyio
 
 import asyncgpu
-from benchmarks.bench_steps import run_steps, torch_work
+from benchmarks.bench_steps import ci95, run_steps, torch_work
 
-VARIANTS = ("default", "no-harvest", "big-pool", "switch-1ms")
+VARIANTS = ("default", "no-harvest", "harvest-250ms", "big-pool", "switch-1ms")
 
 
 async def timed(devs: list, work: list, steps: int, variant: str | None) -> float:
@@ -29,7 +30,7 @@ async def timed(devs: list, work: list, steps: int, variant: str | None) -> floa
         t0 = time.perf_counter()
         await run_steps(devs, work, steps, None)
         return (time.perf_counter() - t0) / steps * 1e3
-    harvest_s = 3600 if variant == "no-harvest" else 0.05
+    harvest_s = {"no-harvest": 3600.0, "harvest-250ms": 0.25}.get(variant, 0.05)
     async with asyncgpu.step_timer(devs, harvest_s=harvest_s, max_pending=4 * steps) as st:
         await run_steps(devs, work, 20, st)
         t0 = time.perf_counter()
@@ -44,7 +45,7 @@ async def main(args: argparse.Namespace) -> None:
     work = [torch_work(d, "host-bound", ns) for d in devs]
     for d in devs:
         await d.prepare()
-    print(f"{'variant':<12} {'bare ms':>8} {'timed ms':>9}  paired ratio p50 [min, max]")
+    print(f"{'variant':<14} {'bare ms':>8} {'timed ms':>9}  paired ratio p50 [95 % CI] {{min, max}}")
     for v in args.variants.split(","):
         if v == "big-pool":
             for d in devs:
@@ -60,9 +61,10 @@ async def main(args: argparse.Namespace) -> None:
             on.append(pair[v])
             ratios.append(pair[v] / pair[None])
         sys.setswitchinterval(old)
+        lo, hi = ci95(ratios)
         print(
-            f"{v:<12} {statistics.median(bare):8.3f} {statistics.median(on):9.3f}  "
-            f"{statistics.median(ratios):.3f} [{min(ratios):.3f}, {max(ratios):.3f}]"
+            f"{v:<14} {statistics.median(bare):8.3f} {statistics.median(on):9.3f}  "
+            f"{statistics.median(ratios):.4f} [{lo:.4f}, {hi:.4f}] {{{min(ratios):.3f}, {max(ratios):.3f}}}"
         )
 
 

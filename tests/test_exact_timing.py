@@ -102,6 +102,55 @@ def test_a_pinned_free_while_a_launch_is_held_stops_no_thread(dev):
     x.free()
 
 
+#: A fresh process's first launch of a kernel inside its own hold (argv[1] "nowatch": with the watchdog kept from
+#: starting, and a rescue that ends the hold after 5 s). Prints: seconds the launch took, holds the watchdog ended,
+#: whether the rescue had to end it.
+FIRST_LAUNCH_IN_A_HOLD = """
+import sys, threading, time
+import numpy as np
+from cuda.core import LaunchConfig
+import asyncgpu
+from asyncgpu._backends.cuda import unheld
+if sys.argv[1:] == ["nowatch"]:
+    unheld.WATCH[0] = "kept from starting"
+dev = asyncgpu.device(0, backend="cuda")
+bd, raw = dev._internal.bd, dev.stream._internal.raw
+kernel = bd._kernel("asyncgpu_clock_bracket")  # compiled, never launched: its function is loaded at its first launch
+out = dev.alloc(64)
+token = bd.hold(raw)
+assert token is not None, bd.hold_problem()
+done, rescued = threading.Event(), []
+def rescue():
+    if not done.wait(5):
+        rescued.append(1)
+        bd.release(token)
+threading.Thread(target=rescue, daemon=True).start()
+t0 = time.perf_counter()
+bd.launch(raw, kernel, LaunchConfig(grid=1, block=1), (np.uint64(1000), np.uint64(int(out.handle))))
+took = time.perf_counter() - t0
+done.set()
+bd.release(token)
+dev.synchronize()
+print(took, unheld.RESCUED[0], bool(rescued))
+"""
+
+
+def test_a_kernels_first_launch_inside_its_hold_stops_no_thread(dev):
+    """A kernel's first launch loads its function, and a load may synchronize the context: inside its own hold,
+    the launch would wait for the hold it is in. The watchdog ends the hold (`cuda.unheld`). In a process of its
+    own: the case needs a kernel never launched there (`dev/check_unheld.py` shows it stops without the
+    watchdog)."""
+    if dev.backend != "cuda":
+        pytest.skip("a CUDA driver's lazy loading")
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", FIRST_LAUNCH_IN_A_HOLD], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    took_s, _watchdog_ended, rescued = out.stdout.split()[-3:]
+    assert rescued == "False", f"the launch waited {took_s} s for its own hold"
+
+
 # -- the timing source ------------------------------------------------------------------------------------------
 def test_an_unknown_source_names_the_choices(dev):
     with pytest.raises(ValueError, match="'auto', 'cupti', 'events'"):
@@ -764,3 +813,35 @@ def test_synchronizing_calls_end_every_hold_and_skip_new_ones():
         assert not [t for t in threading.enumerate() if t.name == "asyncgpu-unhold"]
     finally:
         del unheld.GATES[-1]
+
+
+def test_the_watchdog_ends_a_hold_left_open_and_no_other():
+    """A hold whose thread is stuck in a driver call (a kernel's first launch, GPU test above) is ended by the
+    watchdog after one to two of its periods; a hold that moves on, or a word that is not held, is left alone. On
+    hold words of our own."""
+    import types
+
+    from asyncgpu._backends.cuda import unheld
+
+    gates = types.SimpleNamespace(words=[5, 9, 0], next=[7, 9, 3], slots={11: 0, 12: 1})
+    unheld.GATES[-1] = gates
+    before = unheld.RESCUED[0]
+    try:
+        unheld.watch()
+        unheld.watch()  # (one watchdog)
+        assert [t.name for t in threading.enumerate()].count("asyncgpu-holdwatch") == 1
+        deadline = time.monotonic() + 5
+        while gates.words[0] != 7 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        waited_s = 5 - (deadline - time.monotonic())
+        assert gates.words == [7, 9, 0] and unheld.RESCUED[0] == before + 1  # slot 2 was never given out
+        assert waited_s >= unheld.WATCHDOG_PERIOD_S  # never at the first look
+        gates.next[1] = 10  # a hold that ends in time is not counted
+        time.sleep(unheld.WATCHDOG_PERIOD_S / 4)
+        gates.words[1] = 10
+        time.sleep(unheld.WATCHDOG_PERIOD_S * 3)
+        assert unheld.RESCUED[0] == before + 1
+    finally:
+        unheld.unwatch()
+        del unheld.GATES[-1]
+    assert "asyncgpu-holdwatch" not in [t.name for t in threading.enumerate()]

@@ -259,6 +259,7 @@ class ClockMixin(CudaDeviceBase):
         s = cal.stream
         one = LaunchConfig(grid=1, block=1)
         kernel = self._kernel("asyncgpu_clock_bracket")
+        self.prepare_kernel(kernel)  # loaded now, not at its first launch inside a hold (a load may synchronize)
         out = self.alloc(2 * repeats, np.uint64, s)  # device memory: stores to host memory would slow the exit
         scratch = self.alloc(_MEMSET_BYTES, np.uint8, s)
         half = _MEMSET_BYTES // 2

@@ -12,7 +12,7 @@ from asyncgpu._backends.cuda.compiler import _PRIMER_LOCK, _Primer
 from asyncgpu._backends.cuda.graphs import GraphsMixin
 from asyncgpu._backends.cuda.holds import _NO_GATES, HoldsMixin
 from asyncgpu._backends.cuda.hotpath import INC_BLOCK
-from asyncgpu._backends.cuda.unheld import GATES
+from asyncgpu._backends.cuda.unheld import GATES, unwatch
 
 __all__ = ["CudaDevice"]
 
@@ -34,6 +34,7 @@ class CudaDevice(HoldsMixin, ClockMixin, GraphsMixin):
             raise self._drv.error(self._drv.d.CUresult(err), what)
 
     def close(self) -> None:
+        unwatch()  # (the next hold, of any device, starts it again)
         primer, self._primer = self._primer, None
         if primer is not None:
             primer.close()

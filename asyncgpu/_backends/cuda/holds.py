@@ -8,7 +8,7 @@ from typing import Any
 
 from asyncgpu._backends.cuda.driver import MASK32, PAGE
 from asyncgpu._backends.cuda.hotpath import CudaDeviceBase
-from asyncgpu._backends.cuda.unheld import ACTIVE, GATES
+from asyncgpu._backends.cuda.unheld import ACTIVE, GATES, WATCH, watch
 from asyncgpu._base.errors import BackendError
 
 
@@ -26,6 +26,8 @@ class HoldsMixin(CudaDeviceBase):
             gates = self._open_gates()
             if gates is None:
                 return None
+        if WATCH[0] is None:  # (the watchdog ends a hold whose thread got stuck: `unheld`)
+            watch()
         key = raw_stream[2]
         slot = gates.slots.get(key)
         if slot is None:

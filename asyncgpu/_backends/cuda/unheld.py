@@ -10,12 +10,19 @@ a finalizer that frees pinned memory may run inside its own hold window.
 So every synchronizing call the backend makes runs inside `releasing_holds`: while it runs, new holds are
 skipped (their brackets go unheld: they may count a few microseconds of the host's time), and a releaser thread
 moves every hold word to its latest value every `RELEASE_PERIOD_S`, which also ends a hold that began just
-before the call. Synchronizing calls made by other libraries on other threads are not seen: a free of theirs
-inside one of our hold windows can still stop both (ARCHITECTURE.md, "Holds").
+before the call.
+
+Calls that synchronize without asyncgpu knowing are caught by the **watchdog** (``asyncgpu-holdwatch``, one per
+process while holds are made, `watch`): a hold still open after one to two `WATCHDOG_PERIOD_S` is ended, and
+counted in `RESCUED`. The case it was built for: a kernel's first launch loads its function lazily
+(``CUDA_MODULE_LOADING=LAZY``, the default), and a load may synchronize the context (CUDA Programming Guide,
+"Lazy Loading"), so a first launch inside its own hold waits for the hold it is inside. A free by another library
+inside one of our hold windows is the other. The bracket of a rescued hold may count the host's time.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,6 +33,12 @@ from asyncgpu._backends.cuda.driver import MASK32
 #: How often the releaser moves the hold words while a synchronizing call runs (s). A hold that began just
 #: before the call ends within this long; the call itself takes at least as long (a free unpins pages).
 RELEASE_PERIOD_S = 50e-6
+
+#: A hold open longer than one to two of these (s) is ended by the watchdog (`watch`): far beyond the few
+#: microseconds a thread takes to enqueue a bracket, short enough that a stuck launch costs a step, not a hang.
+WATCHDOG_PERIOD_S = 0.01
+#: Holds the watchdog ended (one item), process-wide since it started.
+RESCUED = [0]
 
 #: GPU index -> its hold words (`holds._Gates`: ``words``, the pinned uint32 words the streams wait on, ``next``,
 #: each word's latest hold value, and ``slots``, the streams given a word). Registered by the holds, read here.
@@ -102,3 +115,59 @@ class UnheldFree:
 
     def __del__(self) -> None:
         self.close()
+
+
+#: (the watchdog thread, its stop event) while it runs; `holds.hold` starts it when the thread is None
+WATCH: list[Any] = [None, None]
+
+
+def watch() -> None:
+    """Start the watchdog (``asyncgpu-holdwatch``) unless it runs: every `WATCHDOG_PERIOD_S` it looks at each
+    hold word given out, and ends a hold it already saw open at its previous look (`RESCUED`). It stops at
+    `unwatch` (a CUDA device's close); the next hold starts it again. Any thread."""
+    with _lock:
+        if WATCH[0] is not None:
+            return
+        stop = threading.Event()
+        thread = threading.Thread(target=_watchdog, args=(stop,), name="asyncgpu-holdwatch", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:  # interpreter shutdown: no thread starts, and no loop makes holds then
+            return
+        WATCH[0], WATCH[1] = thread, stop
+
+
+def unwatch() -> None:
+    """Stop the watchdog and join it (at most one look, microseconds). Any thread but the watchdog's."""
+    with _lock:
+        thread, stop = WATCH
+        WATCH[0] = WATCH[1] = None
+    if thread is not None:
+        stop.set()
+        thread.join()
+
+
+def _watchdog(stop: threading.Event) -> None:
+    seen: set[tuple[int, int, int]] = set()  # (gpu, word, value) of holds open at the previous look
+    while not stop.wait(WATCHDOG_PERIOD_S):
+        now: set[tuple[int, int, int]] = set()
+        for gpu, gates in list(GATES.items()):
+            words, latest = gates.words, gates.next
+            for slot in range(min(len(gates.slots), len(latest))):
+                value = latest[slot]
+                if (value - words[slot]) & MASK32 < 0x80000000 and words[slot] != value:
+                    key = (gpu, slot, value)
+                    if key in seen:
+                        words[slot] = value
+                        RESCUED[0] += 1
+                    else:
+                        now.add(key)
+        seen = now
+
+
+def _after_fork_in_child() -> None:
+    WATCH[0] = WATCH[1] = None  # (the parent's watchdog has no thread here: the child's next hold starts one)
+
+
+if hasattr(os, "register_at_fork"):  # (not on Windows, which has no fork)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
