@@ -134,7 +134,7 @@ async def test_two_gpus_concurrently_with_cross_device_wait():
     recs = {r.device: r for r in t.records}
     assert 19.9 < recs["cuda:0"].duration_ms < 21 and 0.99 < recs["cuda:1"].duration_ms < 1.2
     assert recs["cuda:1"].start_ms > 19  # waited on the device for cuda:0
-    names = [th.name for th in threading.enumerate() if th.name.startswith("asyncgpu-")]
+    names = [th.name for th in threading.enumerate() if th.name.endswith("-waiter")]
     assert len(names) <= 2  # one waiter thread per device
 
 

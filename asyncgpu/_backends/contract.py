@@ -94,11 +94,13 @@ class BackendDevice(ABC):
     def wait_event(self, raw_stream: Any, raw_event: Any) -> None:
         """Make ``raw_stream`` wait (on the device, no host wait) for ``raw_event``."""
 
-    def hold(self, raw_stream: Any) -> Any:
+    def hold(self, raw_stream: Any, watched: bool = False) -> Any:
         """Enqueue a device-side wait on ``raw_stream`` that only `release` ends: what follows starts on the
         device once the host has enqueued all of it (a timing bracket then never counts the host's submission
-        time on an idle stream). Returns a token for `release`, or None where there is no such wait (the host
-        backend; a device without stream memory operations). Any thread; never blocks."""
+        time on an idle stream). ``watched``: the hold spans one launch, and the backend ends it if it stays open
+        far longer (its thread stuck in a driver call that waits for the device: the CUDA backend's watchdog).
+        Returns a token for `release`, or None where there is no such wait (the host backend; a device without
+        stream memory operations). Any thread; never blocks."""
         return None
 
     def hold_problem(self) -> str | None:

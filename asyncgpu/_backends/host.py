@@ -201,7 +201,7 @@ class HostDevice(BackendDevice):
     def wait_event(self, raw_stream: _HostStream, raw_event: _HostEvent) -> None:
         raw_stream.submit(_wait_other, raw_event)
 
-    def hold(self, raw_stream: _HostStream) -> threading.Event | None:
+    def hold(self, raw_stream: _HostStream, watched: bool = False) -> threading.Event | None:
         if raw_stream.capture is not None:  # a capture replays its items later: nothing to hold now
             return None
         gate = threading.Event()

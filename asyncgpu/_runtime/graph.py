@@ -248,7 +248,7 @@ class Graph:
         taken: list = []
         pairs: list = []
         tokens: list = []
-        held = bd.hold(si.raw) if hooks.should_hold(bd, si.raw) else None  # (see `hooks.launch_now`)
+        held = bd.hold(si.raw, True) if hooks.should_hold(bd, si.raw) else None  # (see `hooks.launch_now`)
         try:
             for index, (part_name, kind, i, j) in enumerate(self._parts):
                 if kind in wanted:

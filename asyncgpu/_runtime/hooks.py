@@ -237,7 +237,7 @@ def launch_now(stream: Stream, name: str, kind: str, fn: Callable[..., Any], arg
             primed = 1
     # Hold the stream until the observers' brackets and the work are all enqueued: on an idle stream the start
     # event would otherwise complete at once and the bracket count the host's submission time (see `hold`).
-    held = bd.hold(si.raw) if should_hold(bd, si.raw) else None
+    held = bd.hold(si.raw, True) if should_hold(bd, si.raw) else None  # (watched: it spans this launch)
     si.held = held is not None
     if HOLD_USERS and engine_of(kind, name) == _ALWAYS_PRIMED:  # behind the hold, so it runs right before the work
         bd.prime(si.raw, _ALWAYS_PRIMED)

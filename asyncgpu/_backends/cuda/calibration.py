@@ -282,7 +282,7 @@ class ClockMixin(CudaDeviceBase):
                 for k, (a, b) in enumerate(pairs[kind]):
                     if kind == "memcpy" and k == 0:  # as `hooks.launch_now` primes: at the switch, before the hold
                         self.prime(s, "copy")
-                    held = self.hold(s)
+                    held = self.hold(s, True)
                     try:
                         if kind == "memcpy_d2d":  # every time, behind the hold
                             self.prime(s, "copy_d2d")

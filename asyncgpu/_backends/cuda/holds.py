@@ -8,7 +8,7 @@ from typing import Any
 
 from asyncgpu._backends.cuda.driver import MASK32, PAGE
 from asyncgpu._backends.cuda.hotpath import CudaDeviceBase
-from asyncgpu._backends.cuda.unheld import ACTIVE, GATES, WATCH, watch
+from asyncgpu._backends.cuda.unheld import ACTIVE, GATES, WATCH, WATCHED, watch
 from asyncgpu._base.errors import BackendError
 
 
@@ -16,7 +16,7 @@ class HoldsMixin(CudaDeviceBase):
     """`CudaDevice`'s holds, on one page of hold words per GPU (`_Gates`, registered in `unheld.GATES`, which
     releases them during synchronizing calls)."""
 
-    def hold(self, raw_stream: Any) -> Any:
+    def hold(self, raw_stream: Any, watched: bool = False) -> Any:
         if ACTIVE[0]:  # a call that synchronizes the GPU is running: a hold now could stop every thread (`unheld`)
             return None
         gates = GATES.get(self.index)
@@ -26,8 +26,6 @@ class HoldsMixin(CudaDeviceBase):
             gates = self._open_gates()
             if gates is None:
                 return None
-        if WATCH[0] is None:  # (the watchdog ends a hold whose thread got stuck: `unheld`)
-            watch()
         key = raw_stream[2]
         slot = gates.slots.get(key)
         if slot is None:
@@ -45,6 +43,10 @@ class HoldsMixin(CudaDeviceBase):
         if failed:  # nothing was enqueued: brackets go unheld from now on (`hold_problem` says why)
             _NO_GATES[self.index] = f"cuStreamWaitValue32 failed on {self.name}: stream memory operations unusable"
             return None
+        if watched:  # (the watchdog ends it if its thread gets stuck in the launch: `unheld`)
+            WATCHED[(self.index, slot)] = value
+            if WATCH[0] is None:
+                watch()
         return (gates.words, slot, value)
 
     def hold_problem(self) -> str | None:

@@ -13,8 +13,9 @@ moves every hold word to its latest value every `RELEASE_PERIOD_S`, which also e
 before the call.
 
 Calls that synchronize without asyncgpu knowing are caught by the **watchdog** (``asyncgpu-holdwatch``, one per
-process while holds are made, `watch`): a hold still open after one to two `WATCHDOG_PERIOD_S` is ended, and
-counted in `RESCUED`. The case it was built for: a kernel's first launch loads its function lazily
+process while holds are made, `watch`): a hold that spans one launch (``watched``: a bracket's, not one a
+benchmark keeps on purpose while it enqueues a whole repeat) still open after one to two `WATCHDOG_PERIOD_S` is
+ended, and counted in `RESCUED`. The case it was built for: a kernel's first launch loads its function lazily
 (``CUDA_MODULE_LOADING=LAZY``, the default), and a load may synchronize the context (CUDA Programming Guide,
 "Lazy Loading"), so a first launch inside its own hold waits for the hold it is inside. A free by another library
 inside one of our hold windows is the other. The bracket of a rescued hold may count the host's time.
@@ -119,11 +120,14 @@ class UnheldFree:
 
 #: (the watchdog thread, its stop event) while it runs; `holds.hold` starts it when the thread is None
 WATCH: list[Any] = [None, None]
+#: (GPU index, hold word) -> the value of its latest watched hold (`holds.hold(..., watched=True)`: a hold that
+#: spans one launch). The latest is enough: a word that reaches it has passed every earlier hold on it.
+WATCHED: dict[tuple[int, int], int] = {}
 
 
 def watch() -> None:
-    """Start the watchdog (``asyncgpu-holdwatch``) unless it runs: every `WATCHDOG_PERIOD_S` it looks at each
-    hold word given out, and ends a hold it already saw open at its previous look (`RESCUED`). It stops at
+    """Start the watchdog (``asyncgpu-holdwatch``) unless it runs: every `WATCHDOG_PERIOD_S` it looks at the
+    watched holds (`WATCHED`), and ends one it already saw open at its previous look (`RESCUED`). It stops at
     `unwatch` (a CUDA device's close); the next hold starts it again. Any thread."""
     with _lock:
         if WATCH[0] is not None:
@@ -148,20 +152,24 @@ def unwatch() -> None:
 
 
 def _watchdog(stop: threading.Event) -> None:
-    seen: set[tuple[int, int, int]] = set()  # (gpu, word, value) of holds open at the previous look
+    seen: dict[tuple[int, int], int] = {}  # the watched holds open at the previous look
     while not stop.wait(WATCHDOG_PERIOD_S):
-        now: set[tuple[int, int, int]] = set()
-        for gpu, gates in list(GATES.items()):
-            words, latest = gates.words, gates.next
-            for slot in range(min(len(gates.slots), len(latest))):
-                value = latest[slot]
-                if (value - words[slot]) & MASK32 < 0x80000000 and words[slot] != value:
-                    key = (gpu, slot, value)
-                    if key in seen:
-                        words[slot] = value
-                        RESCUED[0] += 1
-                    else:
-                        now.add(key)
+        now: dict[tuple[int, int], int] = {}
+        for key, value in list(WATCHED.items()):
+            gates = GATES.get(key[0])
+            if gates is None:
+                continue
+            words, slot = gates.words, key[1]
+            if (value - words[slot]) & MASK32 >= 0x80000000 or words[slot] == value:  # ended (or passed)
+                if WATCHED.get(key) == value:
+                    WATCHED.pop(key, None)
+            elif seen.get(key) == value:  # open at two looks: its thread is stuck
+                words[slot] = value
+                RESCUED[0] += 1
+                if WATCHED.get(key) == value:
+                    WATCHED.pop(key, None)
+            else:
+                now[key] = value
         seen = now
 
 
