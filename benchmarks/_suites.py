@@ -193,13 +193,13 @@ def _steps(runs: dict[str, Record]) -> list[tuple[str, str]]:
         out = []
         for loop, modes in res["results"].items():
             bare = modes["bare"]["median_ms"]
-            cells = []
+            cells, spread = [], "95 % CI"
             for m, v in modes.items():
                 if m != "bare":
                     lo, hi = v.get("ratio_ci95") or (min(v["paired_ratios"]), max(v["paired_ratios"]))
+                    spread = "95 % CI" if "ratio_ci95" in v else "min, max"  # (runs before the interval: their range)
                     cells.append(f"{m} {_n(v['ratio_to_bare'], 3)}× [{_n(lo, 3)}, {_n(hi, 3)}]")
-            pairs = len(v["paired_ratios"])
-            what = f"step timing: step time vs bare, median of {pairs} paired ratios [95 % CI], {loop} loop"
+            what = f"step timing: step time vs bare, median of paired ratios [{spread}], {loop} loop"
             out.append((what, f"bare {_n(bare, 2)} ms: " + ", ".join(cells)))
         return out
 

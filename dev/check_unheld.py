@@ -26,6 +26,8 @@ def first_launch() -> bool:
     out = subprocess.run(
         [sys.executable, "-c", FIRST_LAUNCH_IN_A_HOLD, "nowatch"], capture_output=True, text=True, timeout=120
     )
+    if len(out.stdout.split()) < 3:
+        print(f"the child failed (exit {out.returncode}): {out.stderr[-1500:]}")
     took_s, _ended, rescued = (out.stdout.split() + ["?"] * 3)[-3:]
     print(f"KEY without the watchdog a first launch inside its hold took {took_s} s; rescued: {rescued}")
     return rescued == "True"

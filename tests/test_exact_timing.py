@@ -131,7 +131,9 @@ took = time.perf_counter() - t0
 done.set()
 bd.release(token)
 dev.synchronize()
-print(took, unheld.RESCUED[0], bool(rescued))
+print(took, unheld.RESCUED[0], bool(rescued), flush=True)
+if sys.argv[1:] == ["nowatch"]:
+    unheld.WATCH[0] = None  # (the device's close at exit stops a watchdog: there is none)
 """
 
 

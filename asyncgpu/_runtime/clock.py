@@ -59,8 +59,8 @@ __all__ = [
 #: The one age policy: a calibration older than this (seconds) is measured again before it places events.
 CLOCK_MAX_AGE_S = 0.25
 #: ... and, while its drift is not known yet (the device's first second: `_MIN_DRIFT_SPAN_NS`), older than this.
-#: The clocks drift apart by some ppm (5-10 measured on H100 and H200 hosts, benchmarks/HISTORY.md): unmeasured,
-#: that is 0.5 µs at 10 ppm over this age, within a calibration's own bound; over `CLOCK_MAX_AGE_S` it would not be.
+#: The clocks drift apart by some ppm (5-15 measured on H100 and H200 hosts, benchmarks/HISTORY.md): unmeasured,
+#: that is 0.75 µs at 15 ppm over this age, within a calibration's own bound; over `CLOCK_MAX_AGE_S` it would not be.
 UNKNOWN_DRIFT_MAX_AGE_S = 0.05
 DEFAULT_SAMPLES = 16
 TIMEOUT_NS = 5_000_000
