@@ -5,7 +5,9 @@ interleaved in pairs (bare first, then the variant first), in one process.
 
 Variants: ``default``; ``no-harvest`` (harvest_s=3600: the harvest thread sleeps while timed); ``harvest-250ms``
 (fewer harvests, each of more steps); ``big-pool`` (the timing pool grown ahead with ``prepare(events=...)``: no
-reclaim or growth while timed); ``switch-1ms``
+reclaim or growth while timed); ``records-keep-gil`` (every event record, bare and timed, through a
+``ctypes.PyDLL`` ``cuEventRecord`` that keeps the GIL for its ~1 µs: does getting the GIL back after each of the
+step's records, with the workers' threads launching, cost the loop's thread more than the record?); ``switch-1ms``
 (``sys.setswitchinterval(0.001)`` for bare and timed alike: a thread that waits for the GIL waits less).
 """
 
@@ -21,7 +23,7 @@ import anyio
 import asyncgpu
 from benchmarks.bench_steps import ci95, run_steps, torch_work
 
-VARIANTS = ("default", "no-harvest", "harvest-250ms", "big-pool", "switch-1ms")
+VARIANTS = ("default", "no-harvest", "harvest-250ms", "big-pool", "records-keep-gil", "switch-1ms")
 
 
 async def timed(devs: list, work: list, steps: int, variant: str | None) -> float:
@@ -39,6 +41,28 @@ async def timed(devs: list, work: list, steps: int, variant: str | None) -> floa
     return dt / steps * 1e3
 
 
+def _keep_gil_records(devs: list) -> list:
+    """Give each device's backend a ``record`` through ``ctypes.PyDLL`` (the GIL kept during the call); returns the
+    ones it had, to put back."""
+    import ctypes
+
+    from asyncgpu._backends.cuda.driver import LIBCUDA
+
+    fn = ctypes.PyDLL(LIBCUDA).cuEventRecord
+    fn.restype = ctypes.c_int
+    kept = []
+    for d in devs:
+        bd = d._internal.bd
+        kept.append(bd.record)
+
+        def record(raw_event, raw_stream, _fn=fn, _bd=bd):
+            if _fn(raw_event[3], raw_stream[3]):
+                raise RuntimeError("cuEventRecord failed")
+
+        bd.record = record
+    return kept
+
+
 async def main(args: argparse.Namespace) -> None:
     devs = asyncgpu.devices("cuda", count=args.devices)
     ns = argparse.Namespace(layers=8, width=2048, batch=16, size=8192, matmuls=4)
@@ -50,6 +74,7 @@ async def main(args: argparse.Namespace) -> None:
         if v == "big-pool":
             for d in devs:
                 await d.prepare(events=4 * args.steps + 200)
+        kept = _keep_gil_records(devs) if v == "records-keep-gil" else None
         old = sys.getswitchinterval()
         if v == "switch-1ms":
             sys.setswitchinterval(0.001)
@@ -61,6 +86,9 @@ async def main(args: argparse.Namespace) -> None:
             on.append(pair[v])
             ratios.append(pair[v] / pair[None])
         sys.setswitchinterval(old)
+        if kept is not None:
+            for d, record in zip(devs, kept):
+                d._internal.bd.record = record
         lo, hi = ci95(ratios)
         print(
             f"{v:<14} {statistics.median(bare):8.3f} {statistics.median(on):9.3f}  "
