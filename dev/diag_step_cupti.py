@@ -26,7 +26,7 @@ def child(variant: str, steps: int, devices: int, pairs: int) -> dict:
     from asyncgpu._backends import cupti, cupti_buffers
 
     cupti.acquire(cupti.STEPS)
-    stats = {"flushes": 0, "flush_s": 0.0, "cupti_flush_s": 0.0, "records": 0}
+    stats = {"flushes": 0, "flush_s": 0.0, "cupti_flush_s": 0.0, "records": 0, "names_read": 0}
     real_flush, real_flush_all = cupti.flush_batch, cupti_buffers.Buffers.flush_all
 
     def timed_flush(channel: int):
@@ -35,6 +35,8 @@ def child(variant: str, steps: int, devices: int, pairs: int) -> dict:
         stats["flushes"] += 1
         stats["flush_s"] += time.perf_counter() - t0
         stats["records"] += len(batch)
+        if cupti._buffers is not None:
+            stats["names_read"] = cupti._buffers.parser.names_read  # (the process's total so far)
         return batch, ext
 
     def timed_flush_all(self, forced: bool = True) -> None:
@@ -104,7 +106,7 @@ def main() -> int:
         return 0
     print(
         f"{'variant':<14} {'bare ms':>8} {'cupti ms':>9} {'ratio p50 [95% CI]':>24}  flushes  in CUPTI ms/each"
-        "  parse ms/each  records/step"
+        "  parse ms/each  records/step  names read"
     )
     for v in args.variants.split(","):
         p = subprocess.run(
@@ -128,6 +130,7 @@ def main() -> int:
             f"{v:<14} {bare:8.3f} {on:9.3f}"
             f" {med:9.4f} [{lo:.4f}, {hi:.4f}]  {s['flushes']:7d}  {1e3 * s['cupti_flush_s'] / nf:16.3f}"
             f"  {1e3 * (s['flush_s'] - s['cupti_flush_s']) / nf:13.3f}  {s['records'] / timed_steps:12.1f}"
+            f"  {s['names_read']:10d}"
         )
     return 0
 

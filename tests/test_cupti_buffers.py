@@ -173,3 +173,20 @@ def test_the_newest_record_version_that_cupti_python_describes_is_read():
     assert _newest_dtype(fake, "activity_api") == "api"
     with pytest.raises(SourceError, match="no memset record"):
         _newest_dtype(fake, "activity_memset")
+
+
+def test_kernel_names_are_read_once_per_address_and_the_memo_stays_bounded(monkeypatch):
+    """CUPTI shares a kernel's name across its records: one read per address; were every record to point at a name
+    of its own, the memo of addresses would start again past its bound instead of growing for the run's life."""
+    from asyncgpu._backends import cupti_buffers
+
+    b = Buffer()
+    for k in range(6):
+        b.kernel(100 + k, 200 + k, 0, 3, k, "gemm")  # (each its own buffer here: six addresses)
+    parser = Parser(LAYOUTS, reference_walk)
+    monkeypatch.setattr(cupti_buffers, "MAX_NAME_ADDRESSES", 4)
+    batch = parser.parse(b.data())
+    assert [batch.names[i] for i in batch.name] == ["gemm"] * 6
+    assert parser.names_read == 6 and len(parser._names) <= 4
+    parser.parse(b.data())  # the same addresses again: only those the memo forgot are read
+    assert 6 < parser.names_read <= 12 and len(parser._names) <= 4

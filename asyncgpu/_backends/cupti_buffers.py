@@ -46,6 +46,7 @@ __all__ = [
 KIND_KERNEL, KIND_MEMSET, KIND_MEMCPY = 0, 1, 2  #: `RecordBatch.kind` codes
 KIND_NAMES = ("kernel", "memset", "memcpy")
 POOL_MAX = 4  #: idle buffers kept for CUPTI's next requests (each `Buffers.nbytes`)
+MAX_NAME_ADDRESSES = 65_536  #: kernel name addresses remembered (past it the memo starts again)
 _ALIGN = 8  # CUPTI wants 8-byte aligned buffers
 
 _REQUESTED = ctypes.CFUNCTYPE(
@@ -201,6 +202,7 @@ class Parser:
         self._sizes = {k: lay.size for k, lay in self.layouts.items()}
         self._walk_by_cupti = walk
         self._names: dict[int, str] = {}  # a kernel name's address (CUPTI keeps it) -> the name
+        self.names_read = 0  #: kernel names read from CUPTI's memory so far (each a ctypes call: ~1 µs)
         self.walk_checked = False  # True once walking by sizes agreed with CUPTI's own walk on a real buffer
 
     def parse(self, data: np.ndarray) -> RecordBatch:
@@ -261,7 +263,10 @@ class Parser:
     def _name(self, ptr: int) -> str:
         name = self._names.get(ptr)
         if name is None:
+            if len(self._names) >= MAX_NAME_ADDRESSES:  # (CUPTI shares a kernel's name across its records; if
+                self._names.clear()  # a driver gave every record its own, the cache would otherwise grow)
             name = self._names[ptr] = ctypes.string_at(ptr).decode("utf-8", "replace") if ptr else "(unnamed)"
+            self.names_read += 1
         return name
 
     def _walk_by_size(self, data: np.ndarray) -> dict[int, list[int]]:
