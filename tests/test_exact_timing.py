@@ -850,3 +850,17 @@ def test_the_watchdog_ends_a_watched_hold_left_open_and_no_other():
         unheld.WATCHED.pop((-1, 1), None)
         del unheld.GATES[-1]
     assert "asyncgpu-holdwatch" not in [t.name for t in threading.enumerate()]
+
+
+def test_the_watchdog_stops_when_no_launch_is_held(monkeypatch):
+    """The watchdog lives while launches are held: after its idle looks it stops, and the next watched hold would
+    start it again (`holds.hold` sees no thread)."""
+    from asyncgpu._backends.cuda import unheld
+
+    monkeypatch.setattr(unheld, "WATCHDOG_IDLE_LOOKS", 3)
+    unheld.watch()
+    thread = unheld.WATCH[0]
+    assert thread is not None
+    thread.join(5)
+    assert not thread.is_alive() and unheld.WATCH == [None, None]
+    unheld.unwatch()  # (nothing to stop)

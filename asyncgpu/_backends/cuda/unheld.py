@@ -38,6 +38,8 @@ RELEASE_PERIOD_S = 50e-6
 #: A hold open longer than one to two of these (s) is ended by the watchdog (`watch`): far beyond the few
 #: microseconds a thread takes to enqueue a bracket, short enough that a stuck launch costs a step, not a hang.
 WATCHDOG_PERIOD_S = 0.01
+#: Looks in a row with no watched hold after which the watchdog stops (the next watched hold starts it again).
+WATCHDOG_IDLE_LOOKS = 100
 #: Holds the watchdog ended (one item), process-wide since it started.
 RESCUED = [0]
 
@@ -127,8 +129,9 @@ WATCHED: dict[tuple[int, int], int] = {}
 
 def watch() -> None:
     """Start the watchdog (``asyncgpu-holdwatch``) unless it runs: every `WATCHDOG_PERIOD_S` it looks at the
-    watched holds (`WATCHED`), and ends one it already saw open at its previous look (`RESCUED`). It stops at
-    `unwatch` (a CUDA device's close); the next hold starts it again. Any thread."""
+    watched holds (`WATCHED`), and ends one it already saw open at its previous look (`RESCUED`). It stops after
+    `WATCHDOG_IDLE_LOOKS` looks without a watched hold (a second), or at `unwatch` (a CUDA device's close); the
+    next watched hold starts it again. Any thread."""
     with _lock:
         if WATCH[0] is not None:
             return
@@ -153,7 +156,18 @@ def unwatch() -> None:
 
 def _watchdog(stop: threading.Event) -> None:
     seen: dict[tuple[int, int], int] = {}  # the watched holds open at the previous look
+    me, idle = threading.current_thread(), 0
     while not stop.wait(WATCHDOG_PERIOD_S):
+        if not WATCHED:  # (a hold registers itself before it looks for a watchdog: no hold goes unwatched)
+            idle += 1
+            if idle >= WATCHDOG_IDLE_LOOKS:
+                with _lock:
+                    if not WATCHED and WATCH[0] is me:
+                        WATCH[0] = WATCH[1] = None
+                        return
+            seen = {}
+            continue
+        idle = 0
         now: dict[tuple[int, int], int] = {}
         for key, value in list(WATCHED.items()):
             gates = GATES.get(key[0])
