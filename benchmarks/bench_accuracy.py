@@ -265,6 +265,39 @@ def _cupti_vs_events(d: asyncgpu.Device) -> list[dict]:
     return rows
 
 
+def _back_to_back_vs_own_cupti(devs: list) -> list[dict]:
+    """The back-to-back workload of `main` (every GPU, two streams each) inside an outer ``source="cupti"`` scope,
+    the events source inside: the events' error against asyncgpu's own CUPTI session (kernel records only), per
+    kernel length, before any torch.profiler has run. `main` then compares the same workload with torch.profiler's
+    CUPTI session (kineto's): whether the two CUPTI configurations agree on a kernel's span."""
+    with asyncgpu.gpu_timer(devs, source="cupti", label="own CUPTI") as outer:
+        inner = _workload(devs)
+    if outer.timeline.source != "cupti":
+        raise SystemExit(f"no CUPTI source here: {outer.timeline.source_note}")
+    c_by, e_by = _ours(outer), _ours(inner)
+    rows = []
+    diffs: dict[int, list[float]] = {us: [] for us in LENGTHS_US}
+    keep = np.ones(len(EXPECTED_US), bool)  # (the lead spin of every batch dropped, as in `main`)
+    keep[np.arange(len(LENGTHS_US)) * (REPEAT + 1)] = False
+    for key in sorted(e_by):
+        c, e = np.asarray(c_by.get(key, [])), np.asarray(e_by[key])
+        if not len(c) == len(e) == len(EXPECTED_US):
+            raise SystemExit(f"{key}: CUPTI recorded {len(c)} kernels, events {len(e)}")
+        for us, err in zip(EXPECTED_US[keep], (e - c)[keep]):
+            diffs[int(us)].append(float(err))
+    for us, errs in diffs.items():
+        err = np.asarray(errs)
+        rows.append(
+            {
+                "length_us": us,
+                "n": len(err),
+                "diff_ns_median": float(np.median(err)),
+                "diff_ns_max_abs": float(np.abs(err).max()),
+            }
+        )
+    return rows
+
+
 def _part0() -> dict:
     d = asyncgpu.device("cuda:0")
     d.stream.spin_us(10)
@@ -370,13 +403,24 @@ def main() -> None:
     parser.add_argument("--out")
     args = parser.parse_args()
     part0 = _part0()
-    part1 = _part1(args)
     devs = asyncgpu.devices("cuda")
     for d in devs:  # warm-up: module load, clocks
         for s in d.streams[:2]:
             s.spin_us(10)
         d.synchronize()
         d.clock()
+    try:  # (before torch.profiler takes CUPTI for the rest of the process; a failure here is reported, not fatal)
+        own: list[dict] | str = _back_to_back_vs_own_cupti(devs)
+    except (SystemExit, Exception) as exc:  # noqa: BLE001 - the rest of the benchmark still runs
+        own = f"not measured: {exc}"
+    print(f"== the back-to-back kernels below, against asyncgpu's own CUPTI source (nested scopes), {len(devs)} GPUs")
+    if isinstance(own, str):
+        print(own)
+    else:
+        print(f"{'kernel µs':>9} {'n':>4} {'diff p50 ns':>12} {'|diff| max ns':>14}")
+        for r in own:
+            print(f"{r['length_us']:9d} {r['n']:4d} {r['diff_ns_median']:12.1f} {r['diff_ns_max_abs']:14.1f}")
+    part1 = _part1(args)
     torch.cuda.init()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         t = _workload(devs)
@@ -415,7 +459,14 @@ def main() -> None:
         f"{'kernel µs':>9} {'n':>4} {'CUPTI µs':>10} {'asyncgpu µs':>12} {'diff p50 ns':>12} {'|diff| max ns':>14} "
         f"{'within tol':>10} {'no-CUPTI µs':>12}"
     )
-    out = {"kernels": len(c), "devices": [d.description for d in devs], "rows": [], "part0": part0, "part1": part1}
+    out = {
+        "kernels": len(c),
+        "devices": [d.description for d in devs],
+        "rows": [],
+        "part0": part0,
+        "part1": part1,
+        "against_own_cupti": own,
+    }
     for us in LENGTHS_US:
         m = length == us
         tol = np.maximum(0.01 * c[m], 1000.0)
