@@ -103,7 +103,7 @@ def test_a_calibration_whose_drift_is_unknown_is_measured_again_sooner():
     """The clocks drift apart by some ppm; until a device has a second of history its drift is unknown, and its
     calibration goes stale after `UNKNOWN_DRIFT_MAX_AGE_S` instead of the caller's age."""
     from asyncgpu._runtime.clock import UNKNOWN_DRIFT_MAX_AGE_S, ClockCalibration
-    from asyncgpu._runtime.internal import _stale
+    from asyncgpu._runtime.clock import stale as _stale
 
     age_s = (UNKNOWN_DRIFT_MAX_AGE_S + 0.25) / 2  # between the two ages
     taken = time.perf_counter_ns() - int(age_s * 1e9)

@@ -54,6 +54,7 @@ __all__ = [
     "calibrate",
     "check_alignment",
     "placement",
+    "stale",
 ]
 
 #: The one age policy: a calibration older than this (seconds) is measured again before it places events.
@@ -294,6 +295,16 @@ def _intersect(bd: Any, anchor: Any, raws: list, brackets: np.ndarray) -> tuple[
     return int((least + most) / 2), (most - least) / 2
 
 
+def stale(cal: ClockCalibration | None, max_age_s: float) -> bool:
+    """The age policy: whether ``cal`` is missing or older than ``max_age_s`` (`UNKNOWN_DRIFT_MAX_AGE_S` while its
+    drift is not known: its ``%globaltimer`` was measured, its rate not yet). Never blocks."""
+    if cal is None:
+        return True
+    if cal.gt_point is not None and cal.drift_ppm is None:
+        max_age_s = min(max_age_s, UNKNOWN_DRIFT_MAX_AGE_S)
+    return time.perf_counter_ns() - cal.taken_ns > max_age_s * 1e9
+
+
 def calibrate(
     device: DeviceInternal,
     samples: int = DEFAULT_SAMPLES,
@@ -311,18 +322,18 @@ def calibrate(
     if samples < 1:
         raise ValueError(f"a calibration needs at least one sample, not {samples}")
     pings = _pings(device, samples, timeout_ns, previous)
+    by_kind: Mapping[str, float] = {}
+    overhead_source = ""
     if previous is not None and previous.bracket_overhead_ns:
         by_kind, overhead_source = previous.bracket_overhead_by_kind_ns, previous.bracket_overhead_source
     elif pings.gt_offset is not None:  # the calibration kernel ran, so SMs are free for this one too
         try:
             by_kind, overhead_source = device.bd.bracket_overhead()
         except ClockError:
-            by_kind, overhead_source = {}, ""
-        else:
+            pass
+        else:  # (that took long: ping again)
             device.clock_events.append(pings.anchor)
             pings = _pings(device, samples, timeout_ns, previous)
-    else:
-        by_kind, overhead_source = {}, ""
     return ClockCalibration(
         device=device.name,
         host_ns=pings.host_ns,

@@ -24,13 +24,7 @@ import numpy as np
 from asyncgpu._backends.contract import BackendDevice
 from asyncgpu._base.errors import BackendError, ClosedError
 from asyncgpu._runtime import loops
-from asyncgpu._runtime.clock import (
-    CLOCK_MAX_AGE_S,
-    DEFAULT_SAMPLES,
-    UNKNOWN_DRIFT_MAX_AGE_S,
-    ClockCalibration,
-    calibrate,
-)
+from asyncgpu._runtime.clock import CLOCK_MAX_AGE_S, DEFAULT_SAMPLES, ClockCalibration, calibrate, stale
 from asyncgpu._runtime.engine import Engine
 from asyncgpu._runtime.event import Event
 from asyncgpu._runtime.pool import EventPool
@@ -219,7 +213,7 @@ class DeviceInternal:
     def clock_stale(self, max_age_s: float, refresh: bool = False) -> bool:
         """Whether `clock` would measure now (no calibration yet, one older than ``max_age_s``, or ``refresh``).
         Never blocks."""
-        return refresh or _stale(self.clock, max_age_s)
+        return refresh or stale(self.clock, max_age_s)
 
     def calibration(
         self, max_age_s: float = CLOCK_MAX_AGE_S, refresh: bool = False, samples: int = DEFAULT_SAMPLES
@@ -228,7 +222,7 @@ class DeviceInternal:
         the worker thread and `refresh_clocks` call. Blocks while it measures; any thread."""
         with self.clock_lock:
             cal = self.clock
-            if cal is None or refresh or _stale(cal, max_age_s):
+            if cal is None or refresh or stale(cal, max_age_s):
                 self.check_open()
                 cal = calibrate(self, samples, previous=self.clock_ref)
                 if self.clock_ref is None and cal.gt_point is not None:
@@ -405,13 +399,3 @@ class DeviceInternal:
         self.reclaim(everything=True)
         self.timing_pool.trim(keep)
         self.plain_pool.trim(keep)
-
-
-def _stale(cal: ClockCalibration | None, max_age_s: float) -> bool:
-    """Whether ``cal`` is missing or older than ``max_age_s`` (`UNKNOWN_DRIFT_MAX_AGE_S` while its drift is not
-    known: its ``%globaltimer`` was measured, its rate not yet)."""
-    if cal is None:
-        return True
-    if cal.gt_point is not None and cal.drift_ppm is None:
-        max_age_s = min(max_age_s, UNKNOWN_DRIFT_MAX_AGE_S)
-    return time.perf_counter_ns() - cal.taken_ns > max_age_s * 1e9

@@ -174,16 +174,14 @@ def _watchdog(stop: threading.Event) -> None:
             if gates is None:
                 continue
             words, slot = gates.words, key[1]
-            if (value - words[slot]) & MASK32 >= 0x80000000 or words[slot] == value:  # ended (or passed)
-                if WATCHED.get(key) == value:
-                    WATCHED.pop(key, None)
-            elif seen.get(key) == value:  # open at two looks: its thread is stuck
-                words[slot] = value
+            if 0 < (value - words[slot]) & MASK32 < 0x80000000:  # still open
+                if seen.get(key) != value:
+                    now[key] = value
+                    continue
+                words[slot] = value  # open at two looks: its thread is stuck
                 RESCUED[0] += 1
-                if WATCHED.get(key) == value:
-                    WATCHED.pop(key, None)
-            else:
-                now[key] = value
+            if WATCHED.get(key) == value:  # (ended: forgotten, unless a newer hold took its place)
+                WATCHED.pop(key, None)
         seen = now
 
 
