@@ -8,7 +8,10 @@ Variants: ``default``; ``no-harvest`` (harvest_s=3600: the harvest thread sleeps
 reclaim or growth while timed); ``records-keep-gil`` (every event record, bare and timed, through a
 ``ctypes.PyDLL`` ``cuEventRecord`` that keeps the GIL for its ~1 µs: does getting the GIL back after each of the
 step's records, with the workers' threads launching, cost the loop's thread more than the record?); ``switch-1ms``
-(``sys.setswitchinterval(0.001)`` for bare and timed alike: a thread that waits for the GIL waits less).
+(``sys.setswitchinterval(0.001)`` for bare and timed alike: a thread that waits for the GIL waits less);
+``idle-timer`` (the timer open, its harvest thread running, but no ``st.step()``: is it the records or the timer's
+threads?). Each variant also prints the step times' p10/p50/p90/p99 bare and timed: a shift of every step is a
+per-step cost, a longer tail is a stall (a thread that waits for the GIL, a pool that grows).
 """
 
 from __future__ import annotations
@@ -19,26 +22,38 @@ import sys
 import time
 
 import anyio
+import numpy as np
 
 import asyncgpu
 from benchmarks.bench_steps import ci95, run_steps, torch_work
 
-VARIANTS = ("default", "no-harvest", "harvest-250ms", "big-pool", "records-keep-gil", "switch-1ms")
+VARIANTS = ("default", "no-harvest", "harvest-250ms", "big-pool", "records-keep-gil", "switch-1ms", "idle-timer")
 
 
-async def timed(devs: list, work: list, steps: int, variant: str | None) -> float:
+async def each_step(devs: list, work: list, steps: int, st: object, into: list[float]) -> float:
+    """``steps`` steps as `run_steps` runs them, each one's time (ms) appended to ``into``; returns the mean (ms)."""
+    t_all = time.perf_counter()
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        await run_steps(devs, work, 1, st)
+        into.append((time.perf_counter() - t0) * 1e3)
+    return (time.perf_counter() - t_all) / steps * 1e3
+
+
+async def timed(devs: list, work: list, steps: int, variant: str | None, into: list[float]) -> float:
     if variant is None:
         await run_steps(devs, work, 20, None)
-        t0 = time.perf_counter()
-        await run_steps(devs, work, steps, None)
-        return (time.perf_counter() - t0) / steps * 1e3
+        return await each_step(devs, work, steps, None, into)
     harvest_s = {"no-harvest": 3600.0, "harvest-250ms": 0.25}.get(variant, 0.05)
     async with asyncgpu.step_timer(devs, harvest_s=harvest_s, max_pending=4 * steps) as st:
-        await run_steps(devs, work, 20, st)
-        t0 = time.perf_counter()
-        await run_steps(devs, work, steps, st)
-        dt = time.perf_counter() - t0
-    return dt / steps * 1e3
+        use = None if variant == "idle-timer" else st
+        await run_steps(devs, work, 20, use)
+        return await each_step(devs, work, steps, use, into)
+
+
+def _quantiles(ms: list[float]) -> str:
+    q = np.percentile(ms, [10, 50, 90, 99])
+    return "/".join(f"{v:.3f}" for v in q)
 
 
 def _keep_gil_records(devs: list) -> list:
@@ -79,9 +94,10 @@ async def main(args: argparse.Namespace) -> None:
         if v == "switch-1ms":
             sys.setswitchinterval(0.001)
         bare, on, ratios = [], [], []
+        steps_ms: dict[str | None, list[float]] = {None: [], v: []}
         for k in range(args.pairs):
             order = (None, v) if k % 2 == 0 else (v, None)
-            pair = {m: await timed(devs, work, args.steps, m) for m in order}
+            pair = {m: await timed(devs, work, args.steps, m, steps_ms[m]) for m in order}
             bare.append(pair[None])
             on.append(pair[v])
             ratios.append(pair[v] / pair[None])
@@ -94,6 +110,7 @@ async def main(args: argparse.Namespace) -> None:
             f"{v:<14} {statistics.median(bare):8.3f} {statistics.median(on):9.3f}  "
             f"{statistics.median(ratios):.4f} [{lo:.4f}, {hi:.4f}] {{{min(ratios):.3f}, {max(ratios):.3f}}}"
         )
+        print(f"{'':<14} step ms p10/p50/p90/p99: bare {_quantiles(steps_ms[None])}  timed {_quantiles(steps_ms[v])}")
 
 
 if __name__ == "__main__":
