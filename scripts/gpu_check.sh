@@ -78,7 +78,7 @@ step "pytest -m gpu, one GPU" 150 2 env CUDA_VISIBLE_DEVICES=0 python3 -m pytest
 step "dev/diag_placement (reference, per-kind excess, placement)" 240 40 python3 dev/diag_placement.py --repeats 12 --out "$OUT"
 step "dev/diag_fresh_clock (%globaltimer vs host, a fresh process's first 3 s)" 60 30 python3 dev/diag_fresh_clock.py --seconds 3 --out "$OUT"
 step "dev/diag_step_cupti (CUPTI step source: harvest cadences)" 240 8 python3 dev/diag_step_cupti.py --steps 300 --pairs 6
-step "dev/diag_step_events (events step source: where the cost is)" 240 8 python3 dev/diag_step_events.py --devices "$NGPU" --steps 150 --pairs 10 --variants default,no-harvest,records-keep-gil
+step "dev/diag_step_events (events step source: where the cost is)" 240 8 python3 dev/diag_step_events.py --devices "$NGPU" --steps 150 --pairs 10 --variants default,idle-timer,records-keep-gil,no-harvest
 step "dev/check_unheld (the hold tests fail without their fixes)" 120 4 python3 dev/check_unheld.py
 step "examples/train_loop.py (2000 steps, streamed trace)" 180 6 python3 examples/train_loop.py --steps 2000 --trace "$OUT/train.pftrace"
 step "benchmarks steps (bench_steps: step timing's overhead vs torch.profiler)" 420 46 "${BENCH[@]}" --limit 400 steps
