@@ -3,7 +3,8 @@ taken before torch loads, as bench_steps does), its step time against the same p
 
     PYTHONPATH=$PWD python dev/diag_step_cupti.py [--steps 300] [--pairs 6] [--devices 1]
 
-Variants: ``default`` (harvest every 50 ms); ``harvest-250ms`` and ``harvest-1s`` (fewer flushes, each of more
+Variants: ``default`` (the CUPTI source's default cadence, `CUPTI_HARVEST_S`); ``harvest-50ms``, ``harvest-250ms`` and
+``harvest-1s`` (fewer flushes, each of more
 records: is the cost per flush or per record?); ``no-flush`` (harvest_s=3600: nothing flushed while timed: what
 CUPTI's own instrumentation costs). Each runs ``--pairs`` short pairs (bare, then CUPTI; then the other way round)
 and reports the median of the pairs' ratios, the flushes' count, the time inside CUPTI's flush and in the bulk
@@ -18,8 +19,8 @@ import subprocess
 import sys
 import time
 
-VARIANTS = ("default", "harvest-250ms", "harvest-1s", "no-flush")
-HARVEST_S = {"default": 0.05, "harvest-250ms": 0.25, "harvest-1s": 1.0, "no-flush": 3600.0}
+VARIANTS = ("default", "harvest-50ms", "harvest-250ms", "harvest-1s", "no-flush")
+HARVEST_S = {"default": None, "harvest-50ms": 0.05, "harvest-250ms": 0.25, "harvest-1s": 1.0, "no-flush": 3600.0}
 
 
 def child(variant: str, steps: int, devices: int, pairs: int) -> dict:

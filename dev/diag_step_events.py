@@ -10,8 +10,11 @@ reclaim or growth while timed); ``records-keep-gil`` (every event record, bare a
 step's records, with the workers' threads launching, cost the loop's thread more than the record?); ``switch-1ms``
 (``sys.setswitchinterval(0.001)`` for bare and timed alike: a thread that waits for the GIL waits less);
 ``idle-timer`` (the timer open, its harvest thread running, but no ``st.step()``: is it the records or the timer's
-threads?). Each variant also prints the step times' p10/p50/p90/p99 bare and timed: a shift of every step is a
-per-step cost, a longer tail is a stall (a thread that waits for the GIL, a pool that grows).
+threads?); ``alternate`` (one timer, steps marked and unmarked in turn, ABBA at step granularity: the marking's
+cost per step, paired with its neighbours so that the loop's drift cancels, and the time spent entering and leaving
+``st.step()`` inside a real loop). Each other variant also prints the step times' p10/p50/p90/p99 bare and
+timed: a shift of every step is a per-step cost, a longer tail is a stall (a thread that waits for the GIL, a
+pool that grows).
 """
 
 from __future__ import annotations
@@ -27,7 +30,16 @@ import numpy as np
 import asyncgpu
 from benchmarks.bench_steps import ci95, run_steps, torch_work
 
-VARIANTS = ("default", "no-harvest", "harvest-250ms", "big-pool", "records-keep-gil", "switch-1ms", "idle-timer")
+VARIANTS = (
+    "default",
+    "no-harvest",
+    "harvest-250ms",
+    "big-pool",
+    "records-keep-gil",
+    "switch-1ms",
+    "idle-timer",
+    "alternate",
+)
 
 
 async def each_step(devs: list, work: list, steps: int, st: object, into: list[float]) -> float:
@@ -49,6 +61,51 @@ async def timed(devs: list, work: list, steps: int, variant: str | None, into: l
         use = None if variant == "idle-timer" else st
         await run_steps(devs, work, 20, use)
         return await each_step(devs, work, steps, use, into)
+
+
+async def alternate(devs: list, work: list, steps: int) -> None:
+    """``4 * steps`` steps in one timer, marked in the order M U U M (repeated); per pair of neighbours the ratio of
+    the marked step's time to the unmarked one's, and where a step's time went (µs): entering ``st.step()``, the
+    workers' part, leaving it, and the wait for the devices after it."""
+    parts: dict[bool, list[tuple[float, ...]]] = {True: [], False: []}
+    async with asyncgpu.step_timer(devs, max_pending=8 * steps) as st:
+        await run_steps(devs, work, 20, st)
+        for k in range(4 * steps):
+            mark = k % 4 in (0, 3)
+            step = st.step() if mark else None
+            t0 = time.perf_counter()
+            if step is not None:
+                step.__enter__()
+            t1 = time.perf_counter()
+            await _one_step(devs, work)
+            t2 = time.perf_counter()
+            if step is not None:
+                step.__exit__(None, None, None)
+            t3 = time.perf_counter()
+            for d in devs:
+                with d.record() as done:
+                    await done.wait()
+            t4 = time.perf_counter()
+            parts[mark].append((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0))
+    marked, plain = np.array(parts[True]) * 1e6, np.array(parts[False]) * 1e6
+    ratios = marked[:, 4] / plain[:, 4]
+    lo, hi = ci95(list(ratios))
+    print(
+        f"{'alternate':<14} {np.median(plain[:, 4]) / 1e3:8.3f} {np.median(marked[:, 4]) / 1e3:9.3f}  "
+        f"{np.median(ratios):.4f} [{lo:.4f}, {hi:.4f}] (step by step, {len(ratios)} neighbour pairs)"
+    )
+    for name, a in (("unmarked", plain), ("marked", marked)):
+        p50 = np.median(a, axis=0)
+        print(
+            f"{'':<14} {name:<8} µs p50: entry {p50[0]:.1f}, workers {p50[1]:.1f}, exit {p50[2]:.1f}, "
+            f"wait {p50[3]:.1f}, step {p50[4]:.1f} (p90 {np.percentile(a[:, 4], 90):.1f})"
+        )
+
+
+async def _one_step(devs: list, work: list) -> None:
+    async with anyio.create_task_group() as tg:
+        for d, w in zip(devs, work):
+            tg.start_soon(d.run, w)
 
 
 def _quantiles(ms: list[float]) -> str:
@@ -86,6 +143,9 @@ async def main(args: argparse.Namespace) -> None:
         await d.prepare()
     print(f"{'variant':<14} {'bare ms':>8} {'timed ms':>9}  paired ratio p50 [95 % CI] {{min, max}}")
     for v in args.variants.split(","):
+        if v == "alternate":
+            await alternate(devs, work, args.steps)
+            continue
         if v == "big-pool":
             for d in devs:
                 await d.prepare(events=4 * args.steps + 200)

@@ -23,6 +23,7 @@ from asyncgpu._analysis.balance import balance
 from asyncgpu._analysis.steps import step_split
 from asyncgpu._base.records import Timeline
 from asyncgpu._timing.step_live import LiveView, wants_live
+from asyncgpu._timing.steps import CUPTI_HARVEST_S, EVENTS_HARVEST_S
 from asyncgpu._timing.step_stats import Quantiles, StepRing
 from asyncgpu._trace.perfetto import packet_bounds
 from asyncgpu.errors import ScopeError
@@ -444,6 +445,7 @@ async def test_the_cupti_source_on_host_devices_names_the_fix_and_auto_falls_bac
         with st.step():
             two_devs[0].stream.spin_us(10)
     assert st.source == "events" and "CUDA devices only" in st.source_note and st.kernels() == {}
+    assert st._harvest_s == EVENTS_HARVEST_S  # (the cadence follows the source it got, not the one asked for)
     with pytest.raises(ValueError, match="events"):
         asyncgpu.step_timer(two_devs, source="nvtx")
     await _aquiet(two_devs)
@@ -482,7 +484,7 @@ async def test_cupti_records_give_each_step_its_busy_time_and_kernel_names(anyio
         every.append((index, t0, t1))
 
     async with asyncgpu.step_timer(two_devs, source="cupti") as st:
-        assert st.source == "cupti"
+        assert st.source == "cupti" and st._harvest_s == CUPTI_HARVEST_S  # (each harvest flushes: less often)
         for i in range(6):
             with st.step(i):
                 for d in two_devs:

@@ -4,7 +4,8 @@ training or serving loop, on one or several devices, for as long as the loop run
 Cost on the loop's thread, per step: two pooled timing events per device (one at the step's entry, one at its exit,
 on the stream named for the device), a host clock read per device and two more, and an append to a queue;
 nothing waits for a device.
-A harvest thread (``asyncgpu-steps``) wakes every ``harvest_s`` seconds, queries (never synchronizes) the end
+A harvest thread (``asyncgpu-steps``) wakes every ``harvest_s`` seconds (`EVENTS_HARVEST_S`, or `CUPTI_HARVEST_S`
+with the CUPTI source), queries (never synchronizes) the end
 events of the oldest pending steps, places the finished ones on the host clock (`asyncgpu._runtime.clock.placement`,
 the timer's placement), gives their events back to the pools, and computes each step's balance at once for the
 batch (`asyncgpu._analysis.steps.step_split`: busy, launch-bound and dependency time, the straggler: the same rules as
@@ -57,6 +58,11 @@ from asyncgpu._timing.step_trace import TraceStream
 __all__ = ["Step", "StepTimer", "step_timer"]
 
 _NEW, _OPEN, _DONE = 0, 1, 2
+EVENTS_HARVEST_S = 0.05  #: the events source's default harvest cadence (s): a harvest costs ~20 µs a step
+#: the CUPTI source's default cadence (s): each harvest flushes CUPTI and parses its records under the GIL, taken from
+#: the loop's threads; ~1.3 ms of a flush is fixed (one H100: 1.8 ms per 50 ms harvest, 11 ms per 1 s one), so a
+#: slower cadence costs less per step; steps then reach the ring, the live view and the rank exchange this late
+CUPTI_HARVEST_S = 0.5
 _LIVE_RECENT = 64  # steps the live view draws (and judges the verdict on): a snapshot of them costs ~0.3 ms
 Listener = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Any], None]
 
@@ -120,7 +126,7 @@ class StepTimer:
         live: Any,
         trace: Any,
         label: str,
-        harvest_s: float,
+        harvest_s: float | None,
         refresh_hz: float,
         max_clock_age_s: float,
         source: str = "events",
@@ -397,6 +403,8 @@ class StepTimer:
             self._drop_source()
             raise
         self._state = _OPEN
+        if self._harvest_s is None:
+            self._harvest_s = CUPTI_HARVEST_S if self.source == "cupti" else EVENTS_HARVEST_S
         self._thread = threading.Thread(target=self._run, name="asyncgpu-steps", daemon=True)
         self._thread.start()
 
@@ -518,7 +526,7 @@ def step_timer(
     live: bool | str = False,
     trace: str | os.PathLike | None = None,
     label: str = "steps",
-    harvest_s: float = 0.05,
+    harvest_s: float | None = None,
     refresh_hz: float = 2.0,
     max_clock_age_s: float = CLOCK_MAX_AGE_S,
     source: str = "events",
@@ -534,7 +542,8 @@ def step_timer(
     own (each redraw runs Python under the GIL, taken from the loop's thread: a low rate keeps that small);
     ``"auto"`` draws only when stdout is a terminal, ``True`` always, ``False`` (default) never. ``trace``: a
     path to stream the steps to as a Perfetto trace (`asyncgpu._timing.step_trace`: valid at every packet boundary,
-    open it while it grows). ``harvest_s``: how often (seconds) finished steps are taken. ``max_clock_age_s`` as in
+    open it while it grows). ``harvest_s``: how often (seconds) finished steps are taken (default `EVENTS_HARVEST_S`, 0.05; with the CUPTI
+    source `CUPTI_HARVEST_S`, 0.5: each harvest flushes CUPTI, whose fixed cost a slower cadence spreads). ``max_clock_age_s`` as in
     `gpu_timer`.
 
     ``source``: where busy time comes from. ``"events"`` (default): the step's event pair (device time while the
@@ -551,7 +560,8 @@ def step_timer(
         raise ValueError("step_timer() needs at least one device: pass devices= (asyncgpu.devices())")
     keep = whole("keep", keep, minimum=1, hint="the number of recent steps kept in full")
     max_pending = whole("max_pending", max_pending, minimum=1, hint="closed steps that may wait for their devices")
-    harvest_s = number("harvest_s", harvest_s, unit="seconds", minimum=1e-4)
+    if harvest_s is not None:
+        harvest_s = number("harvest_s", harvest_s, unit="seconds", minimum=1e-4)
     refresh_hz = number("refresh_hz", refresh_hz, unit="redraws per second", minimum=2.0)
     wants_live(live)  # (checks the value)
     cupti.check_source(source)
