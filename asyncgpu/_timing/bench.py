@@ -224,7 +224,15 @@ def _worker(run: _Run, k: int) -> None:
             if inflight is not None:
                 phase = f"repeat {len(gpu_ms)}"
                 _time(inflight, gpu_ms, cut_ms)
-                run.barrier.wait()  # its action counts the repeat and decides whether to stop
+                try:
+                    run.barrier.wait()  # its action counts the repeat and decides whether to stop
+                except threading.BrokenBarrierError:
+                    # A failure on another device can break the barrier after it tripped, before this thread
+                    # woke up (threading.Barrier then raises here too): the repeat it counted means every call
+                    # of the one issued since returned, so that one is timed as `_finish` times it.
+                    if issued is not None and run.count >= len(gpu_ms):
+                        _finish(run, k, issued)
+                    raise
             elif issued is None:
                 break
             inflight = issued
