@@ -605,8 +605,8 @@ def test_cli_report_reads_a_native_trace(tmp_path, capsys):
 
     devs = asyncgpu.devices("host")
     with gpu_timer(devs, label="saved") as t:
-        for i, d in enumerate(devs):
-            d.stream.spin_us(1_000 * (i + 1))
+        for i, d in enumerate(devs):  # (long enough that a loaded host's stall in issuing them is not the story)
+            d.stream.spin_us(20_000 * (i + 1))
     write_trace(t, tmp_path / "t.pftrace")
     assert main(["report", str(tmp_path / "t.pftrace")]) == 0
     out = " ".join(capsys.readouterr().out.split())  # (long lines wrap at the console's width)

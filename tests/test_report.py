@@ -429,9 +429,9 @@ async def test_staggered_starts_name_the_hosts_stagger_not_the_late_device(two_d
 @pytest.mark.anyio
 async def test_rich_print_of_a_balance_draws_the_table_and_report_takes_work_units(two_devs):
     a, b = two_devs
-    async with gpu_timer(two_devs, label="drawn") as t:
-        a.stream.spin_us(1_000)
-        b.stream.spin_us(3_000)
+    async with gpu_timer(two_devs, label="drawn") as t:  # (a loaded host that stalls 5 ms between the launches
+        a.stream.spin_us(10_000)  # would make the host the makespan's bound with 1 and 3 ms: seen on 4x H100)
+        b.stream.spin_us(30_000)
     buf = io.StringIO()
     Console(file=buf, width=100, color_system=None).print(t.balance(work_units=[30, 30]))
     text = buf.getvalue()
