@@ -45,5 +45,11 @@ def tee_stdout_to(path: str | None) -> None:
     """From now on, everything printed also goes to the file at ``path`` (nothing when ``path`` is None)."""
     if path:
         f = open(path, "w", encoding="utf-8")  # noqa: SIM115 - open until the process ends
-        atexit.register(f.close)
-        sys.stdout = _Tee(sys.stdout, f)  # type: ignore[assignment]
+        terminal = sys.stdout
+
+        def end() -> None:  # (the terminal's stdout first: the interpreter flushes sys.stdout after atexit)
+            sys.stdout = terminal
+            f.close()
+
+        atexit.register(end)
+        sys.stdout = _Tee(terminal, f)  # type: ignore[assignment]

@@ -28,7 +28,8 @@ def first_launch() -> bool:
     )
     if len(out.stdout.split()) < 3:
         print(f"the child failed (exit {out.returncode}): {out.stderr[-1500:]}")
-    took_s, _ended, rescued = (out.stdout.split() + ["?"] * 3)[-3:]
+    last = out.stdout.split()[-3:]
+    took_s, _ended, rescued = last + ["?"] * (3 - len(last))
     print(f"KEY without the watchdog a first launch inside its hold took {took_s} s; rescued: {rescued}")
     return rescued == "True"
 
