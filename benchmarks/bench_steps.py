@@ -22,7 +22,9 @@ any profiler has run in the process; each run after ``--warmup`` steps of its ow
   device per step, harvested off the loop's thread);
 * ``steps cupti``: the same with ``source="cupti"`` (every kernel's record, records-only, flushed and attributed to
   steps on the harvest thread), in a child process that takes CUPTI before torch loads (torch's profiler subscribes
-  to CUPTI when torch starts CUDA, and CUPTI has one subscriber), against that process's own bare runs;
+  to CUPTI when torch starts CUDA, and CUPTI has one subscriber), against that process's own bare runs; its time
+  runs to the end of the timer's exit (the last flush and parse: a run shorter than the harvest cadence would
+  otherwise leave every flush out);
 * ``torch.profiler cuda``: ``torch.profiler.profile(activities=[CUDA])`` around the loop (CUPTI, records kept in
   memory until the end; once it has run, torch holds CUPTI for the rest of the process, so it comes after);
 * ``torch.profiler cpu+cuda``: the same with CPU activities too.
@@ -121,11 +123,14 @@ async def _one(devs: list, work: list) -> None:
 async def one_rep(devs: list, work: list, mode: str, args: argparse.Namespace) -> float:
     """The mean step time (ms) of ``args.steps`` steps in ``mode``, after its warm-up."""
     if mode.startswith("steps"):
-        async with asyncgpu.step_timer(devs, source="cupti" if mode == "steps cupti" else "events") as st:
+        cupti = mode == "steps cupti"
+        async with asyncgpu.step_timer(devs, source="cupti" if cupti else "events") as st:
             await run_steps(devs, work, args.warmup, st)
             t0 = time.perf_counter()
             await run_steps(devs, work, args.steps, st)
             dt = time.perf_counter() - t0
+        if cupti:  # (its exit flushes and parses what no harvest took yet: a run shorter than the harvest cadence
+            dt = time.perf_counter() - t0  # would otherwise leave every flush out; the warm-up's records count too)
         return dt / args.steps * 1e3
     if mode.startswith("torch.profiler"):
         import torch.profiler as tp
