@@ -12,9 +12,9 @@ step's records, with the workers' threads launching, cost the loop's thread more
 ``idle-timer`` (the timer open, its harvest thread running, but no ``st.step()``: is it the records or the timer's
 threads?); ``alternate`` (one timer, steps marked and unmarked in turn, ABBA at step granularity: the marking's
 cost per step, paired with its neighbours so that the loop's drift cancels, and the time spent entering and leaving
-``st.step()`` inside a real loop). Each other variant also prints the step times' p10/p50/p90/p99 bare and
-timed: a shift of every step is a per-step cost, a longer tail is a stall (a thread that waits for the GIL, a
-pool that grows).
+``st.step()`` inside a real loop); ``alternate-keep-gil`` (the same, every record keeping the GIL). Each other
+variant also prints the step times' p10/p50/p90/p99 bare and timed: a shift of every step is a per-step cost, a
+longer tail is a stall (a thread that waits for the GIL, a pool that grows).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ VARIANTS = (
     "switch-1ms",
     "idle-timer",
     "alternate",
+    "alternate-keep-gil",
 )
 
 
@@ -63,7 +64,7 @@ async def timed(devs: list, work: list, steps: int, variant: str | None, into: l
         return await each_step(devs, work, steps, use, into)
 
 
-async def alternate(devs: list, work: list, steps: int) -> None:
+async def alternate(devs: list, work: list, steps: int, label: str = "alternate") -> None:
     """``4 * steps`` steps in one timer, marked in the order M U U M (repeated); per pair of neighbours the ratio of
     the marked step's time to the unmarked one's, and where a step's time went (µs): entering ``st.step()``, the
     workers' part, leaving it, and the wait for the devices after it."""
@@ -91,7 +92,7 @@ async def alternate(devs: list, work: list, steps: int) -> None:
     ratios = marked[:, 4] / plain[:, 4]
     lo, hi = ci95(list(ratios))
     print(
-        f"{'alternate':<14} {np.median(plain[:, 4]) / 1e3:8.3f} {np.median(marked[:, 4]) / 1e3:9.3f}  "
+        f"{label:<14} {np.median(plain[:, 4]) / 1e3:8.3f} {np.median(marked[:, 4]) / 1e3:9.3f}  "
         f"{np.median(ratios):.4f} [{lo:.4f}, {hi:.4f}] (step by step, {len(ratios)} neighbour pairs)"
     )
     for name, a in (("unmarked", plain), ("marked", marked)):
@@ -143,8 +144,11 @@ async def main(args: argparse.Namespace) -> None:
         await d.prepare()
     print(f"{'variant':<14} {'bare ms':>8} {'timed ms':>9}  paired ratio p50 [95 % CI] {{min, max}}")
     for v in args.variants.split(","):
-        if v == "alternate":
-            await alternate(devs, work, args.steps)
+        if v.startswith("alternate"):
+            kept = _keep_gil_records(devs) if v == "alternate-keep-gil" else None
+            await alternate(devs, work, args.steps, v)
+            for d, record in zip(devs, kept or []):
+                d._internal.bd.record = record
             continue
         if v == "big-pool":
             for d in devs:
