@@ -399,7 +399,7 @@ SUITES: dict[str, Suite] = {
                     "bench_steps.py",
                     ("--repeat", "30", "--steps", "40"),
                     ("--backend", "host"),
-                    ("--steps", "5", "--warmup", "2", "--repeat", "1"),
+                    ("--steps", "5", "--cupti-steps", "5", "--warmup", "2", "--repeat", "1"),
                     out="dir",
                 )
             ],
