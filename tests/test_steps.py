@@ -23,8 +23,8 @@ from asyncgpu._analysis.balance import balance
 from asyncgpu._analysis.steps import step_split
 from asyncgpu._base.records import Timeline
 from asyncgpu._timing.step_live import LiveView, wants_live
-from asyncgpu._timing.steps import CUPTI_HARVEST_S, EVENTS_HARVEST_S
 from asyncgpu._timing.step_stats import Quantiles, StepRing
+from asyncgpu._timing.steps import CUPTI_HARVEST_S, EVENTS_HARVEST_S
 from asyncgpu._trace.perfetto import packet_bounds
 from asyncgpu.errors import ScopeError
 

@@ -542,9 +542,9 @@ def step_timer(
     own (each redraw runs Python under the GIL, taken from the loop's thread: a low rate keeps that small);
     ``"auto"`` draws only when stdout is a terminal, ``True`` always, ``False`` (default) never. ``trace``: a
     path to stream the steps to as a Perfetto trace (`asyncgpu._timing.step_trace`: valid at every packet boundary,
-    open it while it grows). ``harvest_s``: how often (seconds) finished steps are taken (default `EVENTS_HARVEST_S`, 0.05; with the CUPTI
-    source `CUPTI_HARVEST_S`, 0.5: each harvest flushes CUPTI, whose fixed cost a slower cadence spreads). ``max_clock_age_s`` as in
-    `gpu_timer`.
+    open it while it grows). ``harvest_s``: how often (seconds) finished steps are taken (default
+    `EVENTS_HARVEST_S`, 0.05; with the CUPTI source `CUPTI_HARVEST_S`, 0.5: each harvest flushes CUPTI, whose fixed
+    cost a slower cadence spreads). ``max_clock_age_s`` as in `gpu_timer`.
 
     ``source``: where busy time comes from. ``"events"`` (default): the step's event pair (device time while the
     host still issued the step counts as the host's). ``"cupti"``: CUPTI's record of every kernel, memset and
