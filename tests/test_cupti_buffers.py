@@ -190,3 +190,62 @@ def test_kernel_names_are_read_once_per_address_and_the_memo_stays_bounded(monke
     assert parser.names_read == 6 and len(parser._names) <= 4
     parser.parse(b.data())  # the same addresses again: only those the memo forgot are read
     assert 6 < parser.names_read <= 12 and len(parser._names) <= 4
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_runs_found_in_bulk_give_the_offsets_of_a_record_by_record_walk(seed):
+    """Runs of every length around the probe's (a step's kernels are long runs; copies come alone or in short
+    ones), a run to the buffer's very end, and records whose inner words look like kinds: the bulk walk finds
+    exactly the records a walk one record at a time finds."""
+    from asyncgpu._backends.cupti_buffers import _PROBE
+
+    rng = np.random.default_rng(seed)
+    b = Buffer()
+    corr = 0
+    lengths = [1, 2, _PROBE - 1, _PROBE, _PROBE + 1, 4 * _PROBE, 4 * _PROBE + 1, 300, *rng.integers(1, 200, 20)]
+    for n in rng.permutation(lengths):
+        kind = [KERNEL, KERNEL, MEMSET, MEMCPY, API][int(rng.integers(5))]
+        for _ in range(int(n)):
+            corr += 1
+            if kind == KERNEL:
+                b.kernel(10 * corr, 10 * corr + 5, 0, 3, corr, "k")
+            elif kind == API:  # (every inner word a kind's number)
+                b.parts.append(np.array([API, KERNEL, MEMSET, KERNEL, KERNEL, MEMCPY, KERNEL, KERNEL], "<u4").tobytes())
+            else:
+                b.copy(kind, 10 * corr, 10 * corr + 5, 0, corr)
+    for _ in range(5 * _PROBE):  # a long run to the buffer's end
+        corr += 1
+        b.kernel(10 * corr, 10 * corr + 5, 0, 3, corr, "k")
+    data = b.data()
+    parser = Parser(LAYOUTS, reference_walk)
+    truth = reference_walk(data)
+    for walk in (lambda d: parser._walk_runs(d)[0], parser._walk_plain):
+        assert {k: v.tolist() for k, v in walk(data).items() if len(v)} == truth
+    assert len(parser.parse(data)) == sum(len(v) for k, v in truth.items() if k in (KERNEL, MEMSET, MEMCPY))
+
+
+def test_the_walk_goes_record_by_record_while_runs_are_short_and_looks_again_every_few_buffers(monkeypatch):
+    from asyncgpu._backends import cupti_buffers
+
+    def buffer(run: int) -> np.ndarray:
+        b = Buffer()
+        for k in range(10):
+            for _ in range(run):
+                b.copy(MEMSET, 1, 2, 0, k)
+            b.copy(MEMCPY, 1, 2, 0, k)
+        return b.data()
+
+    parser = Parser(LAYOUTS, reference_walk)
+    by_runs = []
+    real = parser._walk_runs
+    monkeypatch.setattr(parser, "_walk_runs", lambda d: by_runs.append(1) or real(d))
+    short, long = buffer(3), buffer(8 * cupti_buffers._PROBE)
+    parser._walk_by_size(short)
+    assert len(by_runs) == 1 and not parser._long_runs  # runs of 4: record by record from now on
+    for _ in range(cupti_buffers._RECHECK - 1):
+        parser._walk_by_size(long)
+    assert len(by_runs) == 1  # (not looked at yet)
+    parser._walk_by_size(long)
+    assert len(by_runs) == 2 and parser._long_runs  # looked again: long runs, walked by runs
+    parser._walk_by_size(long)
+    assert len(by_runs) == 3

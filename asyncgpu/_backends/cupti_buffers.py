@@ -47,6 +47,8 @@ KIND_KERNEL, KIND_MEMSET, KIND_MEMCPY = 0, 1, 2  #: `RecordBatch.kind` codes
 KIND_NAMES = ("kernel", "memset", "memcpy")
 POOL_MAX = 4  #: idle buffers kept for CUPTI's next requests (each `Buffers.nbytes`)
 MAX_NAME_ADDRESSES = 65_536  #: kernel name addresses remembered (past it the memo starts again)
+_PROBE = 64  # records of one kind in a row walked one by one before the rest of their run is found in bulk
+_RECHECK = 16  # buffers walked record by record (short runs seen) before a walk by runs looks again
 _ALIGN = 8  # CUPTI wants 8-byte aligned buffers
 
 _REQUESTED = ctypes.CFUNCTYPE(
@@ -204,13 +206,14 @@ class Parser:
         self._names: dict[int, str] = {}  # a kernel name's address (CUPTI keeps it) -> the name
         self.names_read = 0  #: kernel names read from CUPTI's memory so far (each a ctypes call: ~1 µs)
         self.walk_checked = False  # True once walking by sizes agreed with CUPTI's own walk on a real buffer
+        self._long_runs, self._plain_walks = True, 0  # how `_walk_by_size` walks the next buffer
 
     def parse(self, data: np.ndarray) -> RecordBatch:
         """The records in ``data`` (a buffer's valid bytes, 8-byte aligned)."""
         offsets = self._walk_by_size(data)
         if not self.walk_checked:  # once per process, on a real buffer: are cupti-python's sizes CUPTI's?
             theirs = self._walk_by_cupti(data)
-            ours = {k: v for k, v in offsets.items() if v}
+            ours = {k: v.tolist() for k, v in offsets.items() if len(v)}
             if ours != theirs:
                 raise SourceError(
                     "CUPTI's activity records are laid out differently from cupti-python's description of them "
@@ -222,9 +225,9 @@ class Parser:
         external: list[tuple[int, int, int]] = []
         for kind, offs in offsets.items():
             lay = self.layouts.get(kind)
-            if lay is None or lay.code is None or not offs:
+            if lay is None or lay.code is None or not len(offs):
                 continue
-            o = np.asarray(offs, np.int64)
+            o = offs
             if lay.code == "external":
                 ek = lay.column(data, o, "external_kind", "externalKind").tolist()
                 ei = lay.column(data, o, "external_id", "externalId").tolist()
@@ -269,8 +272,23 @@ class Parser:
             self.names_read += 1
         return name
 
-    def _walk_by_size(self, data: np.ndarray) -> dict[int, list[int]]:
-        """Record offsets per kind, each record's size from its kind (the first word of every record)."""
+    def _walk_by_size(self, data: np.ndarray) -> dict[int, np.ndarray]:
+        """Record offsets per kind, each record's size from its kind (the first word of every record). Records of
+        one kind come in runs (a step's kernels): where the runs are long, past `_PROBE` records in a row the rest
+        of a run is found in bulk (`_walk_runs`); where they are short, record by record (`_walk_plain`, which
+        costs less per record). The last bulk walk's mean run length decides, and a bulk walk looks again every
+        `_RECHECK` buffers."""
+        if not self._long_runs:
+            self._plain_walks += 1
+            if self._plain_walks < _RECHECK:
+                return self._walk_plain(data)
+        offsets, runs = self._walk_runs(data)
+        records = sum(len(v) for v in offsets.values())
+        self._long_runs, self._plain_walks = records >= 2 * _PROBE * max(runs, 1), 0
+        return offsets
+
+    def _walk_plain(self, data: np.ndarray) -> dict[int, np.ndarray]:
+        """`_walk_by_size`, one record at a time."""
         words = memoryview(data[: len(data) & ~3].data).cast("I")
         sizes, valid = self._sizes, len(data)
         out: dict[int, list[int]] = {k: [] for k in sizes}
@@ -279,13 +297,67 @@ class Parser:
             kind = words[o >> 2]
             size = sizes.get(kind)
             if size is None:  # a kind cupti-python's dtypes do not size: CUPTI walks the rest
-                rest = self._walk_by_cupti(data[o:])
-                for k, offs in rest.items():
+                for k, offs in self._walk_by_cupti(data[o:]).items():
                     out.setdefault(k, []).extend(o + x for x in offs)
                 break
             out[kind].append(o)
             o += size
-        return out
+        return {k: np.asarray(v, np.int64) for k, v in out.items()}
+
+    def _walk_runs(self, data: np.ndarray) -> tuple[dict[int, np.ndarray], int]:
+        """`_walk_by_size` by runs: each run of one kind past `_PROBE` records is followed in bulk, by reading the
+        first word where each next record of its size would start, until one is not of its kind (every word before
+        it starts a record of the kind, so that one starts a record too). Returns the offsets and the number of
+        runs."""
+        n_words = len(data) // 4
+        words = memoryview(data[: 4 * n_words].data).cast("I")
+        wide = np.frombuffer(data, np.uint32, n_words)
+        sizes, valid = self._sizes, len(data)
+        flat: dict[int, list[int]] = {k: [] for k in sizes}  # per kind: offsets not yet in `done`, in order
+        done: dict[int, list[np.ndarray]] = {k: [] for k in sizes}  # per kind: offsets so far, as arrays
+        o = runs = 0
+        while o < valid:
+            kind = words[o >> 2]
+            size = sizes.get(kind)
+            if size is None:  # a kind cupti-python's dtypes do not size: CUPTI walks the rest
+                for k, offs in self._walk_by_cupti(data[o:]).items():
+                    flat.setdefault(k, []).extend(o + x for x in offs)
+                    done.setdefault(k, [])
+                break
+            runs += 1
+            here, probed = flat[kind], o + _PROBE * size
+            while True:  # the run of this kind
+                here.append(o)
+                o += size
+                if o >= valid or words[o >> 2] != kind:
+                    break
+                if o == probed and not size % 4:  # a long run: the rest of it in bulk, from the record at o on
+                    o = self._rest_of_run(wide, o, size, kind, valid, here, done[kind])
+                    flat[kind] = []
+                    break
+        for k, rest in flat.items():
+            if rest:
+                done[k].append(np.asarray(rest, np.int64))
+        return {k: np.concatenate(v) if v else np.empty(0, np.int64) for k, v in done.items()}, runs
+
+    @staticmethod
+    def _rest_of_run(
+        wide: np.ndarray, o: int, size: int, kind: int, valid: int, before: list[int], done: list[np.ndarray]
+    ) -> int:
+        """The records of ``kind`` (``size`` bytes each) from offset ``o`` on, up to the first that is not: their
+        offsets, after ``before`` (the kind's offsets so far), appended to ``done``. Returns the offset after
+        them. ``wide``: the buffer as 32-bit words."""
+        fit, run = (valid - o) // size, 0  # (records of this size the rest could hold; found of the kind)
+        first, step, look = o >> 2, size >> 2, _PROBE
+        while run < fit:
+            hi = min(run + look, fit)
+            other = np.flatnonzero(wide[first + step * run : first + step * hi : step] != kind)
+            if other.size:
+                run += int(other[0])
+                break
+            run, look = hi, 4 * look
+        done += [np.asarray(before, np.int64), np.arange(o, o + run * size, size, dtype=np.int64)]
+        return o + run * size
 
 
 class Buffers:
