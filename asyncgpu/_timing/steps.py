@@ -5,12 +5,12 @@ Cost on the loop's thread, per step: two pooled timing events per device (one at
 on the stream named for the device), a host clock read per device and two more, and an append to a queue;
 nothing waits for a device.
 A harvest thread (``asyncgpu-steps``) wakes every ``harvest_s`` seconds (`EVENTS_HARVEST_S`, or `CUPTI_HARVEST_S`
-with the CUPTI source), queries (never synchronizes) the end
-events of the oldest pending steps, places the finished ones on the host clock (`asyncgpu._runtime.clock.placement`,
-the timer's placement), gives their events back to the pools, and computes each step's balance at once for the
-batch (`asyncgpu._analysis.steps.step_split`: busy, launch-bound and dependency time, the straggler: the same rules as
-`asyncgpu.balance`). Results go into a `StepRing` (the last ``keep`` steps in full, streaming quantiles and
-straggler counts over all), the trace stream and the live view, each fed from the harvest thread.
+with the CUPTI source), queries (never synchronizes) the end events of the oldest pending steps, places the finished
+ones on the host clock (`asyncgpu._runtime.clock.placement`, the timer's placement), gives their events back to the
+pools, and computes each step's balance at once for the batch (`asyncgpu._analysis.steps.step_split`: busy,
+launch-bound and dependency time, the straggler: the same rules as `asyncgpu.balance`). Results go into a `StepRing`
+(the last ``keep`` steps in full, streaming quantiles and straggler counts over all), the trace stream and the live
+view, each fed from the harvest thread.
 
 Bounded: at most ``max_pending`` closed steps wait for their devices; one more drops the oldest (its events go
 back once the device passes them; `StepStats.dropped` counts it). Nothing grows with the number of steps.
