@@ -397,7 +397,7 @@ SUITES: dict[str, Suite] = {
             lambda n: [
                 Run(
                     "bench_steps.py",
-                    ("--repeat", "30", "--steps", "40"),
+                    ("--repeat", "20", "--steps", "40", "--cupti-steps", "120"),
                     ("--backend", "host"),
                     ("--steps", "5", "--cupti-steps", "5", "--warmup", "2", "--repeat", "1"),
                     out="dir",
