@@ -128,6 +128,16 @@ def test_a_kind_no_layout_sizes_is_walked_by_cupti_and_skipped():
     assert len(batch) == 6 and batch.names[batch.name[np.argmax(batch.start_ns)]] == "late"
 
 
+def test_both_walks_hand_the_rest_to_cuptis_walk_at_a_kind_no_layout_sizes():
+    b = sample()
+    b.raw(OTHER, OTHER_SIZE)
+    b.kernel(2000, 2100, 0, 3, 9, "late")
+    data = b.data()
+    parser = Parser(LAYOUTS, reference_walk)
+    for walk in (lambda d: parser._walk_runs(d)[0], parser._walk_plain):
+        assert {k: v.tolist() for k, v in walk(data).items() if len(v)} == reference_walk(data)
+
+
 def test_sizes_that_disagree_with_cuptis_walk_name_the_fix():
     def wrong(data):  # CUPTI finds its records elsewhere: the dtypes describe another CUPTI
         return {KERNEL: [0, 8]}

@@ -296,13 +296,11 @@ class Parser:
         while o < valid:
             kind = words[o >> 2]
             size = sizes.get(kind)
-            if size is None:  # a kind cupti-python's dtypes do not size: CUPTI walks the rest
-                for k, offs in self._walk_by_cupti(data[o:]).items():
-                    out.setdefault(k, []).extend(o + x for x in offs)
+            if size is None:
                 break
             out[kind].append(o)
             o += size
-        return {k: np.asarray(v, np.int64) for k, v in out.items()}
+        return _joined({k: [np.asarray(v, np.int64)] for k, v in out.items()}, self._rest_by_cupti(data, o))
 
     def _walk_runs(self, data: np.ndarray) -> tuple[dict[int, np.ndarray], int]:
         """`_walk_by_size` by runs: each run of one kind past `_PROBE` records is followed in bulk, by reading the
@@ -319,10 +317,7 @@ class Parser:
         while o < valid:
             kind = words[o >> 2]
             size = sizes.get(kind)
-            if size is None:  # a kind cupti-python's dtypes do not size: CUPTI walks the rest
-                for k, offs in self._walk_by_cupti(data[o:]).items():
-                    flat.setdefault(k, []).extend(o + x for x in offs)
-                    done.setdefault(k, [])
+            if size is None:
                 break
             runs += 1
             here, probed = flat[kind], o + _PROBE * size
@@ -336,9 +331,15 @@ class Parser:
                     flat[kind] = []
                     break
         for k, rest in flat.items():
-            if rest:
-                done[k].append(np.asarray(rest, np.int64))
-        return {k: np.concatenate(v) if v else np.empty(0, np.int64) for k, v in done.items()}, runs
+            done[k].append(np.asarray(rest, np.int64))
+        return _joined(done, self._rest_by_cupti(data, o)), runs
+
+    def _rest_by_cupti(self, data: np.ndarray, o: int) -> dict[int, np.ndarray]:
+        """The offsets per kind of the records from ``o`` on (none at the buffer's end), by CUPTI's own walk: what a
+        walk by sizes does from a kind that cupti-python's dtypes do not size."""
+        if o >= len(data):
+            return {}
+        return {k: o + np.asarray(offs, np.int64) for k, offs in self._walk_by_cupti(data[o:]).items()}
 
     @staticmethod
     def _rest_of_run(
@@ -358,6 +359,13 @@ class Parser:
             run, look = hi, 4 * look
         done += [np.asarray(before, np.int64), np.arange(o, o + run * size, size, dtype=np.int64)]
         return o + run * size
+
+
+def _joined(parts: dict[int, list[np.ndarray]], rest: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """Per kind, the offsets in ``parts`` (in order) and then those in ``rest``, as one array."""
+    for k, offs in rest.items():
+        parts.setdefault(k, []).append(offs)
+    return {k: np.concatenate(v) if v else np.empty(0, np.int64) for k, v in parts.items()}
 
 
 class Buffers:
