@@ -3,7 +3,8 @@ taken before torch loads, as bench_steps does), its step time against the same p
 
     PYTHONPATH=$PWD python dev/diag_step_cupti.py [--steps 300] [--pairs 6] [--devices 1]
 
-Variants: ``default`` (the CUPTI source's default cadence, `CUPTI_HARVEST_S`); ``harvest-50ms``, ``harvest-250ms`` and
+Variants: ``default`` (the CUPTI source's default cadence, `CUPTI_HARVEST_S`); ``plain-walk`` (the same, each
+buffer walked record by record: what the walk by runs saves); ``harvest-50ms``, ``harvest-250ms`` and
 ``harvest-1s`` (fewer flushes, each of more
 records: is the cost per flush or per record?); ``no-flush`` (harvest_s=3600: nothing flushed while timed: what
 CUPTI's own instrumentation costs). Each runs ``--pairs`` short pairs (bare, then CUPTI; then the other way round)
@@ -19,15 +20,24 @@ import subprocess
 import sys
 import time
 
-VARIANTS = ("default", "harvest-50ms", "harvest-250ms", "harvest-1s", "no-flush")
-HARVEST_S = {"default": None, "harvest-50ms": 0.05, "harvest-250ms": 0.25, "harvest-1s": 1.0, "no-flush": 3600.0}
+VARIANTS = ("default", "plain-walk", "harvest-50ms", "harvest-250ms", "harvest-1s", "no-flush")
+HARVEST_S = {
+    "default": None,
+    "plain-walk": None,
+    "harvest-50ms": 0.05,
+    "harvest-250ms": 0.25,
+    "harvest-1s": 1.0,
+    "no-flush": 3600.0,
+}
 
 
 def child(variant: str, steps: int, devices: int, pairs: int) -> dict:
     from asyncgpu._backends import cupti, cupti_buffers
 
     cupti.acquire(cupti.STEPS)
-    stats = {"flushes": 0, "flush_s": 0.0, "cupti_flush_s": 0.0, "records": 0, "names_read": 0}
+    stats = {"flushes": 0, "flush_s": 0.0, "cupti_flush_s": 0.0, "records": 0, "names_read": 0, "walks": ""}
+    if variant == "plain-walk":  # the default cadence, every buffer walked record by record (A/B of the bulk walk)
+        cupti_buffers.Parser._walk_by_size = cupti_buffers.Parser._walk_plain  # type: ignore[method-assign]
     real_flush, real_flush_all = cupti.flush_batch, cupti_buffers.Buffers.flush_all
 
     def timed_flush(channel: int):
@@ -37,7 +47,10 @@ def child(variant: str, steps: int, devices: int, pairs: int) -> dict:
         stats["flush_s"] += time.perf_counter() - t0
         stats["records"] += len(batch)
         if cupti._buffers is not None:
-            stats["names_read"] = cupti._buffers.parser.names_read  # (the process's total so far)
+            parser = cupti._buffers.parser
+            stats["names_read"] = parser.names_read  # (the process's total so far)
+            if variant != "plain-walk":
+                stats["walks"] += "R" if parser._long_runs else "p"  # how the next buffer is walked: by runs, plainly
         return batch, ext
 
     def timed_flush_all(self, forced: bool = True) -> None:
@@ -107,7 +120,7 @@ def main() -> int:
         return 0
     print(
         f"{'variant':<14} {'bare ms':>8} {'cupti ms':>9} {'ratio p50 [95% CI]':>24}  flushes  in CUPTI ms/each"
-        "  parse ms/each  records/step  names read"
+        "  parse ms/each  records/step  names read  walks (R: by runs)"
     )
     for v in args.variants.split(","):
         p = subprocess.run(
@@ -131,7 +144,7 @@ def main() -> int:
             f"{v:<14} {bare:8.3f} {on:9.3f}"
             f" {med:9.4f} [{lo:.4f}, {hi:.4f}]  {s['flushes']:7d}  {1e3 * s['cupti_flush_s'] / nf:16.3f}"
             f"  {1e3 * (s['flush_s'] - s['cupti_flush_s']) / nf:13.3f}  {s['records'] / timed_steps:12.1f}"
-            f"  {s['names_read']:10d}"
+            f"  {s['names_read']:10d}  {s['walks'][-12:]}"
         )
     return 0
 
