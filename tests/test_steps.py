@@ -248,6 +248,68 @@ async def test_pending_steps_are_bounded_and_dropped_steps_give_their_events_bac
     await _aquiet([dev])
 
 
+@pytest.mark.parametrize("chain", [True, False])
+async def test_back_to_back_steps_record_only_their_exit_events(anyio_backend, monkeypatch, chain):
+    """A step that follows the previous one directly takes that step's end events as its start (chain=True): its
+    entry records nothing, and its devices' spans start at its entry at the earliest. Work launched between two
+    steps makes the next one record its own start."""
+    from asyncgpu._timing import steps as steps_module
+
+    devs = asyncgpu.devices("host", count=2)
+    made = []
+    real = steps_module._record
+    monkeypatch.setattr(steps_module, "_record", lambda s: made.append(s) or real(s))
+    entries = []
+    async with asyncgpu.step_timer(devs, keep=50, chain=chain) as st:
+        for i in range(8):
+            n = len(made)
+            with st.step(i):
+                entries.append(len(made) - n)
+                for d in devs:
+                    d.stream.spin_us(200)
+            assert len(made) - n == entries[-1] + 2  # (the exit: one event per device)
+            if i == 4:
+                devs[0].stream.spin_us(100)  # device work between steps
+            for d in devs:
+                with d.record() as done:  # (a plain record: no launch slot, not counted as work)
+                    await done.wait()
+    assert entries == ([2, 0, 0, 0, 0, 2, 0, 0] if chain else [2] * 8)
+    recs = st.steps()
+    assert [r.index for r in recs] == list(range(8))
+    for r in recs:
+        for dv in r.devices:
+            assert r.begin_ns <= dv.start_ns <= dv.end_ns
+            assert dv.busy_ms > 0
+    await _aquiet(devs)
+
+
+async def test_chained_steps_give_every_event_back_however_the_harvest_falls(anyio_backend):
+    """A step harvested while it is the newest keeps its end events for the next step: taken by it (then that
+    step gives them back), or given back when the next step records its own start, or at the timer's end."""
+    dev = asyncgpu.device(0, backend="host")
+    async with asyncgpu.step_timer(dev, harvest_s=3600) as st:
+        with st.step(0):
+            dev.stream.spin_us(50)
+        await dev.asynchronize()
+        assert st._harvest() == 1  # step 0 is the newest: its end event is kept
+        assert dev.pool_stats().in_use == 1
+        with st.step(1):  # takes it as its start
+            dev.stream.spin_us(50)
+        await dev.asynchronize()
+        assert st._harvest() == 1
+        dev.stream.spin_us(50)  # work between steps
+        await dev.asynchronize()
+        with st.step(2):  # records its own start; step 1's kept end event goes back
+            dev.stream.spin_us(50)
+        await dev.asynchronize()
+        assert st._harvest() == 1
+        with st.step(3):  # takes step 2's: nothing harvested after it, the timer's end gives it back
+            dev.stream.spin_us(50)
+    assert [r.index for r in st.steps()] == [0, 1, 2, 3]
+    assert st.stats().dropped == 0
+    await _aquiet([dev])
+
+
 async def test_cancelled_exit_waits_for_nothing_and_leaks_nothing(anyio_backend):
     dev = asyncgpu.device(0, backend="host")
     gate = threading.Event()

@@ -79,6 +79,7 @@ class StreamInternal:
         "held",
         "last_kind",
         "ops",
+        "marks",
         "next_check",
         "done_ops",
         "checks",
@@ -97,6 +98,9 @@ class StreamInternal:
         self.held = False  # a launch onto it is being held now (`asyncgpu._runtime.hooks.launch_now`)
         self.last_kind: str | None = None  # the kind of its latest launch through asyncgpu, None if unknown
         self.ops = 0  # launches enqueued through asyncgpu (`counted`)
+        #: of those, timing events recorded on their own (`Device.record`, `Event.record`, a step timer's): no work,
+        #: so ``ops - marks`` moves only with work, waits and timed blocks (`asyncgpu._timing.steps`)
+        self.marks = 0
         self.next_check = CHECK_EVERY
         self.done_ops = 0  # launches the device is known to have passed (from the checkpoints)
         self.checks: deque[_Check] = deque()

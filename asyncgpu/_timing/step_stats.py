@@ -76,7 +76,9 @@ class DeviceStep:
     (``time.perf_counter_ns()``)."""
 
     device: str
-    start_ns: float  #: the device reached the step's start event
+    #: the device reached the step's start: its start event, or the previous step's end event when the step follows
+    #: it directly (``chain``); never before the step's entry
+    start_ns: float
     end_ns: float  #: the device finished the step's work (its end event)
     issued_ns: float  #: the host had issued all of the step's work to the device (the end event's record)
     busy_ms: float  #: the device's busy block of the step (`asyncgpu._analysis.steps.step_split`)

@@ -1,9 +1,12 @@
 """Always-on step timing: ``async with step_timer(devices) as st:`` and ``with st.step(i):`` around each step of a
 training or serving loop, on one or several devices, for as long as the loop runs, in constant memory.
 
-Cost on the loop's thread, per step: two pooled timing events per device (one at the step's entry, one at its exit,
-on the stream named for the device), a host clock read per device and two more, and an append to a queue;
-nothing waits for a device.
+Cost on the loop's thread, per step: a pooled timing event per device at the step's exit (on the stream named for the
+device), a host clock read per device and two more, and an append to a queue; nothing waits for a device. A step
+that follows the previous one directly (nothing launched through asyncgpu on its streams in between: ``chain``)
+starts where that one's exit events are, so its entry records nothing; otherwise its entry records one event per
+device too. An event recorded behind a step's queued work costs the driver ~7 µs p50 (26 µs p90) per device on
+H100 (``dev/diag_mark_cost.py``), one on a drained stream ~4 µs: the exit's records are most of a step's cost.
 A harvest thread (``asyncgpu-steps``) wakes every ``harvest_s`` seconds (`EVENTS_HARVEST_S`, or `CUPTI_HARVEST_S`
 with the CUPTI source), queries (never synchronizes) the end events of the oldest pending steps, places the finished
 ones on the host clock (`asyncgpu._runtime.clock.placement`, the timer's placement), gives their events back to the
@@ -78,6 +81,7 @@ def _record(s: Stream) -> Any:
     except BaseException:
         pool.give(raw)
         raise
+    si.marks += 1
     si.counted()
     return raw
 
@@ -87,7 +91,7 @@ class Step:
     """``with st.step(i) as step:`` — one step of a `StepTimer` (a sync context manager: usable in tasks and plain
     threads). Made by `StepTimer.step`; used once."""
 
-    __slots__ = ("_timer", "index", "_begin_ns", "_starts", "_ends", "_issued", "_done")
+    __slots__ = ("_timer", "index", "_begin_ns", "_starts", "_ends", "_issued", "_ops", "_done")
 
     def __init__(self, timer: StepTimer, index: int) -> None:
         self._timer, self.index = timer, index
@@ -95,6 +99,7 @@ class Step:
         self._starts: list[Any] = []
         self._ends: list[Any] = []
         self._issued: list[int] = []
+        self._ops: list[int] = []  # each stream's count of work right after the end events (`StepTimer._chained`)
 
     def __enter__(self) -> Step:
         self._timer._open(self)
@@ -111,6 +116,23 @@ class Step:
 
     def __repr__(self) -> str:
         return f"<asyncgpu step {self.index}>"
+
+
+class _Pending:
+    """A closed step waiting for its devices: its host instants (ns) and its events, one per stream.
+
+    Ownership of the events, for the pools: a step gives back its start events (its own, or the previous step's
+    end events that it took, `StepTimer._chained`) and its end events unless the next step took them (``lent``) or
+    might still take them (``kept``: harvested while it was the newest closed step; then whoever decides gives
+    them back). Flags change under the timer's lock."""
+
+    __slots__ = ("index", "begin_ns", "exit_ns", "starts", "ends", "issued", "lent", "kept")
+
+    def __init__(self, index: int, begin_ns: int, exit_ns: int, starts: list, ends: list, issued: list) -> None:
+        self.index, self.begin_ns, self.exit_ns = index, begin_ns, exit_ns
+        self.starts, self.ends, self.issued = starts, ends, issued
+        self.lent = False  #: the next step's start events are this step's end events
+        self.kept = False  #: harvested, its end events not given back (the next step may take them)
 
 
 @final
@@ -130,6 +152,7 @@ class StepTimer:
         refresh_hz: float,
         max_clock_age_s: float,
         source: str = "events",
+        chain: bool = True,
     ) -> None:
         self.devices = tuple(devices)
         self.label = label
@@ -141,8 +164,11 @@ class StepTimer:
         self._state = _NEW
         self._current: Step | None = None
         self._next_index = 0
-        self._pending: deque[tuple] = deque()  # (index, begin_ns, exit_ns, starts, ends, issued_ns)
+        self._pending: deque[_Pending] = deque()
         self._dropped = 0
+        self._chain = chain
+        self._tail: _Pending | None = None  # the newest closed step, while the next may take its end events
+        self._tail_ops: list[int] = []  # its streams' counts of work (`Step._ops`)
         self._ring = StepRing(tuple(d.name for d in devices), keep)
         self._listeners: list[Listener] = []
         self._closers: list[Callable[[], None]] = []
@@ -161,7 +187,8 @@ class StepTimer:
     # -- the loop's side ----------------------------------------------------------------------------------------
     def step(self, index: int | None = None) -> Step:
         """A step, numbered ``index`` (default: one more than the last). ``with st.step(i):`` around the step's
-        work. Entering records an event on each device's stream, leaving records another; neither waits."""
+        work. Leaving records an event on each device's stream; entering records one too, unless the step follows
+        the previous one directly (``chain``); neither waits."""
         if index is None:
             index = self._next_index
         else:
@@ -182,6 +209,8 @@ class StepTimer:
             )
         self._current = step
         step._begin_ns = time.perf_counter_ns()
+        if self._tail is not None and self._chained(step):
+            return
         starts = step._starts
         try:
             for s in self._streams:
@@ -193,6 +222,27 @@ class StepTimer:
             starts.clear()
             raise
 
+    def _chained(self, step: Step) -> bool:
+        """Whether ``step`` takes the newest closed step's end events as its start events: when ``chain`` is on and
+        nothing but lone event records was enqueued through asyncgpu on the timer's streams since they were
+        recorded (no work, wait or timed block: `StreamInternal.marks`), a start event
+        recorded now would complete at the same device instant (the stream runs in order). Otherwise that step's
+        end events go back to the pools here if it was harvested already. The loop's thread; never blocks."""
+        with self._lock:
+            tail, self._tail = self._tail, None
+            if tail is None:
+                return False
+            if self._chain and all(
+                s._internal.ops - s._internal.marks == n for s, n in zip(self._streams, self._tail_ops)
+            ):
+                tail.lent = True
+                step._starts = list(tail.ends)
+                return True
+            kept = tail.kept
+        if kept:
+            self._give_back([], tail.ends)
+        return False
+
     def _issue(self, step: Step) -> None:
         if self._current is not step:
             raise ScopeError(f"step {step.index} is not open: call issued() inside its `with st.step()` block")
@@ -203,6 +253,7 @@ class StepTimer:
             for s in self._streams:
                 issued.append(time.perf_counter_ns())
                 ends.append(_record(s))
+            step._ops = [s._internal.ops - s._internal.marks for s in self._streams]
         except BaseException:
             for s, raw in zip(self._streams, ends):
                 s._internal.dev.recycle_later(raw)
@@ -223,16 +274,17 @@ class StepTimer:
             raise
         self._current = None
         step._done = True
-        item = (step.index, step._begin_ns, time.perf_counter_ns(), step._starts, step._ends, step._issued)
+        item = _Pending(step.index, step._begin_ns, time.perf_counter_ns(), step._starts, step._ends, step._issued)
         step._starts, step._ends, step._issued = [], [], []
         with self._lock:
             self._pending.append(item)
+            self._tail, self._tail_ops = item, step._ops
             if len(self._pending) > self._max_pending:
-                old = self._pending.popleft()
+                old = self._pending.popleft()  # (never the tail: max_pending >= 1)
                 self._dropped += 1
             else:
                 return
-        self._give_back(old[3], old[4])
+        self._give_back(old.starts, [] if old.lent else old.ends)
 
     def _give_back(self, starts: list, ends: list) -> None:
         for s, raw in zip(self._streams, starts):
@@ -256,7 +308,7 @@ class StepTimer:
         pending, streams = self._pending, self._streams
 
         def finished(item: tuple) -> bool:
-            return all(s._internal.dev.query(raw) for s, raw in zip(streams, item[4]))
+            return all(s._internal.dev.query(raw) for s, raw in zip(streams, item.ends))
 
         n = len(pending)
         if not n or finished(pending[-1]):
@@ -287,22 +339,33 @@ class StepTimer:
                 done += list(self._pending)
                 self._pending.clear()
                 self._dropped += len(done)
+                self._tail = None  # (nothing takes their events now)
             for item in done:
-                self._give_back(item[3], item[4])
+                self._give_back(item.starts, [] if item.lent else item.ends)
             return 0
         n, nd = len(done), len(self._streams)
-        index = np.array([it[0] for it in done], np.int64)
-        begin = np.array([it[1] for it in done], np.int64)
-        exit_ = np.array([it[2] for it in done], np.int64)
-        issued = np.array([it[5] for it in done], np.float64).reshape(n, nd)
+        index = np.array([it.index for it in done], np.int64)
+        begin = np.array([it.begin_ns for it in done], np.int64)
+        exit_ = np.array([it.exit_ns for it in done], np.int64)
+        issued = np.array([it.issued for it in done], np.float64).reshape(n, nd)
         start, end = np.empty((n, nd)), np.empty((n, nd))
-        for d, (s, place) in enumerate(zip(self._streams, places)):
-            pool = s._internal.dev.timing_pool
+        for d, place in enumerate(places):
             for i, it in enumerate(done):
-                start[i, d] = place.host_ns(it[3][d])
-                end[i, d] = place.host_ns(it[4][d])
-                pool.give(it[3][d])
-                pool.give(it[4][d])
+                start[i, d] = place.host_ns(it.starts[d])
+                end[i, d] = place.host_ns(it.ends[d])
+        # A step's device span starts no earlier than its entry: a start event taken from the previous step's end
+        # (`_chained`) completed before it when the stream was idle, where one recorded at the entry would have
+        # completed a few µs after it.
+        np.maximum(start, begin[:, None], out=start)
+        with self._lock:
+            for it in done:
+                it.kept = it is self._tail
+        for d, s in enumerate(self._streams):
+            pool = s._internal.dev.timing_pool
+            for it in done:
+                pool.give(it.starts[d])
+                if not (it.lent or it.kept):
+                    pool.give(it.ends[d])
         measured = None
         records = self._cupti
         if records is not None:
@@ -421,8 +484,11 @@ class StepTimer:
                 left = list(self._pending)
                 self._pending.clear()
                 self._dropped += len(left)
+                tail, self._tail = self._tail, None
             for item in left:
-                self._give_back(item[3], item[4])
+                self._give_back(item.starts, [] if item.lent else item.ends)
+            if tail is not None and tail.kept and not tail.lent:
+                self._give_back([], tail.ends)
         finally:
             self._drop_source()
             for close in [*self._closers, *(c.close for c in (self._live, self._trace) if c is not None)]:
@@ -530,6 +596,7 @@ def step_timer(
     refresh_hz: float = 2.0,
     max_clock_age_s: float = CLOCK_MAX_AGE_S,
     source: str = "events",
+    chain: bool = True,
 ) -> StepTimer:
     """Always-on timing of the steps of a loop over ``devices`` (a device, a list, specs like ``"cuda:1"``;
     default: every device of the default backend). See the module `asyncgpu._timing.steps` for the cost and threads.
@@ -552,7 +619,14 @@ def step_timer(
     at the host's issue, and `StepTimer.kernels` names where it went. Records only (nothing is pushed around
     launches), flushed and parsed in bulk on the harvest thread; `SourceError` naming the fix when CUPTI cannot
     be had (another profiler holds it, host devices). ``"auto"``: CUPTI when it can be had, else events
-    (`StepTimer.source_note` says why)."""
+    (`StepTimer.source_note` says why).
+
+    ``chain`` (default on): a step opened with nothing launched through asyncgpu on the timer's streams since the
+    previous step's exit starts, on each device, where that step's exit events are (and no earlier than its own
+    entry): its entry records no event, which takes about a third of what a step costs the loop's thread. Work
+    that a framework launches onto those streams between two steps, outside asyncgpu, then counts to the next
+    step where it still runs when the host has issued that step; pass ``chain=False`` if your loop launches
+    device work between its steps."""
     from asyncgpu._runtime.select import resolve_devices
 
     devs = resolve_devices(devices)
@@ -577,6 +651,7 @@ def step_timer(
         refresh_hz,
         max_clock_age_s,
         source,
+        chain,
     )
 
 
