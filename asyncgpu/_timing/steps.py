@@ -307,7 +307,7 @@ class StepTimer:
         go of the GIL, which a host-bound loop's threads then wait to get back)."""
         pending, streams = self._pending, self._streams
 
-        def finished(item: tuple) -> bool:
+        def finished(item: _Pending) -> bool:
             return all(s._internal.dev.query(raw) for s, raw in zip(streams, item.ends))
 
         n = len(pending)
