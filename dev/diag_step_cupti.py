@@ -4,12 +4,13 @@ taken before torch loads, as bench_steps does), its step time against the same p
     PYTHONPATH=$PWD python dev/diag_step_cupti.py [--steps 300] [--pairs 6] [--devices 1]
 
 Variants: ``default`` (the CUPTI source's default cadence, `CUPTI_HARVEST_S`); ``plain-walk`` (the same, each
-buffer walked record by record: what the walk by runs saves); ``harvest-50ms``, ``harvest-250ms`` and
+buffer walked record by record: what finding runs in bulk saves); ``harvest-50ms``, ``harvest-250ms`` and
 ``harvest-1s`` (fewer flushes, each of more
 records: is the cost per flush or per record?); ``no-flush`` (harvest_s=3600: nothing flushed while timed: what
 CUPTI's own instrumentation costs). Each runs ``--pairs`` short pairs (bare, then CUPTI; then the other way round)
 and reports the median of the pairs' ratios, the flushes' count, the time inside CUPTI's flush and in the bulk
-parse, and the records.
+parse, the records, and the records in CUPTI's buffers per activity kind (every kind, those skipped too: which
+kinds break the runs of kernels).
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ def child(variant: str, steps: int, devices: int, pairs: int) -> dict:
 
     cupti.acquire(cupti.STEPS)
     stats = {"flushes": 0, "flush_s": 0.0, "cupti_flush_s": 0.0, "records": 0, "names_read": 0, "walks": ""}
+    stats["kinds"] = {}  # CUPTI activity kind -> records of it in the buffers (the process's total)
     if variant == "plain-walk":  # the default cadence, every buffer walked record by record (A/B of the bulk walk)
-        cupti_buffers.Parser._walk_by_size = cupti_buffers.Parser._walk_plain  # type: ignore[method-assign]
+        cupti_buffers._PROBE = 1 << 62  # (no run is ever long enough to be found in bulk)
     real_flush, real_flush_all = cupti.flush_batch, cupti_buffers.Buffers.flush_all
 
     def timed_flush(channel: int):
@@ -49,8 +51,11 @@ def child(variant: str, steps: int, devices: int, pairs: int) -> dict:
         if cupti._buffers is not None:
             parser = cupti._buffers.parser
             stats["names_read"] = parser.names_read  # (the process's total so far)
+            stats["kinds"] = {str(k): n for k, n in sorted(parser.kinds_seen.items())}
             if variant != "plain-walk":
-                stats["walks"] += "R" if parser._long_runs else "p"  # how the next buffer is walked: by runs, plainly
+                # does the next buffer find some kind's runs in bulk from their first record (R), or only past the
+                # probe (p)?
+                stats["walks"] += "R" if parser._long_runs else "p"
         return batch, ext
 
     def timed_flush_all(self, forced: bool = True) -> None:
@@ -120,7 +125,7 @@ def main() -> int:
         return 0
     print(
         f"{'variant':<14} {'bare ms':>8} {'cupti ms':>9} {'ratio p50 [95% CI]':>24}  flushes  in CUPTI ms/each"
-        "  parse ms/each  records/step  names read  walks (R: by runs)"
+        "  parse ms/each  records/step  names read  walks (R: by runs)  records in buffers by kind (per step)"
     )
     for v in args.variants.split(","):
         p = subprocess.run(
@@ -144,9 +149,20 @@ def main() -> int:
             f"{v:<14} {bare:8.3f} {on:9.3f}"
             f" {med:9.4f} [{lo:.4f}, {hi:.4f}]  {s['flushes']:7d}  {1e3 * s['cupti_flush_s'] / nf:16.3f}"
             f"  {1e3 * (s['flush_s'] - s['cupti_flush_s']) / nf:13.3f}  {s['records'] / timed_steps:12.1f}"
-            f"  {s['names_read']:10d}  {s['walks'][-12:]}"
+            f"  {s['names_read']:10d}  {s['walks'][-12:]:>18}  {_kinds(s['kinds'], timed_steps)}"
         )
     return 0
+
+
+def _kinds(seen: dict[str, int], steps: int) -> str:
+    """CUPTI's activity kinds by name (cupti-python's ``ActivityKind``, else the number) with records per step."""
+    try:
+        from cupti import cupti
+
+        name = {str(int(k)): k.name for k in cupti.ActivityKind}
+    except Exception:  # noqa: BLE001 - (the numbers then)
+        name = {}
+    return " ".join(f"{name.get(k, k)}:{n / steps:.1f}" for k, n in seen.items()) or "-"
 
 
 if __name__ == "__main__":

@@ -128,14 +128,28 @@ def test_a_kind_no_layout_sizes_is_walked_by_cupti_and_skipped():
     assert len(batch) == 6 and batch.names[batch.name[np.argmax(batch.start_ns)]] == "late"
 
 
-def test_both_walks_hand_the_rest_to_cuptis_walk_at_a_kind_no_layout_sizes():
+def walks(monkeypatch: pytest.MonkeyPatch, data: np.ndarray) -> list[dict[int, list[int]]]:
+    """``data`` walked record by record (no run ever long enough for a bulk search), by a fresh parser, and by one
+    whose last runs of every kind were long (each run found in bulk from its first record): the offsets per kind."""
+    from asyncgpu._backends import cupti_buffers
+
+    out = []
+    with monkeypatch.context() as m:
+        m.setattr(cupti_buffers, "_PROBE", 1 << 62)
+        out.append(Parser(LAYOUTS, reference_walk)._walk_by_size(data))
+    out.append(Parser(LAYOUTS, reference_walk)._walk_by_size(data))
+    primed = Parser(LAYOUTS, reference_walk)
+    primed._long_runs.update({k: 1000 for k in SIZES})
+    out.append(primed._walk_by_size(data))
+    return [{k: v.tolist() for k, v in w.items() if len(v)} for w in out]
+
+
+def test_every_walk_hands_the_rest_to_cuptis_walk_at_a_kind_no_layout_sizes(monkeypatch):
     b = sample()
     b.raw(OTHER, OTHER_SIZE)
     b.kernel(2000, 2100, 0, 3, 9, "late")
     data = b.data()
-    parser = Parser(LAYOUTS, reference_walk)
-    for walk in (lambda d: parser._walk_runs(d)[0], parser._walk_plain):
-        assert {k: v.tolist() for k, v in walk(data).items() if len(v)} == reference_walk(data)
+    assert walks(monkeypatch, data) == [reference_walk(data)] * 3
 
 
 def test_sizes_that_disagree_with_cuptis_walk_name_the_fix():
@@ -203,7 +217,7 @@ def test_kernel_names_are_read_once_per_address_and_the_memo_stays_bounded(monke
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_runs_found_in_bulk_give_the_offsets_of_a_record_by_record_walk(seed):
+def test_runs_found_in_bulk_give_the_offsets_of_a_record_by_record_walk(seed, monkeypatch):
     """Runs of every length around the probe's (a step's kernels are long runs; copies come alone or in short
     ones), a run to the buffer's very end, and records whose inner words look like kinds: the bulk walk finds
     exactly the records a walk one record at a time finds."""
@@ -227,35 +241,113 @@ def test_runs_found_in_bulk_give_the_offsets_of_a_record_by_record_walk(seed):
         corr += 1
         b.kernel(10 * corr, 10 * corr + 5, 0, 3, corr, "k")
     data = b.data()
-    parser = Parser(LAYOUTS, reference_walk)
     truth = reference_walk(data)
-    for walk in (lambda d: parser._walk_runs(d)[0], parser._walk_plain):
-        assert {k: v.tolist() for k, v in walk(data).items() if len(v)} == truth
+    assert walks(monkeypatch, data) == [truth] * 3
+    parser = Parser(LAYOUTS, reference_walk)
     assert len(parser.parse(data)) == sum(len(v) for k, v in truth.items() if k in (KERNEL, MEMSET, MEMCPY))
+    assert parser.kinds_seen == {k: len(v) for k, v in truth.items()}
 
 
-def test_the_walk_goes_record_by_record_while_runs_are_short_and_looks_again_every_few_buffers(monkeypatch):
+def test_a_kind_whose_last_run_was_long_has_its_next_runs_found_in_bulk_until_one_is_short(monkeypatch):
+    """A step's kernels between single copies: once a run of kernels was long, the next (in this buffer or the
+    next one) is found by one bulk search from its first record; a short one makes its kind go record by record."""
     from asyncgpu._backends import cupti_buffers
 
-    def buffer(run: int) -> np.ndarray:
+    def buffer(*runs: int) -> np.ndarray:
         b = Buffer()
-        for k in range(10):
+        for k, run in enumerate(runs):
             for _ in range(run):
-                b.copy(MEMSET, 1, 2, 0, k)
+                b.kernel(10, 20, 0, 3, k, "k")
             b.copy(MEMCPY, 1, 2, 0, k)
         return b.data()
 
     parser = Parser(LAYOUTS, reference_walk)
-    by_runs = []
-    real = parser._walk_runs
-    monkeypatch.setattr(parser, "_walk_runs", lambda d: by_runs.append(1) or real(d))
-    short, long = buffer(3), buffer(8 * cupti_buffers._PROBE)
-    parser._walk_by_size(short)
-    assert len(by_runs) == 1 and not parser._long_runs  # runs of 4: record by record from now on
-    for _ in range(cupti_buffers._RECHECK - 1):
-        parser._walk_by_size(long)
-    assert len(by_runs) == 1  # (not looked at yet)
-    parser._walk_by_size(long)
-    assert len(by_runs) == 2 and parser._long_runs  # looked again: long runs, walked by runs
-    parser._walk_by_size(long)
-    assert len(by_runs) == 3
+    searches: list[int] = []
+    real = Parser._rest_of_run
+    monkeypatch.setattr(Parser, "_rest_of_run", staticmethod(lambda *a: searches.append(a[5]) or real(*a)))
+    long = 3 * cupti_buffers._PROBE
+    parser._walk_by_size(buffer(long, long))
+    assert searches == [4 * cupti_buffers._PROBE, long + 1]  # past the probe, then from the first record
+    assert parser._long_runs == {KERNEL: long}
+    searches.clear()
+    data = buffer(long + 5, 3, 3, long)
+    assert {k: v.tolist() for k, v in parser._walk_by_size(data).items() if len(v)} == reference_walk(data)
+    # one search for the first run (as long as the last one, and 5 more: the search grows); a run of 3 walks the
+    # next ones record by record, until the last is past the probe
+    assert searches == [long + 1, long + 6, 4 * cupti_buffers._PROBE]
+    assert parser._long_runs == {KERNEL: long}
+    searches.clear()
+    parser._walk_by_size(buffer(3))
+    assert searches == [long + 1] and parser._long_runs == {}  # (a search that found a short run: plain again)
+
+
+def reference_parse(data: np.ndarray) -> tuple[list[tuple], list[tuple[int, int, int]]]:
+    """The records of ``data`` read one at a time through their dtypes, the straightforward way: the kept ones as
+    ``(kind, start, end, correlation, device, stream, name)`` in buffer order, and the external ids."""
+    kind_of = {KERNEL: "kernel", MEMSET: "memset", MEMCPY: "memcpy"}
+    recs, ext = [], []
+    for kind, offsets in reference_walk(data).items():
+        for o in offsets:
+            if kind == EXTERNAL:
+                r = data[o : o + EXT_DT.itemsize].view(EXT_DT)[0]
+                ext.append((o, (int(r["external_kind"]), int(r["correlation_id"]), int(r["external_id"]))))
+            elif kind in kind_of:
+                dt = KERNEL_DT if kind == KERNEL else COPY_DT
+                r = data[o : o + dt.itemsize].view(dt)[0]
+                if not 0 < r["start"] < r["end"]:
+                    continue
+                name = ctypes.string_at(int(r["name"])).decode() if kind == KERNEL else kind_of[kind]
+                dev, stream, corr = (int(r[i]) for i in (4, 5, 6))  # (both layouts: kind, pad, start, end, then these)
+                recs.append((o, (kind_of[kind], int(r["start"]), int(r["end"]), corr, dev, stream, name)))
+    return [r for _, r in sorted(recs)], [e for _, e in sorted(ext)]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_parse_gives_the_records_a_straightforward_reading_gives(seed, monkeypatch):
+    """Random buffers of every kind (runs long and short, records flushed before their work ran, start == end,
+    external ids, API records, a kind no layout sizes): the same records, kinds and names, each kind in buffer
+    order, whichever way each run was walked; a buffer walked again by a parser that remembers long runs too."""
+    from asyncgpu._backends import cupti_buffers
+
+    rng = np.random.default_rng(seed)
+    b = Buffer()
+    corr = 0
+    for _ in range(40):
+        kind = [KERNEL, KERNEL, KERNEL, MEMSET, MEMCPY, EXTERNAL, API][int(rng.integers(7))]
+        for _ in range(int(rng.choice([1, 2, 5, 40, 150]))):
+            corr += 1
+            start = int(rng.choice([0, 10 * corr, 10 * corr]))
+            end = start + int(rng.choice([0, 5, 7]))
+            if kind == KERNEL:
+                b.kernel(start, end, int(rng.integers(4)), 3, corr, f"k{rng.integers(19)}")
+            elif kind == EXTERNAL:
+                b.external(int(rng.integers(3)), 1000 + corr, corr)
+            elif kind == API:
+                b.raw(API, API_DT.itemsize)
+            else:
+                b.copy(kind, start, end, int(rng.integers(4)), corr)
+    if seed % 2:
+        b.raw(OTHER, OTHER_SIZE)  # (the rest: CUPTI's walk)
+        b.kernel(5, 9, 0, 3, corr + 1, "late")
+    data = b.data()
+    want, want_ext = reference_parse(data)
+    by_kind = {k: [r for r in want if r[0] == k] for k in ("kernel", "memset", "memcpy")}
+    for probe in (cupti_buffers._PROBE, 1 << 62):
+        monkeypatch.setattr(cupti_buffers, "_PROBE", probe)
+        parser = Parser(LAYOUTS, reference_walk)
+        for _ in range(2):
+            batch = parser.parse(data)
+            got = batch.tuples()
+            assert {k: [r for r in got if r[0] == k] for k in by_kind} == by_kind
+            assert sorted(batch.external) == sorted(want_ext) and len(got) == len(want)
+
+
+def test_an_empty_buffer_and_one_whose_records_all_lack_times_give_no_records():
+    parser = Parser(LAYOUTS, reference_walk)
+    assert len(parser.parse(np.zeros(0, np.uint8))) == 0
+    b = Buffer()
+    b.kernel(0, 0, 0, 3, 1, "gemm")  # flushed before it ran
+    b.copy(MEMSET, 5, 5, 0, 2)  # (start == end: no time either)
+    batch = parser.parse(b.data())
+    assert len(batch) == 0 and batch.external == []
+    assert parser.kinds_seen == {KERNEL: 1, MEMSET: 1}

@@ -5,9 +5,10 @@ through numpy scalar access: per record, that is slower than the kernel launch i
 spends more time there than in its steps (benchmarks/HISTORY.md, run 31). Here CUPTI gets plain C callbacks
 (ctypes) into libcupti:
 ``requested`` lends it a buffer from a small pool, ``completed`` only queues the buffer's address and valid size
-(no parsing on CUPTI's thread). `Buffers.take` then walks the queued buffers on the flushing thread: one Python
-step per record to find where records start (each record's size follows from its kind), then every field of
-every record of a kind at once, through the record's numpy dtype as cupti-python declares it.
+(no parsing on CUPTI's thread). `Buffers.take` then walks the queued buffers on the flushing thread to find where
+records start (each record's size follows from its kind): a run of records of one kind that is long (a step's
+kernels) in one numpy search, a short one (a copy between kernels) one Python step per record. Then every field
+of every record of a kind at once, through the record's numpy dtype as cupti-python declares it.
 
 The walk by sizes is checked once per process against CUPTI's own ``cuptiActivityGetNextRecord`` on a real
 buffer: when they disagree, the records are not the ones cupti-python describes, and `take` raises `SourceError`
@@ -47,8 +48,9 @@ KIND_KERNEL, KIND_MEMSET, KIND_MEMCPY = 0, 1, 2  #: `RecordBatch.kind` codes
 KIND_NAMES = ("kernel", "memset", "memcpy")
 POOL_MAX = 4  #: idle buffers kept for CUPTI's next requests (each `Buffers.nbytes`)
 MAX_NAME_ADDRESSES = 65_536  #: kernel name addresses remembered (past it the memo starts again)
-_PROBE = 64  # records of one kind in a row walked one by one before the rest of their run is found in bulk
-_RECHECK = 16  # buffers walked record by record (short runs seen) before a walk by runs looks again
+#: records of one kind in a row walked one by one before the rest of their run is found in bulk (one numpy search
+#: costs about as much as ~40 records walked one by one)
+_PROBE = 32
 _ALIGN = 8  # CUPTI wants 8-byte aligned buffers
 
 _REQUESTED = ctypes.CFUNCTYPE(
@@ -175,20 +177,40 @@ class _Layout:
 
     def __init__(self, dtype: np.dtype, code: Any) -> None:
         self.dtype, self.size, self.code = dtype, dtype.itemsize, code
+        self._fields: dict[tuple[str, ...], tuple[np.dtype, int]] = {}  # names asked for -> (field dtype, offset)
 
-    def column(self, data: np.ndarray, offsets: np.ndarray, *names: str) -> np.ndarray:
+    def field(self, *names: str) -> tuple[np.dtype, int]:
+        """The dtype and offset of the field called one of ``names`` (looked up once per ``names``)."""
+        found = self._fields.get(names)
+        if found is None:
+            fields: dict[str, Any] = dict(self.dtype.fields or {})
+            name = next((n for n in names if n in fields), None)
+            if name is None:
+                raise SourceError(f"CUPTI's records have no field {' or '.join(names)}: update cupti-python")
+            sub = fields[name][0]
+            found = self._fields[names] = (sub.newbyteorder("=") if sub.byteorder == "|" else sub, fields[name][1])
+        return found
+
+    def column(self, data: np.ndarray, offsets: np.ndarray, *names: str, words: _Words | None = None) -> np.ndarray:
         """The field called one of ``names`` of the records at ``offsets`` of ``data`` (bytes): one gather of
-        that field only (records are hundreds of bytes; asyncgpu reads a few dozen of them)."""
-        fields: dict[str, Any] = dict(self.dtype.fields or {})
-        name = next((n for n in names if n in fields), None)
-        if name is None:
-            raise SourceError(f"CUPTI's records have no field {' or '.join(names)}: update cupti-python")
-        sub, at = fields[name][0], fields[name][1]
-        pos = offsets + at
+        that field only (records are hundreds of bytes; asyncgpu reads a few dozen of them). ``words``: the
+        records' indices as 4- and 8-byte words, where every offset and ``len(data)`` are multiples of 8."""
+        sub, at = self.field(*names)
         width = sub.itemsize
-        if width in (4, 8) and not (pos % width).any() and len(data) % width == 0:  # aligned: one index per record
-            return data.view(sub.newbyteorder("=") if sub.byteorder == "|" else sub)[pos // width]
+        if width in (4, 8) and not at % width:
+            if words is not None:
+                return data.view(sub)[(words.at4 if width == 4 else words.at8) + at // width]
+            if not (offsets % width).any() and len(data) % width == 0:  # aligned: one index per record
+                return data.view(sub)[(offsets + at) // width]
+        pos = offsets + at
         return data[pos[:, None] + np.arange(width)].view(sub).ravel()
+
+
+class _Words:
+    """Records' offsets (multiples of 8) as indices of 4-byte and of 8-byte words: computed once for all fields."""
+
+    def __init__(self, offsets: np.ndarray) -> None:
+        self.at4, self.at8 = offsets >> 2, offsets >> 3
 
 
 class Parser:
@@ -206,11 +228,16 @@ class Parser:
         self._names: dict[int, str] = {}  # a kernel name's address (CUPTI keeps it) -> the name
         self.names_read = 0  #: kernel names read from CUPTI's memory so far (each a ctypes call: ~1 µs)
         self.walk_checked = False  # True once walking by sizes agreed with CUPTI's own walk on a real buffer
-        self._long_runs, self._plain_walks = True, 0  # how `_walk_by_size` walks the next buffer
+        self.kinds_seen: dict[int, int] = {}  #: records seen so far per CUPTI activity kind (skipped kinds too)
+        self._long_runs: dict[int, int] = {}  # kind -> the length of its last run, while that was long (>= _PROBE)
 
     def parse(self, data: np.ndarray) -> RecordBatch:
         """The records in ``data`` (a buffer's valid bytes, 8-byte aligned)."""
         offsets = self._walk_by_size(data)
+        seen = self.kinds_seen
+        for kind, offs in offsets.items():
+            if len(offs):
+                seen[kind] = seen.get(kind, 0) + len(offs)
         if not self.walk_checked:  # once per process, on a real buffer: are cupti-python's sizes CUPTI's?
             theirs = self._walk_by_cupti(data)
             ours = {k: v.tolist() for k, v in offsets.items() if len(v)}
@@ -240,14 +267,16 @@ class Parser:
         return out
 
     def _batch(self, lay: _Layout, data: np.ndarray, o: np.ndarray) -> RecordBatch:
-        start = lay.column(data, o, "start").astype(np.int64)
-        end = lay.column(data, o, "end").astype(np.int64)
+        words = _Words(o) if len(data) % 8 == 0 and not (o & 7).any() else None  # (usual: every record aligned)
+        start = lay.column(data, o, "start", words=words).astype(np.int64)
+        end = lay.column(data, o, "end", words=words).astype(np.int64)
         keep = (start > 0) & (start < end)  # flushed before the work completed (a cancelled scope): no times
         if not keep.all():
             o, start, end = o[keep], start[keep], end[keep]
+            words = _Words(o) if words is not None else None
         n = len(o)
         if lay.code == KIND_KERNEL:
-            ptrs = lay.column(data, o, "name").astype(np.uint64)
+            ptrs = lay.column(data, o, "name", words=words).astype(np.uint64)
             uniq, index = np.unique(ptrs, return_inverse=True)
             names = [self._name(int(p)) for p in uniq]
         else:
@@ -256,9 +285,9 @@ class Parser:
             np.full(n, lay.code, np.int8),
             start,
             end,
-            lay.column(data, o, "correlation_id", "correlationId").astype(np.int64),
-            lay.column(data, o, "device_id", "deviceId").astype(np.int64),
-            lay.column(data, o, "stream_id", "streamId").astype(np.int64),
+            lay.column(data, o, "correlation_id", "correlationId", words=words).astype(np.int64),
+            lay.column(data, o, "device_id", "deviceId", words=words).astype(np.int64),
+            lay.column(data, o, "stream_id", "streamId", words=words).astype(np.int64),
             np.asarray(index, np.int64).reshape(n),
             names,
         )
@@ -274,65 +303,49 @@ class Parser:
 
     def _walk_by_size(self, data: np.ndarray) -> dict[int, np.ndarray]:
         """Record offsets per kind, each record's size from its kind (the first word of every record). Records of
-        one kind come in runs (a step's kernels): where the runs are long, past `_PROBE` records in a row the rest
-        of a run is found in bulk (`_walk_runs`); where they are short, record by record (`_walk_plain`, which
-        costs less per record). The last bulk walk's mean run length decides, and a bulk walk looks again every
-        `_RECHECK` buffers."""
-        if not self._long_runs:
-            self._plain_walks += 1
-            if self._plain_walks < _RECHECK:
-                return self._walk_plain(data)
-        offsets, runs = self._walk_runs(data)
-        records = sum(len(v) for v in offsets.values())
-        self._long_runs, self._plain_walks = records >= 2 * _PROBE * max(runs, 1), 0
-        return offsets
-
-    def _walk_plain(self, data: np.ndarray) -> dict[int, np.ndarray]:
-        """`_walk_by_size`, one record at a time."""
-        words = memoryview(data[: len(data) & ~3].data).cast("I")
-        sizes, valid = self._sizes, len(data)
-        out: dict[int, list[int]] = {k: [] for k in sizes}
-        o = 0
-        while o < valid:
-            kind = words[o >> 2]
-            size = sizes.get(kind)
-            if size is None:
-                break
-            out[kind].append(o)
-            o += size
-        return _joined({k: [np.asarray(v, np.int64)] for k, v in out.items()}, self._rest_by_cupti(data, o))
-
-    def _walk_runs(self, data: np.ndarray) -> tuple[dict[int, np.ndarray], int]:
-        """`_walk_by_size` by runs: each run of one kind past `_PROBE` records is followed in bulk, by reading the
-        first word where each next record of its size would start, until one is not of its kind (every word before
-        it starts a record of the kind, so that one starts a record too). Returns the offsets and the number of
-        runs."""
+        one kind come in runs (a step's kernels, between a few copies). A run is found in bulk (`_rest_of_run`: one
+        numpy search) where its kind's last run, in this buffer or an earlier one, was at least `_PROBE` records
+        long, or once it reaches `_PROBE` records; short runs record by record (one Python step each)."""
         n_words = len(data) // 4
         words = memoryview(data[: 4 * n_words].data).cast("I")
         wide = np.frombuffer(data, np.uint32, n_words)
-        sizes, valid = self._sizes, len(data)
-        flat: dict[int, list[int]] = {k: [] for k in sizes}  # per kind: offsets not yet in `done`, in order
-        done: dict[int, list[np.ndarray]] = {k: [] for k in sizes}  # per kind: offsets so far, as arrays
-        o = runs = 0
+        valid, long_runs = len(data), self._long_runs
+        # per kind: its size, its offsets not yet in `done` (in order), the length of its last run if long (else 0)
+        # (a bulk search reads 32-bit words: only for sizes that are whole words, as CUPTI's 8-byte aligned ones are)
+        kinds: dict[int, tuple[int, list[int], int]] = {
+            k: (n, [], 0 if n & 3 else long_runs.get(k, 0)) for k, n in self._sizes.items()
+        }
+        done: dict[int, list[np.ndarray]] = {k: [] for k in kinds}  # per kind: offsets so far, as arrays
+        o = size = same = 0
+        prev = -1  # the kind of the record before o (-1: none, or its run was found in bulk)
+        here: list[int] = []
         while o < valid:
             kind = words[o >> 2]
-            size = sizes.get(kind)
-            if size is None:
-                break
-            runs += 1
-            here, probed = flat[kind], o + _PROBE * size
-            while True:  # the run of this kind
-                here.append(o)
-                o += size
-                if o >= valid or words[o >> 2] != kind:
+            if kind == prev:
+                same += 1
+                if same == _PROBE and o + size <= valid and not size & 3:  # a long run: the rest of it in bulk
+                    o, run = self._rest_of_run(wide, o, size, kind, valid, 4 * _PROBE, here, done[kind])
+                    kinds[kind], prev = (size, here, same - 1 + run), -1
+                    continue
+            else:
+                got = kinds.get(kind)
+                if got is None:
                     break
-                if o == probed and not size % 4:  # a long run: the rest of it in bulk, from the record at o on
-                    o = self._rest_of_run(wide, o, size, kind, valid, here, done[kind])
-                    flat[kind] = []
-                    break
-        for k, rest in flat.items():
+                size, here, expected = got
+                prev, same = kind, 1
+                if expected and o + size <= valid:  # (the record at o is of the kind: a run of 1 or more)
+                    o, run = self._rest_of_run(wide, o, size, kind, valid, expected + 1, here, done[kind])
+                    kinds[kind], prev = (size, here, run if run >= _PROBE else 0), -1
+                    continue
+            here.append(o)
+            o += size
+        for k, (_size, rest, expected) in kinds.items():
             done[k].append(np.asarray(rest, np.int64))
-        return _joined(done, self._rest_by_cupti(data, o)), runs
+            if expected:
+                long_runs[k] = expected
+            else:
+                long_runs.pop(k, None)
+        return _joined(done, self._rest_by_cupti(data, o))
 
     def _rest_by_cupti(self, data: np.ndarray, o: int) -> dict[int, np.ndarray]:
         """The offsets per kind of the records from ``o`` on (none at the buffer's end), by CUPTI's own walk: what a
@@ -343,22 +356,27 @@ class Parser:
 
     @staticmethod
     def _rest_of_run(
-        wide: np.ndarray, o: int, size: int, kind: int, valid: int, before: list[int], done: list[np.ndarray]
-    ) -> int:
-        """The records of ``kind`` (``size`` bytes each) from offset ``o`` on, up to the first that is not: their
-        offsets, after ``before`` (the kind's offsets so far), appended to ``done``. Returns the offset after
-        them. ``wide``: the buffer as 32-bit words."""
+        wide: np.ndarray, o: int, size: int, kind: int, valid: int, look: int, before: list[int], done: list[np.ndarray]
+    ) -> tuple[int, int]:
+        """The records of ``kind`` (``size`` bytes each) from offset ``o`` on (the one at ``o`` is of the kind), up to
+        the first that is not: their offsets, after ``before`` (the kind's offsets so far, then emptied), appended to
+        ``done``. Returns the offset after them and their number. ``wide``: the buffer as 32-bit words; ``look``:
+        how many records the first search reads (the run's expected length and one: a run as long as expected takes
+        one search). Every word read is where a record starts, as long as the ones before it were of ``kind``: so
+        the first that is not of ``kind`` starts a record too."""
         fit, run = (valid - o) // size, 0  # (records of this size the rest could hold; found of the kind)
-        first, step, look = o >> 2, size >> 2, _PROBE
+        first, step = o >> 2, size >> 2
         while run < fit:
             hi = min(run + look, fit)
-            other = np.flatnonzero(wide[first + step * run : first + step * hi : step] != kind)
-            if other.size:
-                run += int(other[0])
+            other = wide[first + step * run : first + step * hi : step] != kind
+            at = int(other.argmax())
+            if other[at]:
+                run += at
                 break
             run, look = hi, 4 * look
         done += [np.asarray(before, np.int64), np.arange(o, o + run * size, size, dtype=np.int64)]
-        return o + run * size
+        before.clear()
+        return o + run * size, run
 
 
 def _joined(parts: dict[int, list[np.ndarray]], rest: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
