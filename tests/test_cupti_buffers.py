@@ -351,3 +351,22 @@ def test_an_empty_buffer_and_one_whose_records_all_lack_times_give_no_records():
     batch = parser.parse(b.data())
     assert len(batch) == 0 and batch.external == []
     assert parser.kinds_seen == {KERNEL: 1, MEMSET: 1}
+
+
+def test_what_cupti_may_still_write_into_or_call_outlives_the_interpreter():
+    """At exit, the buffers CUPTI still holds and the callbacks it calls get a reference that is never dropped: the
+    interpreter's teardown frees none of them (CUPTI may complete a buffer in its own teardown, later)."""
+    import sys
+    import threading
+
+    from asyncgpu._backends.cupti_buffers import Buffers
+
+    b = Buffers.__new__(Buffers)  # (no libcupti here: only what `outlive_interpreter` reads)
+    b._lock = threading.Lock()
+    b.requested, b.completed = object(), object()
+    lent = np.empty(64, np.uint8)
+    b._lent = {lent.ctypes.data: lent}
+    before = [sys.getrefcount(x) for x in (lent, b.requested, b.completed)]
+    kept = b.outlive_interpreter()
+    del kept
+    assert [sys.getrefcount(x) for x in (lent, b.requested, b.completed)] == [n + 1 for n in before]

@@ -15,6 +15,12 @@ buffer: when they disagree, the records are not the ones cupti-python describes,
 (naming the fix) rather than read fields at the wrong places. A kind of record that no dtype sizes (one that
 asyncgpu did not enable) makes CUPTI's call walk the rest of that buffer.
 
+Lifetime: CUPTI keeps a lent buffer until it completes it, and may complete it late: to another profiler that
+registered its callbacks since (torch.profiler's kineto: "bufferCompleted called with unknown buffer"), or in its
+own teardown when the process exits. So at the interpreter's exit (`atexit`, before modules are torn down) the
+buffers still lent and the two callbacks are made immortal: whatever CUPTI writes or calls after that lands in
+memory that is still its buffer, never in memory the interpreter's teardown gave back to the allocator.
+
 Threads: CUPTI calls ``requested`` and ``completed`` on its own thread or inside ``cuptiActivityFlushAll`` on the
 flushing one; they take one short lock. `flush_all` lets go of the GIL while CUPTI flushes. `take` from any
 thread (callers serialize it).
@@ -22,6 +28,7 @@ thread (callers serialize it).
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import ctypes.util
 import threading
@@ -406,6 +413,17 @@ class Buffers:
         self.requested = _REQUESTED(self._on_requested)  # (kept alive: CUPTI calls them until the process ends)
         self.completed = _COMPLETED(self._on_completed)
         self.parser = Parser(layouts, self.walk_by_cupti)
+        atexit.register(self.outlive_interpreter)
+
+    def outlive_interpreter(self) -> list[Any]:
+        """Make the buffers CUPTI still holds, the callbacks and this object immortal (one more reference each,
+        never dropped): at the interpreter's exit (`atexit`), so that its teardown frees none of what CUPTI may
+        still write into or call (see the module's "Lifetime"). Returns what it kept."""
+        with self._lock:
+            kept: list[Any] = [self, self.requested, self.completed, *self._lent.values()]
+        for obj in kept:
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+        return kept
 
     # -- CUPTI's side (its thread, or the flushing one) -------------------------------------------------------
     def _on_requested(self, buffer: Any, size: Any, max_records: Any) -> None:
