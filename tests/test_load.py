@@ -582,7 +582,9 @@ def test_a_trio_runs_poller_is_a_task_that_parks_and_ends_with_the_run(monkeypat
             async with trio.open_nursery() as nursery:
                 for ev in evs:
                     nursery.start_soon(ev.wait)
-                await trio.sleep(0.002)
+                with trio.move_on_after(5):  # armed once the first completion is near: ~0.2 ms in, later on a
+                    while not engine_mod._POLLERS:  # loaded host (a fixed 2 ms was once too short there)
+                        await trio.sleep(0.0005)
                 had_poller.append(bool(engine_mod._POLLERS))  # (its task, armed or parked)
                 nursery.cancel_scope.cancel()  # the waits withdrawn
             raise KeyError("the user's error")
