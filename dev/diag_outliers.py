@@ -57,7 +57,11 @@ def main() -> int:
         d.synchronize()  # (allocated in order on the default stream, written from two others)
     host = {d.name: d.alloc_pinned(2 * per_stream, np.uint64) for d in devs}
     lines: list[str] = []
-    rows = []  # (length_us, events_ns, cupti_ns, stamps_ns, device, stream, round, k)
+    from asyncgpu._runtime.clock import placement
+
+    # per kernel: length µs, events ns, CUPTI ns, stamps ns; events start − stamp start, events end − stamp end, the
+    # same for CUPTI (each placed on the host clock, ns); device, stream, round, position
+    rows = []
     for rnd in range(a.rounds + 1):  # (round 0 warms up: loads, pools, the first calibration)
         with asyncgpu.gpu_timer(devs, source="cupti", label="outer") as outer:
             with asyncgpu.gpu_timer(devs, label="inner") as inner:
@@ -74,11 +78,11 @@ def main() -> int:
             return 1
         if rnd == 0:
             continue
-        ev = {}
-        cu = {}
+        ev: dict = {}
+        cu: dict = {}
         for t, into in ((inner, ev), (outer, cu)):
             for r in t.records:
-                into.setdefault((r.device, r.stream), []).append(r.duration_ms * 1e6)
+                into.setdefault((r.device, r.stream), []).append((r.duration_ms * 1e6, r.start_ns, r.end_ns))
         for d in devs:
             d.synchronize()
             for si, (s, buf) in enumerate(zip(d.streams[:2], stamps[d.name])):
@@ -86,16 +90,22 @@ def main() -> int:
                 s.copy_to_host(buf, out)
                 s.sync()
                 span = (out[1::2] - out[0::2]).astype(np.float64)
+                placed = placement(d, refresh=False).globaltimer_to_host_ns(out.astype(np.int64))
+                g0, g1 = placed[0::2], placed[1::2]
                 key = (d.name, s.label)
-                e, c = np.asarray(ev.get(key, [])), np.asarray(cu.get(key, []))
+                e, c = np.asarray(ev.get(key, []), np.float64), np.asarray(cu.get(key, []), np.float64)
                 if not len(e) == len(c) == per_stream:
                     lines.append(f"{key}: events {len(e)}, CUPTI {len(c)} records of {per_stream}: skipped")
                     continue
                 for j in range(per_stream):
                     if j % (REPEAT + 1) == 0:
                         continue  # the lead spin
-                    rows.append((LENGTHS_US[j // (REPEAT + 1)], e[j], c[j], span[j], d.name, si, rnd, j))
-    arr = np.array([r[:4] for r in rows], np.float64)
+                    rows.append(
+                        (LENGTHS_US[j // (REPEAT + 1)], e[j, 0], c[j, 0], span[j])
+                        + (e[j, 1] - g0[j], e[j, 2] - g1[j], c[j, 1] - g0[j], c[j, 2] - g1[j])
+                        + (d.name, si, rnd, j)
+                    )
+    arr = np.array([r[:8] for r in rows], np.float64)
     lines.append(f"{len(devs)} GPUs ({devs[0].description}), {a.rounds} rounds, {len(rows)} kernels")
     lines.append("length µs    n  ev−cupti p50 ns  ev−stamps p50 ns  cupti−stamps p50 ns  beyond tol")
     outliers = []
@@ -108,24 +118,22 @@ def main() -> int:
         lines.append(
             f"{us:9d} {m.sum():4d} {np.median(ec):16.1f} {np.median(eg):17.1f} {np.median(cg):20.1f} {beyond.sum():11d}"
         )
+        med = np.median(arr[m, 4:8], axis=0)  # each placed edge's median offset at this length
         for i in np.flatnonzero(m)[beyond]:
             outliers.append(
-                (
-                    rows[i],
-                    arr[i, 1] - arr[i, 2],
-                    arr[i, 1] - arr[i, 3] - np.median(eg),
-                    arr[i, 2] - arr[i, 3] - np.median(cg),
-                )
+                (rows[i], arr[i, 1] - arr[i, 2], arr[i, 1] - arr[i, 3] - np.median(eg))
+                + (arr[i, 2] - arr[i, 3] - np.median(cg), *(arr[i, 4:8] - med))
             )
     lines.append(
         "outliers: length, device, stream, round, position; events−CUPTI, and each against the stamps "
-        "less its length's median (ns): the side that moved reads far from 0"
+        "less its length's median (ns): the side that moved reads far from 0; then each edge placed on the host "
+        "against its stamp, less its median: the events' start and end, CUPTI's start and end"
     )
-    for row, ec1, eg1, cg1 in outliers:
-        us, _e, _c, _g, dev, si, rnd, j = row
+    for row, ec1, eg1, cg1, es, ee, cs, ce in outliers:
+        us, dev, si, rnd, j = row[0], *row[8:]
         lines.append(
-            f"  {us:5d} µs {dev} s{si} round {rnd} #{j}: ev−cupti {ec1:+10.0f}  ev−stamps {eg1:+10.0f}  "
-            f"cupti−stamps {cg1:+10.0f}"
+            f"  {us:5d} µs {dev} s{si} round {rnd} #{j}: ev−cupti {ec1:+8.0f}  ev−stamps {eg1:+8.0f}  "
+            f"cupti−stamps {cg1:+8.0f} | edges: events {es:+8.0f} {ee:+8.0f}  CUPTI {cs:+8.0f} {ce:+8.0f}"
         )
     text = "\n".join(lines)
     print(text)
