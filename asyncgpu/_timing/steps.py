@@ -286,6 +286,12 @@ class StepTimer:
                 return
         self._give_back(old.starts, [] if old.lent else old.ends)
 
+    def _drop_tail(self) -> list:
+        """No step will take the newest closed step's end events any more (under the timer's lock): those of them
+        that nothing else gives back (it was harvested, its events kept), to give back."""
+        tail, self._tail = self._tail, None
+        return tail.ends if tail is not None and tail.kept and not tail.lent else []
+
     def _give_back(self, starts: list, ends: list) -> None:
         for s, raw in zip(self._streams, starts):
             s._internal.dev.recycle_later(raw)
@@ -339,9 +345,10 @@ class StepTimer:
                 done += list(self._pending)
                 self._pending.clear()
                 self._dropped += len(done)
-                self._tail = None  # (nothing takes their events now)
+                kept = self._drop_tail()  # (nothing takes their events now)
             for item in done:
                 self._give_back(item.starts, [] if item.lent else item.ends)
+            self._give_back([], kept)
             return 0
         n, nd = len(done), len(self._streams)
         index = np.array([it.index for it in done], np.int64)
@@ -484,11 +491,10 @@ class StepTimer:
                 left = list(self._pending)
                 self._pending.clear()
                 self._dropped += len(left)
-                tail, self._tail = self._tail, None
+                kept = self._drop_tail()
             for item in left:
                 self._give_back(item.starts, [] if item.lent else item.ends)
-            if tail is not None and tail.kept and not tail.lent:
-                self._give_back([], tail.ends)
+            self._give_back([], kept)
         finally:
             self._drop_source()
             for close in [*self._closers, *(c.close for c in (self._live, self._trace) if c is not None)]:
