@@ -10,7 +10,9 @@ records: is the cost per flush or per record?); ``no-flush`` (harvest_s=3600: no
 CUPTI's own instrumentation costs). Each runs ``--pairs`` short pairs (bare, then CUPTI; then the other way round)
 and reports the median of the pairs' ratios, the flushes' count, the time inside CUPTI's flush and in the bulk
 parse, the records, and the records in CUPTI's buffers per activity kind (every kind, those skipped too: which
-kinds break the runs of kernels).
+kinds break the runs of kernels). Then, from the CUPTI runs' own steps (timed one by one), what the harvests cost:
+the steps a flush overlapped against the others, as a share of the timed time (tighter than the pairs' ratio, whose
+spread is the loop's drift; CUPTI's own instrumentation, in every step, is not in it).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ def child(variant: str, steps: int, devices: int, pairs: int) -> dict:
     cupti.acquire(cupti.STEPS)
     stats = {"flushes": 0, "flush_s": 0.0, "cupti_flush_s": 0.0, "records": 0, "names_read": 0, "walks": ""}
     stats["kinds"] = {}  # CUPTI activity kind -> records of it in the buffers (the process's total)
+    flush_at: list[tuple[float, float]] = []  # each harvest's flush (CUPTI's and the parse), perf_counter s
+    step_at: list[tuple[float, float]] = []  # each timed step with the CUPTI source, perf_counter s
     if variant == "plain-walk":  # the default cadence, every buffer walked record by record (A/B of the bulk walk)
         cupti_buffers._PROBE = 1 << 62  # (no run is ever long enough to be found in bulk)
     real_flush, real_flush_all = cupti.flush_batch, cupti_buffers.Buffers.flush_all
@@ -45,6 +49,7 @@ def child(variant: str, steps: int, devices: int, pairs: int) -> dict:
     def timed_flush(channel: int):
         t0 = time.perf_counter()
         batch, ext = real_flush(channel)
+        flush_at.append((t0, time.perf_counter()))
         stats["flushes"] += 1
         stats["flush_s"] += time.perf_counter() - t0
         stats["records"] += len(batch)
@@ -85,7 +90,10 @@ def child(variant: str, steps: int, devices: int, pairs: int) -> dict:
         async with asyncgpu.step_timer(devs, source="cupti", harvest_s=HARVEST_S[variant]) as st:
             await run_steps(devs, work, 10, st)
             t0 = time.perf_counter()
-            await run_steps(devs, work, steps, st)
+            for _ in range(steps):  # (one at a time: which steps a harvest overlapped)
+                s0 = time.perf_counter()
+                await run_steps(devs, work, 1, st)
+                step_at.append((s0, time.perf_counter()))
             return (time.perf_counter() - t0) / steps * 1e3
 
     async def main() -> dict:
@@ -105,11 +113,35 @@ def child(variant: str, steps: int, devices: int, pairs: int) -> dict:
             out["ratios"].append(c / b)
         out["ci95"] = ci95(out["ratios"])
         out["stats"] = dict(stats)
+        out["harvest"] = overlap(step_at, flush_at)
         return out
 
     res = anyio.run(main)
     asyncgpu.close_all()
     return res
+
+
+def overlap(step_at: list[tuple[float, float]], flush_at: list[tuple[float, float]]) -> dict:
+    """What the harvests cost the timed steps, from one run's own steps: those a flush overlapped against the rest
+    (their median), the excess summed over the overlapped steps as a share of all timed steps' time. The loop's
+    drift cancels (neighbours share it); CUPTI's own instrumentation, in every step, is not in it."""
+    import numpy as np
+
+    if not step_at:
+        return {}
+    st, fl = np.array(step_at), np.array(flush_at or [(0.0, 0.0)])
+    dur = st[:, 1] - st[:, 0]
+    hit = ((fl[None, :, 0] < st[:, None, 1]) & (fl[None, :, 1] > st[:, None, 0])).any(axis=1)
+    if hit.all() or not hit.any():
+        return {"steps": len(dur), "overlapped": int(hit.sum())}
+    other = float(np.median(dur[~hit]))
+    return {
+        "steps": len(dur),
+        "overlapped": int(hit.sum()),
+        "p50_overlapped_ms": float(np.median(dur[hit])) * 1e3,
+        "p50_other_ms": other * 1e3,
+        "share": float((dur[hit] - other).sum() / dur.sum()),
+    }
 
 
 def main() -> int:
@@ -151,6 +183,13 @@ def main() -> int:
             f"  {1e3 * (s['flush_s'] - s['cupti_flush_s']) / nf:13.3f}  {s['records'] / timed_steps:12.1f}"
             f"  {s['names_read']:10d}  {s['walks'][-12:]:>18}  {_kinds(s['kinds'], timed_steps)}"
         )
+        h = r.get("harvest", {})
+        if "share" in h:
+            print(
+                f"{'':<14} steps a harvest overlapped: {h['overlapped']} of {h['steps']}, p50 "
+                f"{h['p50_overlapped_ms']:.3f} ms against {h['p50_other_ms']:.3f}: the harvests cost "
+                f"{100 * h['share']:.2f} % of the timed steps' time"
+            )
     return 0
 
 
