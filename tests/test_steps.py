@@ -310,6 +310,34 @@ async def test_chained_steps_give_every_event_back_however_the_harvest_falls(any
     await _aquiet([dev])
 
 
+@pytest.mark.parametrize("seed", range(4))
+async def test_chained_steps_beside_a_busy_harvest_leak_no_event(anyio_backend, seed):
+    """Steps with and without work between them (chained or not), a harvest thread every 0.5 ms, and a pending
+    bound that drops steps: however their events change hands, every one is back in its pool at the end."""
+    import random
+
+    rng = random.Random(seed)
+    devs = asyncgpu.devices("host", count=2)
+    async with asyncgpu.step_timer(devs, harvest_s=0.0005, max_pending=rng.choice([1, 3, 50])) as st:
+        for i in range(150):
+            with st.step(i):
+                for d in devs:
+                    if rng.random() < 0.8:
+                        d.stream.spin_us(rng.choice([0, 20, 100]))
+            if rng.random() < 0.3:
+                devs[rng.randrange(2)].stream.spin_us(10)  # work between steps: the next one is not chained
+            if rng.random() < 0.5:
+                for d in devs:
+                    with d.record() as done:
+                        await done.wait()
+            if rng.random() < 0.2:
+                await anyio.sleep(0.001)
+    s = st.stats()
+    assert s.steps + s.dropped == 150 and s.pending == 0
+    assert all(r.begin_ns <= dv.start_ns <= dv.end_ns for r in st.steps() for dv in r.devices)
+    await _aquiet(devs)
+
+
 async def test_cancelled_exit_waits_for_nothing_and_leaks_nothing(anyio_backend):
     dev = asyncgpu.device(0, backend="host")
     gate = threading.Event()
