@@ -399,7 +399,7 @@ SUITES: dict[str, Suite] = {
                     "bench_steps.py",
                     ("--repeat", "20", "--steps", "40", "--cupti-steps", "120"),
                     ("--backend", "host"),
-                    ("--steps", "5", "--cupti-steps", "5", "--warmup", "2", "--repeat", "1"),
+                    ("--steps", "5", "--cupti-steps", "5", "--warmup", "2", "--repeat", "1", "--neighbours", "4"),
                     out="dir",
                 )
             ],

@@ -18,8 +18,11 @@ the median of the pairs' ratios then has a tight bootstrap interval (printed). T
 any profiler has run in the process; each run after ``--warmup`` steps of its own:
 
 * ``bare``: no timing at all;
-* ``steps``: ``asyncgpu.step_timer(devs)`` around the loop, ``with st.step(i):`` around each step (two pooled events per
-  device per step, harvested off the loop's thread);
+* ``steps``: ``asyncgpu.step_timer(devs)`` around the loop, ``with st.step(i):`` around each step (a pooled event per
+  device at each step's exit, steps back to back chained, harvested off the loop's thread);
+* ``steps, neighbours``: the same cost measured step by step: in one step timer, steps marked and unmarked in turn
+  (M U U M, ``--neighbours`` groups of four), each marked step against its unmarked neighbour, so that the loop's drift
+  cancels within a pair of steps (a whole run's step time wanders by more than the marking costs);
 * ``steps cupti``: the same with ``source="cupti"`` (every kernel's record, records-only, flushed and attributed to
   steps on the harvest thread), in a child process that takes CUPTI before torch loads (torch's profiler subscribes
   to CUPTI when torch starts CUDA, and CUPTI has one subscriber), against that process's own bare runs; its time
@@ -208,7 +211,44 @@ async def bench(devs: list, args: argparse.Namespace, modes: tuple[str, ...]) ->
             }
             for m, v in times.items()
         }
+        if "steps" in modes and args.neighbours:
+            out[loop]["steps, neighbours"] = await neighbours(devs, work, args.neighbours)
     return out
+
+
+async def neighbours(devs: list, work: list, groups: int) -> dict[str, Any]:
+    """``groups`` of four steps in one step timer, marked in the order M U U M (``2 * groups`` neighbour pairs), each
+    step timed with its wait for the devices: the median of the marked steps' ratios to their unmarked neighbours,
+    with its interval, as the other modes report theirs."""
+    marked: list[float] = []
+    ratios: list[float] = []
+    async with asyncgpu.step_timer(devs, max_pending=4 * groups + 64) as st:
+        await run_steps(devs, work, 10, st)
+        last: dict[bool, float] = {}
+        for k in range(4 * groups):
+            mark = k % 4 in (0, 3)
+            t0 = time.perf_counter()
+            if mark:
+                with st.step():
+                    await _one(devs, work)
+            else:
+                await _one(devs, work)
+            for d in devs:
+                with d.record() as done:
+                    await done.wait()
+            last[mark] = (time.perf_counter() - t0) * 1e3
+            if k % 2 == 1:  # (a neighbour pair: steps 0-1 and 2-3 of each four)
+                marked.append(last[True])
+                ratios.append(last[True] / last[False])
+    return {
+        "median_ms": statistics.median(marked),
+        "min_ms": min(marked),
+        "max_ms": max(marked),
+        "ratio_to_bare": statistics.median(ratios),
+        "ratio_ci95": ci95(ratios),
+        "paired_ratios": ratios,
+        "reps_ms": marked,
+    }
 
 
 def ci95(ratios: list[float], resamples: int = 4000) -> list[float]:
@@ -254,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--size", type=int, default=8192, help="matmul size of the gpu-bound loop")
     ap.add_argument("--matmuls", type=int, default=4, help="matmuls per step of the gpu-bound loop")
+    ap.add_argument(
+        "--neighbours", type=int, default=150, help="`steps, neighbours`: groups M U U M (each two neighbour pairs)"
+    )
     ap.add_argument("--out", metavar="DIR", help="also write DIR/bench_steps.json")
     ap.add_argument(
         "--cupti-steps",

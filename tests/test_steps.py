@@ -634,7 +634,7 @@ def test_bench_steps_runs_on_the_host_backend(tmp_path):
     root = Path(__file__).resolve().parent.parent
     out = subprocess.run(
         [sys.executable, str(root / "benchmarks" / "bench_steps.py"), "--backend", "host", "--steps", "5"]
-        + ["--warmup", "1", "--repeat", "2", "--out", str(tmp_path)],
+        + ["--warmup", "1", "--repeat", "2", "--neighbours", "6", "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -643,7 +643,8 @@ def test_bench_steps_runs_on_the_host_backend(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     doc = json.loads((tmp_path / "bench_steps.json").read_text())
     assert set(doc["results"]) == {"host-bound", "gpu-bound"}
-    assert set(doc["results"]["host-bound"]) == {"bare", "steps"}
+    assert set(doc["results"]["host-bound"]) == {"bare", "steps", "steps, neighbours"}
+    assert len(doc["results"]["host-bound"]["steps, neighbours"]["paired_ratios"]) == 12  # (6 groups M U U M: 12 pairs)
     assert "torch.profiler cuda" in doc["skipped"] and doc["host_cost_per_step"]["enter_exit_us"]["median"] > 0
     assert "skipped torch.profiler cuda" in out.stdout
 
