@@ -5,9 +5,10 @@ python examples/train_loop.py --backend host --steps 500 --live    # two host de
 
 Each step, every device trains its own MLP (forward, backward, SGD) from its worker thread (``await dev.run(...)``,
 one task per device), on the device's asyncgpu stream (handed to torch as an ``ExternalStream``). The loop reads the
-loss of every device after each step (as ``loss.item()`` would). ``asyncgpu.step_timer`` marks each step: two pooled
-events per device, harvested off the loop's thread. ``--live`` draws the panel (busy bars, step p50/p99, stragglers,
-host- or device-bound); ``--trace PATH`` streams the steps to a Perfetto trace you can open while it grows.
+loss of every device after each step (as ``loss.item()`` would). ``asyncgpu.step_timer`` marks each step: a pooled
+event per device at its exit (steps back to back share their boundary), harvested off the loop's thread.
+``--live`` draws the panel (busy bars, step p50/p99, stragglers, host- or device-bound); ``--trace PATH`` streams
+the steps to a Perfetto trace you can open while it grows.
 """
 
 from __future__ import annotations
