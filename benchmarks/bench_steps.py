@@ -228,14 +228,7 @@ async def neighbours(devs: list, work: list, groups: int) -> dict[str, Any]:
         for k in range(4 * groups):
             mark = k % 4 in (0, 3)
             t0 = time.perf_counter()
-            if mark:
-                with st.step():
-                    await _one(devs, work)
-            else:
-                await _one(devs, work)
-            for d in devs:
-                with d.record() as done:
-                    await done.wait()
+            await run_steps(devs, work, 1, st if mark else None)
             last[mark] = (time.perf_counter() - t0) * 1e3
             if k % 2 == 1:  # (a neighbour pair: steps 0-1 and 2-3 of each four)
                 marked.append(last[True])

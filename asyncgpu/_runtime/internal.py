@@ -222,7 +222,7 @@ class DeviceInternal:
         the worker thread and `refresh_clocks` call. Blocks while it measures; any thread."""
         with self.clock_lock:
             cal = self.clock
-            if cal is None or refresh or stale(cal, max_age_s):
+            if cal is None or refresh or stale(cal, max_age_s):  # (`cal is None`: for the type checker too)
                 self.check_open()
                 cal = calibrate(self, samples, previous=self.clock_ref)
                 if self.clock_ref is None and cal.gt_point is not None:

@@ -239,7 +239,7 @@ class Stream:
             return dev.device.record(self, timing=timing, tag=tag)
         if not isinstance(event, Event):
             raise TypeError(f"stream.record() records an asyncgpu Event (device.create_event()), not {event!r}")
-        if event.device is not dev.device:
+        if event._dev is not dev:  # (one `DeviceInternal` per `Device`)
             raise DeviceMismatchError(f"that event belongs to {event.device.name}, this stream to {self.device.name}")
         return event.record(self, tag=tag)
 
