@@ -246,6 +246,29 @@ def test_elapsed_before_completion_raises_not_ready(dev):
     end.release()
 
 
+@pytest.mark.gpu
+def test_elapsed_through_libcuda_agrees_with_cuda_bindings():
+    """The harvests place events through libcuda's entry point (a call that keeps the GIL): the same figure as
+    cuda.bindings' call, and NotReadyError while pending."""
+    from asyncgpu._backends.cuda.hotpath import CudaDeviceBase
+
+    dev = asyncgpu.device(0, backend="cuda")
+    bd = dev._internal.bd
+    if bd._drv.elapsed_c is None:
+        pytest.skip("libcuda exports no cuEventElapsedTime (ASYNCGPU_HOTPATH=bindings?)")
+    assert "elapsed_ms" in vars(bd)  # (the instance's own: libcuda's entry point)
+    start = dev.record()
+    dev.stream.spin_us(50_000)
+    end = dev.record()
+    with pytest.raises(NotReadyError, match="wait"):
+        bd.elapsed_ms(start._raw, end._raw)
+    end.wait_sync()
+    ours, theirs = bd.elapsed_ms(start._raw, end._raw), CudaDeviceBase.elapsed_ms(bd, start._raw, end._raw)
+    assert ours == theirs and ours > 45
+    start.release()
+    end.release()
+
+
 def _settled(dev):
     """The pool's counters once a growth ahead (on the waiter thread) is over."""
     deadline = time.monotonic() + 10

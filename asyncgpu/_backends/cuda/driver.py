@@ -1,8 +1,10 @@
 """The raw driver binding (cuda.bindings) and libcuda's entry points through ctypes, for the hot paths.
 
-``cuEventQuery`` never blocks, so its ctypes entry point keeps the GIL: releasing and re-taking the GIL per query
-convoys the waiter thread behind a busy event loop. ``cuEventRecord`` may block on a full push buffer, so it
-releases the GIL. ``ASYNCGPU_HOTPATH=bindings`` uses cuda.bindings for both instead.
+``cuEventQuery`` and ``cuEventElapsedTime`` never block, so their ctypes entry points keep the GIL: releasing and
+re-taking the GIL per call convoys the calling thread (the waiter, a step timer's harvest placing a hundred events)
+behind a busy event loop, and each time it gets the GIL back it takes it from the loop's threads. ``cuEventRecord``
+may block on a full push buffer, so it releases the GIL. ``ASYNCGPU_HOTPATH=bindings`` uses cuda.bindings for all
+three instead.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import ctypes
 import os
 from typing import Any, Callable
 
-from asyncgpu._base.errors import BackendError
+from asyncgpu._base.errors import BackendError, NotReadyError
 
 #: ``CUresult.CUDA_ERROR_NOT_READY`` as the plain int that libcuda's entry points return (ctypes): the event or
 #: stream has work still pending
@@ -33,11 +35,13 @@ class _Driver:
         # ctypes entry points, set by `load_ctypes`
         self.record_c: Callable[..., int] | None = None
         self.query_c: Callable[..., int] | None = None
+        self.elapsed_c: Callable[..., int] | None = None
         self.wait_value_c: Callable[..., int] | None = None
         self.stream_query_c: Callable[..., int] | None = None
 
     def load_ctypes(self) -> None:
-        """Resolve libcuda's cuEventRecord/cuEventQuery for the hot paths (after cuInit succeeded)."""
+        """Resolve libcuda's cuEventRecord/cuEventQuery/cuEventElapsedTime for the hot paths (after cuInit
+        succeeded)."""
         if os.environ.get("ASYNCGPU_HOTPATH", "ctypes") != "ctypes":
             return
         name = LIBCUDA
@@ -47,6 +51,13 @@ class _Driver:
             return
         record.restype = query.restype = ctypes.c_int  # arguments: ctypes.c_void_p made once per handle
         self.record_c, self.query_c = record, query
+        keep_gil = ctypes.PyDLL(name)  # (its calls keep the GIL: for calls that never block)
+        # the same timing either way; _v2 (CUDA 12.8+) reports no errors left by earlier asynchronous work
+        elapsed = getattr(keep_gil, "cuEventElapsedTime_v2", None) or getattr(keep_gil, "cuEventElapsedTime", None)
+        if elapsed is not None:  # (milliseconds out, start event, end event)
+            elapsed.restype = ctypes.c_int
+            elapsed.argtypes = (ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p)
+            self.elapsed_c = elapsed
         lib = ctypes.CDLL(name)
         stream_query = lib.cuStreamQuery
         stream_query.restype = ctypes.c_int
@@ -69,8 +80,9 @@ class _Driver:
 
 
 def _ctypes_hot_paths(drv: _Driver) -> tuple:
-    """``record`` and ``query`` as plain closures over libcuda's entry points (integer handles)."""
-    record_c, query_c, result = drv.record_c, drv.query_c, drv.d.CUresult
+    """``record``, ``query`` and ``elapsed_ms`` (None where libcuda lacks it) as plain closures over libcuda's entry
+    points (integer handles)."""
+    record_c, query_c, elapsed_c, result = drv.record_c, drv.query_c, drv.elapsed_c, drv.d.CUresult
     not_ready = CUDA_ERROR_NOT_READY  # (a local: no global lookup per query)
     assert record_c is not None and query_c is not None  # only called once `load_ctypes` set them
 
@@ -87,4 +99,15 @@ def _ctypes_hot_paths(drv: _Driver) -> tuple:
             return False
         raise drv.error(result(err), "cuEventQuery")
 
-    return record, query
+    def elapsed_ms(start: Any, end: Any) -> float:
+        ms = c_float()
+        assert elapsed_c is not None
+        err = elapsed_c(byref(ms), start[3], end[3])
+        if not err:
+            return ms.value
+        if err == not_ready:
+            raise NotReadyError("the device has not reached that event yet: await event.wait() first")
+        raise drv.error(result(err), "cuEventElapsedTime")
+
+    c_float, byref = ctypes.c_float, ctypes.byref
+    return record, query, (elapsed_ms if elapsed_c is not None else None)

@@ -3,8 +3,8 @@ streams, events, memory, workloads, kernels. `CudaDevice` adds holds, clock cali
 
 Threads: every method may be called from any thread. Methods that create resources (streams, events, buffers,
 modules) make the device current in the calling thread first, as cuda.core requires. The hot methods
-(`record`, `query`) call libcuda's ``cuEventRecord``/``cuEventQuery`` through ctypes function pointers with
-pre-extracted integer handles (`asyncgpu._backends.cuda.driver`).
+(`record`, `query`, `elapsed_ms`) call libcuda's ``cuEventRecord``/``cuEventQuery``/``cuEventElapsedTime`` through
+ctypes function pointers with pre-extracted integer handles (`asyncgpu._backends.cuda.driver`).
 """
 
 from __future__ import annotations
@@ -70,8 +70,10 @@ class CudaDeviceBase(BackendDevice):
         self._marker: Any = None  # an idle stream for `mark`
         self._cal: _Calibration | None = None  # the clock calibration's page and stream, made on first use
         self._primer: _Primer | None = None  # the engine primers' kernel and buffers (`prime`), made on first use
-        if drv.record_c is not None:
-            self.record, self.query = _ctypes_hot_paths(drv)  # type: ignore[method-assign]  # per instance, on purpose
+        if drv.record_c is not None:  # (per instance, on purpose)
+            self.record, self.query, elapsed = _ctypes_hot_paths(drv)  # type: ignore[method-assign]
+            if elapsed is not None:
+                self.elapsed_ms = elapsed  # type: ignore[method-assign]
 
     # -- streams and events ------------------------------------------------------------------------------
     def make_current(self) -> None:
