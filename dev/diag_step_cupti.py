@@ -5,7 +5,7 @@ taken before torch loads, as bench_steps does), its step time against the same p
 
 Variants: ``default`` (the CUPTI source's default cadence, `CUPTI_HARVEST_S`); ``plain-walk`` (the same, each
 buffer walked record by record: what finding runs in bulk saves); ``harvest-50ms``, ``harvest-250ms`` and
-``harvest-1s`` (fewer flushes, each of more
+``harvest-1s``, ``harvest-2s`` (fewer flushes, each of more
 records: is the cost per flush or per record?); ``no-flush`` (harvest_s=3600: nothing flushed while timed: what
 CUPTI's own instrumentation costs). Each runs ``--pairs`` short pairs (bare, then CUPTI; then the other way round)
 and reports the median of the pairs' ratios, the flushes' count, the time inside CUPTI's flush and in the bulk
@@ -23,13 +23,14 @@ import subprocess
 import sys
 import time
 
-VARIANTS = ("default", "plain-walk", "harvest-50ms", "harvest-250ms", "harvest-1s", "no-flush")
+VARIANTS = ("default", "plain-walk", "harvest-50ms", "harvest-250ms", "harvest-1s", "harvest-2s", "no-flush")
 HARVEST_S = {
     "default": None,
     "plain-walk": None,
     "harvest-50ms": 0.05,
     "harvest-250ms": 0.25,
     "harvest-1s": 1.0,
+    "harvest-2s": 2.0,
     "no-flush": 3600.0,
 }
 
@@ -39,8 +40,9 @@ def child(variant: str, steps: int, devices: int, pairs: int) -> dict:
 
     cupti.acquire(cupti.STEPS)
     stats = {"flushes": 0, "flush_s": 0.0, "cupti_flush_s": 0.0, "records": 0, "names_read": 0, "walks": ""}
+    stats["harvests"], stats["harvest_cpu_s"], stats["harvest_s"] = 0, 0.0, 0.0  # whole harvests (the thread's CPU)
     stats["kinds"] = {}  # CUPTI activity kind -> records of it in the buffers (the process's total)
-    flush_at: list[tuple[float, float]] = []  # each harvest's flush (CUPTI's and the parse), perf_counter s
+    flush_at: list[tuple[float, float]] = []  # each harvest that flushed (its whole span), perf_counter s
     step_at: list[tuple[float, float]] = []  # each timed step with the CUPTI source, perf_counter s
     if variant == "plain-walk":  # the default cadence, every buffer walked record by record (A/B of the bulk walk)
         cupti_buffers._PROBE = 1 << 62  # (no run is ever long enough to be found in bulk)
@@ -49,7 +51,6 @@ def child(variant: str, steps: int, devices: int, pairs: int) -> dict:
     def timed_flush(channel: int):
         t0 = time.perf_counter()
         batch, ext = real_flush(channel)
-        flush_at.append((t0, time.perf_counter()))
         stats["flushes"] += 1
         stats["flush_s"] += time.perf_counter() - t0
         stats["records"] += len(batch)
@@ -68,8 +69,24 @@ def child(variant: str, steps: int, devices: int, pairs: int) -> dict:
         real_flush_all(self, forced)
         stats["cupti_flush_s"] += time.perf_counter() - t0
 
+    from asyncgpu._timing import steps as steps_mod
+
+    real_harvest = steps_mod.StepTimer._harvest
+
+    def timed_harvest(self) -> int:  # the whole harvest: flush, parse, place, attribute to steps
+        t0, c0, f0 = time.perf_counter(), time.thread_time(), stats["flushes"]
+        n = real_harvest(self)
+        if stats["flushes"] != f0:
+            t1 = time.perf_counter()
+            flush_at.append((t0, t1))
+            stats["harvests"] += 1
+            stats["harvest_s"] += t1 - t0
+            stats["harvest_cpu_s"] += time.thread_time() - c0
+        return n
+
     cupti.flush_batch = timed_flush
     cupti_buffers.Buffers.flush_all = timed_flush_all
+    steps_mod.StepTimer._harvest = timed_harvest
 
     import anyio
 
@@ -183,12 +200,13 @@ def main() -> int:
             f"  {1e3 * (s['flush_s'] - s['cupti_flush_s']) / nf:13.3f}  {s['records'] / timed_steps:12.1f}"
             f"  {s['names_read']:10d}  {s['walks'][-12:]:>18}  {_kinds(s['kinds'], timed_steps)}"
         )
-        h = r.get("harvest", {})
+        h, nh = r.get("harvest", {}), max(s["harvests"], 1)
         if "share" in h:
             print(
                 f"{'':<14} steps a harvest overlapped: {h['overlapped']} of {h['steps']}, p50 "
                 f"{h['p50_overlapped_ms']:.3f} ms against {h['p50_other_ms']:.3f}: the harvests cost "
-                f"{100 * h['share']:.2f} % of the timed steps' time"
+                f"{100 * h['share']:.2f} % of the timed steps' time; a harvest: {1e3 * s['harvest_s'] / nh:.1f} ms "
+                f"wall, {1e3 * s['harvest_cpu_s'] / nh:.1f} ms of its thread's CPU ({s['harvests']} harvests)"
             )
     return 0
 

@@ -1,0 +1,86 @@
+"""Does a process that ran a torch loop under the events step timer exit cleanly? Each variant runs in a child
+process, ``--repeat`` times: its exit code (139: a crash after the interpreter's teardown, where faulthandler is off
+already), and the threads still alive at its last ``atexit`` callback.
+
+    PYTHONPATH=$PWD python dev/diag_exit.py [--devices 4] [--repeat 3] [--variants full,no-close,torch-only]
+
+Variants: ``full`` (a step timer over a host-bound torch MLP on each device, then `asyncgpu.close_all`: what
+dev/diag_step_events.py does); ``no-close`` (the same without `close_all`); ``torch-only`` (the same loop, no step
+timer); ``no-torch`` (the step timer over asyncgpu's own spin kernels, no torch imported).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import subprocess
+import sys
+import threading
+
+VARIANTS = ("full", "no-close", "torch-only", "no-torch")
+
+
+def _threads_at_exit() -> None:
+    names = sorted(t.name for t in threading.enumerate() if t is not threading.main_thread())
+    print("THREADS " + (", ".join(names) or "-"), flush=True)
+
+
+def child(variant: str, devices: int, steps: int) -> None:
+    atexit.register(_threads_at_exit)  # (registered first: runs last)
+    import anyio
+
+    import asyncgpu
+    from benchmarks.bench_steps import run_steps, torch_work
+
+    devs = asyncgpu.devices("cuda", count=devices)
+    if variant == "no-torch":
+        work = [lambda s: s.spin_us(2000) for _ in devs]
+    else:
+        args = argparse.Namespace(layers=8, width=2048, batch=16, size=8192, matmuls=4)
+        work = [torch_work(d, "host-bound", args) for d in devs]
+
+    async def main() -> None:
+        for d in devs:
+            await d.prepare()
+        if variant == "torch-only":
+            await run_steps(devs, work, steps, None)
+            return
+        async with asyncgpu.step_timer(devs) as st:
+            await run_steps(devs, work, steps, st)
+
+    anyio.run(main)
+    if variant != "no-close":
+        asyncgpu.close_all()
+    print("BODY DONE", flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--devices", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--variants", default="full,no-close,torch-only")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args.child, args.devices, args.steps)
+        return 0
+    for v in args.variants.split(","):
+        codes, threads = [], set()
+        for _ in range(args.repeat):
+            p = subprocess.run(
+                [sys.executable, "-X", "faulthandler", __file__, "--child", v, "--devices", str(args.devices)]
+                + ["--steps", str(args.steps)],
+                capture_output=True,
+                text=True,
+            )
+            codes.append(p.returncode)
+            threads.update(ln[8:] for ln in p.stdout.splitlines() if ln.startswith("THREADS "))
+            if p.returncode and "BODY DONE" not in p.stdout:
+                print(f"{v}: failed before its end: {p.stderr[-600:]}")
+        print(f"{v:<11} exit codes {codes}; threads alive at the last atexit: {' | '.join(sorted(threads)) or '?'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
