@@ -6,7 +6,9 @@ already), and the threads still alive at its last ``atexit`` callback.
 
 Variants: ``full`` (a step timer over a host-bound torch MLP on each device, then `asyncgpu.close_all`: what
 dev/diag_step_events.py does); ``no-close`` (the same without `close_all`); ``torch-only`` (the same loop, no step
-timer); ``no-torch`` (the step timer over asyncgpu's own spin kernels, no torch imported).
+timer); ``no-torch`` (the step timer over asyncgpu's own spin kernels, no torch imported); ``timer-idle`` (the
+timer open over the loop, no step marked); ``unchained`` (``chain=False``); ``free-torch-first`` (torch's tensors
+dropped, its cache emptied and its devices synchronized before `close_all`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import subprocess
 import sys
 import threading
 
-VARIANTS = ("full", "no-close", "torch-only", "no-torch")
+VARIANTS = ("full", "no-close", "torch-only", "no-torch", "timer-idle", "unchained", "free-torch-first")
 
 
 def _threads_at_exit() -> None:
@@ -45,10 +47,20 @@ def child(variant: str, devices: int, steps: int) -> None:
         if variant == "torch-only":
             await run_steps(devs, work, steps, None)
             return
-        async with asyncgpu.step_timer(devs) as st:
-            await run_steps(devs, work, steps, st)
+        async with asyncgpu.step_timer(devs, chain=variant != "unchained") as st:
+            await run_steps(devs, work, steps, None if variant == "timer-idle" else st)
 
     anyio.run(main)
+    if variant == "free-torch-first":
+        import gc
+
+        import torch
+
+        work.clear()
+        gc.collect()
+        for d in devs:
+            torch.cuda.synchronize(d.index)
+        torch.cuda.empty_cache()
     if variant != "no-close":
         asyncgpu.close_all()
     print("BODY DONE", flush=True)

@@ -4,10 +4,11 @@ taken before torch loads, as bench_steps does), its step time against the same p
     PYTHONPATH=$PWD python dev/diag_step_cupti.py [--steps 300] [--pairs 6] [--devices 1]
 
 Variants: ``default`` (the CUPTI source's default cadence, `CUPTI_HARVEST_S`); ``plain-walk`` (the same, each
-buffer walked record by record: what finding runs in bulk saves); ``harvest-50ms``, ``harvest-250ms`` and
-``harvest-1s``, ``harvest-2s`` (fewer flushes, each of more
-records: is the cost per flush or per record?); ``no-flush`` (harvest_s=3600: nothing flushed while timed: what
-CUPTI's own instrumentation costs). Each runs ``--pairs`` short pairs (bare, then CUPTI; then the other way round)
+buffer walked record by record: what finding runs in bulk saves); ``flush-only`` (the same flushes, every buffer
+dropped unparsed: what CUPTI's flush costs the loop, apart from the parse); ``harvest-50ms``, ``harvest-250ms``,
+``harvest-1s`` and ``harvest-2s`` (fewer flushes, each of more records: is the cost per flush or per record?);
+``no-flush`` (harvest_s=3600: nothing flushed while timed: what CUPTI's own instrumentation costs). Each runs
+``--pairs`` short pairs (bare, then CUPTI; then the other way round)
 and reports the median of the pairs' ratios, the flushes' count, the time inside CUPTI's flush and in the bulk
 parse, the records, and the records in CUPTI's buffers per activity kind (every kind, those skipped too: which
 kinds break the runs of kernels). Then, from the CUPTI runs' own steps (timed one by one), what the harvests cost:
@@ -23,10 +24,20 @@ import subprocess
 import sys
 import time
 
-VARIANTS = ("default", "plain-walk", "harvest-50ms", "harvest-250ms", "harvest-1s", "harvest-2s", "no-flush")
+VARIANTS = (
+    "default",
+    "plain-walk",
+    "flush-only",
+    "harvest-50ms",
+    "harvest-250ms",
+    "harvest-1s",
+    "harvest-2s",
+    "no-flush",
+)
 HARVEST_S = {
     "default": None,
     "plain-walk": None,
+    "flush-only": None,
     "harvest-50ms": 0.05,
     "harvest-250ms": 0.25,
     "harvest-1s": 1.0,
@@ -46,6 +57,13 @@ def child(variant: str, steps: int, devices: int, pairs: int) -> dict:
     step_at: list[tuple[float, float]] = []  # each timed step with the CUPTI source, perf_counter s
     if variant == "plain-walk":  # the default cadence, every buffer walked record by record (A/B of the bulk walk)
         cupti_buffers._PROBE = 1 << 62  # (no run is ever long enough to be found in bulk)
+    if variant == "flush-only":  # (CUPTI flushes as usual; its buffers are dropped unread)
+
+        def dropped(self) -> cupti_buffers.RecordBatch:
+            self.drop()
+            return cupti_buffers.RecordBatch.empty()
+
+        cupti_buffers.Buffers.take = dropped
     real_flush, real_flush_all = cupti.flush_batch, cupti_buffers.Buffers.flush_all
 
     def timed_flush(channel: int):

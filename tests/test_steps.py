@@ -232,6 +232,19 @@ async def test_a_wait_inside_the_step_after_issued_leaves_the_device_bounding_it
     assert rec.devices[1].busy_ms >= 0.5 * rec.step_ms  # (the wait is not the host's launch-bound time)
 
 
+async def test_half_full_pending_steps_wake_the_harvest_before_its_cadence(anyio_backend):
+    dev = asyncgpu.device(0, backend="host")
+    async with asyncgpu.step_timer(dev, harvest_s=3600, max_pending=8) as st:
+        for _ in range(40):
+            with st.step():
+                dev.stream.spin_us(10)
+            await dev.asynchronize()
+            await anyio.sleep(0.002)  # (the harvest thread's turn)
+        s = st.stats()
+        assert s.dropped == 0 and s.steps >= 30 and s.pending <= 8, s  # (a cadence of an hour harvested none)
+    await _aquiet([dev])
+
+
 async def test_pending_steps_are_bounded_and_dropped_steps_give_their_events_back(anyio_backend):
     dev = asyncgpu.device(0, backend="host")
     gate = threading.Event()

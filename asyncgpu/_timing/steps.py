@@ -16,7 +16,9 @@ launch-bound and dependency time, the straggler: the same rules as `asyncgpu.bal
 view, each fed from the harvest thread.
 
 Bounded: at most ``max_pending`` closed steps wait for their devices; one more drops the oldest (its events go
-back once the device passes them; `StepStats.dropped` counts it). Nothing grows with the number of steps.
+back once the device passes them; `StepStats.dropped` counts it). When more than half of them wait, the step's exit
+wakes the harvest thread before its cadence: steps faster than ``harvest_s / max_pending`` are harvested, not
+dropped, as long as the devices keep up. Nothing grows with the number of steps.
 
 One event pair per step per device cannot see gaps inside a step: the part of the device's span while the host was
 still issuing the step counts as the host's (launch-bound), the rest as busy (`DeviceStep.span_ms` is the upper
@@ -63,9 +65,10 @@ __all__ = ["Step", "StepTimer", "step_timer"]
 _NEW, _OPEN, _DONE = 0, 1, 2
 EVENTS_HARVEST_S = 0.05  #: the events source's default harvest cadence (s): a harvest costs ~20 µs a step
 #: the CUPTI source's default cadence (s): each harvest flushes CUPTI and parses its records under the GIL, taken from
-#: the loop's threads; ~1.3 ms of a flush is fixed (one H100: 1.8 ms per 50 ms harvest, 11 ms per 1 s one), so a
-#: slower cadence costs less per step; steps then reach the ring, the live view and the rank exchange this late
-CUPTI_HARVEST_S = 0.5
+#: the loop's threads. Part of that is fixed per harvest (4 H100s, ~90,000 records a second: the harvests cost the
+#: loop 4.5 % of its time every 0.5 s, 3.4 % every 1 s, 3.0 % every 2 s), so a slower cadence costs less per step;
+#: steps then reach the ring, the live view and the rank exchange this late
+CUPTI_HARVEST_S = 1.0
 _LIVE_RECENT = 64  # steps the live view draws (and judges the verdict on): a snapshot of them costs ~0.3 ms
 Listener = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Any], None]
 
@@ -158,6 +161,7 @@ class StepTimer:
         self.label = label
         self._streams = streams
         self._keep, self._max_pending = keep, max_pending
+        self._early = max_pending // 2 + 1  # closed steps waiting that wake the harvest thread early
         self._live_arg, self._trace_arg = live, trace
         self._harvest_s, self._refresh_hz, self._max_age_s = harvest_s, refresh_hz, max_clock_age_s
         self._lock = threading.Lock()
@@ -173,6 +177,8 @@ class StepTimer:
         self._listeners: list[Listener] = []
         self._closers: list[Callable[[], None]] = []
         self._stop = threading.Event()
+        #: set by a step's exit when half of ``max_pending`` steps wait: the harvest thread wakes before its cadence
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._live: LiveView | None = None
         self._trace: TraceStream | None = None
@@ -279,11 +285,13 @@ class StepTimer:
         with self._lock:
             self._pending.append(item)
             self._tail, self._tail_ops = item, step._ops
-            if len(self._pending) > self._max_pending:
-                old = self._pending.popleft()  # (never the tail: max_pending >= 1)
-                self._dropped += 1
-            else:
+            waiting = len(self._pending)
+            if waiting <= self._max_pending:
+                if waiting == self._early:  # (once per filling: the harvest takes them, or they were dropped)
+                    self._wake.set()
                 return
+            old = self._pending.popleft()  # (never the tail: max_pending >= 1)
+            self._dropped += 1
         self._give_back(old.starts, [] if old.lent else old.ends)
 
     def _drop_tail(self) -> list:
@@ -300,7 +308,11 @@ class StepTimer:
 
     # -- the harvest thread -------------------------------------------------------------------------------------
     def _run(self) -> None:
-        while not self._stop.wait(self._harvest_s):
+        while True:
+            self._wake.wait(self._harvest_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self._harvest()
             except Exception as exc:  # (kept for the user: `error`; the loop never sees it, the next pass retries)
@@ -482,6 +494,7 @@ class StepTimer:
         """Stop the harvest thread, take what finished (everything, unless ``drop``), close the live view, the
         trace and the listeners. Blocks (a worker thread for ``async with``)."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join()
         try:
@@ -616,7 +629,7 @@ def step_timer(
     ``"auto"`` draws only when stdout is a terminal, ``True`` always, ``False`` (default) never. ``trace``: a
     path to stream the steps to as a Perfetto trace (`asyncgpu._timing.step_trace`: valid at every packet boundary,
     open it while it grows). ``harvest_s``: how often (seconds) finished steps are taken (default
-    `EVENTS_HARVEST_S`, 0.05; with the CUPTI source `CUPTI_HARVEST_S`, 0.5: each harvest flushes CUPTI, whose fixed
+    `EVENTS_HARVEST_S`, 0.05; with the CUPTI source `CUPTI_HARVEST_S`, 1.0: each harvest flushes CUPTI, whose fixed
     cost a slower cadence spreads). ``max_clock_age_s`` as in `gpu_timer`.
 
     ``source``: where busy time comes from. ``"events"`` (default): the step's event pair (device time while the
