@@ -8,7 +8,10 @@ Variants: ``full`` (a step timer over a host-bound torch MLP on each device, the
 dev/diag_step_events.py does); ``no-close`` (the same without `close_all`); ``torch-only`` (the same loop, no step
 timer); ``no-torch`` (the step timer over asyncgpu's own spin kernels, no torch imported); ``timer-idle`` (the
 timer open over the loop, no step marked); ``unchained`` (``chain=False``); ``free-torch-first`` (torch's tensors
-dropped, its cache emptied and its devices synchronized before `close_all`).
+dropped, its cache emptied and its devices synchronized before `close_all`); ``clock-only`` (the torch loop, no
+timer, and each device's clock calibrated, as a step timer's entry does); ``clock-no-cupti`` (the same, CUPTI
+not offered to the calibration); ``cupti-only`` (the torch loop, and a CUPTI session opened and closed, no
+calibration); ``full-cupti-finalize`` (``full``, then ``cuptiFinalize`` before the interpreter's exit).
 """
 
 from __future__ import annotations
@@ -19,7 +22,19 @@ import subprocess
 import sys
 import threading
 
-VARIANTS = ("full", "no-close", "torch-only", "no-torch", "timer-idle", "unchained", "free-torch-first")
+VARIANTS = (
+    "full",
+    "no-close",
+    "torch-only",
+    "no-torch",
+    "timer-idle",
+    "unchained",
+    "free-torch-first",
+    "clock-only",
+    "clock-no-cupti",
+    "cupti-only",
+    "full-cupti-finalize",
+)
 
 
 def _threads_at_exit() -> None:
@@ -30,6 +45,11 @@ def _threads_at_exit() -> None:
 def child(variant: str, devices: int, steps: int) -> None:
     atexit.register(_threads_at_exit)  # (registered first: runs last)
     import anyio
+
+    from asyncgpu._backends import cupti
+
+    if variant == "clock-no-cupti":
+        cupti.available = lambda: (False, "off for this probe")
 
     import asyncgpu
     from benchmarks.bench_steps import run_steps, torch_work
@@ -44,8 +64,15 @@ def child(variant: str, devices: int, steps: int) -> None:
     async def main() -> None:
         for d in devs:
             await d.prepare()
-        if variant == "torch-only":
+        if variant in ("torch-only", "clock-only", "clock-no-cupti", "cupti-only"):
             await run_steps(devs, work, steps, None)
+            if variant.startswith("clock"):
+                for d in devs:
+                    await d.aclock()
+            if variant == "cupti-only":
+                cupti.acquire(cupti.STEPS)
+                cupti.flush_batch(cupti.STEPS)
+                cupti.release(cupti.STEPS)
             return
         async with asyncgpu.step_timer(devs, chain=variant != "unchained") as st:
             await run_steps(devs, work, steps, None if variant == "timer-idle" else st)
@@ -63,6 +90,9 @@ def child(variant: str, devices: int, steps: int) -> None:
         torch.cuda.empty_cache()
     if variant != "no-close":
         asyncgpu.close_all()
+    if variant == "full-cupti-finalize" and cupti._buffers is not None:
+        cupti._buffers.flush_all(forced=True)
+        print("cuptiFinalize:", cupti._buffers.lib.cuptiFinalize(), flush=True)
     print("BODY DONE", flush=True)
 
 
