@@ -119,6 +119,36 @@ def test_sticky_error_reaches_every_waiter():
     assert "ILLEGAL_ADDRESS" in out.stdout
 
 
+def test_a_process_that_timed_torch_steps_exits_cleanly():
+    """A step timer's entry calibrates the clocks against CUPTI; with torch loaded, CUPTI's teardown after the
+    interpreter's called asyncgpu's buffer callbacks (Python) into the finalized interpreter: SIGSEGV at exit, every
+    time on one H100 (dev/diag_exit.py). Detached at the interpreter's exit, the process exits 0."""
+    pytest.importorskip("torch")
+    script = textwrap.dedent("""
+        import anyio, torch, asyncgpu
+        dev = asyncgpu.device(0)
+        cuda = torch.device("cuda", 0)
+        ts = torch.cuda.ExternalStream(dev.stream.handle, device=cuda)
+        with torch.cuda.stream(ts):
+            net = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU()).to(cuda)
+            x = torch.randn(16, 512, device=cuda)
+        def step(stream):
+            with torch.cuda.stream(ts):
+                net(x).square().mean().backward()
+        async def main():
+            async with asyncgpu.step_timer(dev) as st:
+                for _ in range(50):
+                    with st.step():
+                        await dev.run(step)
+                    await dev.asynchronize()
+            print("STEPS", st.stats().steps)
+        anyio.run(main)
+        asyncgpu.close_all()
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "STEPS" in out.stdout, (out.returncode, out.stdout, out.stderr[-2000:])
+
+
 @pytest.mark.multigpu
 async def test_two_gpus_concurrently_with_cross_device_wait():
     a, b = asyncgpu.devices(count=2)

@@ -370,3 +370,35 @@ def test_what_cupti_may_still_write_into_or_call_outlives_the_interpreter():
     kept = b.outlive_interpreter()
     del kept
     assert [sys.getrefcount(x) for x in (lent, b.requested, b.completed)] == [n + 1 for n in before]
+
+
+@pytest.mark.parametrize("refused", [0, 7])
+def test_at_exit_cupti_is_detached_after_every_buffer_came_back(refused):
+    """The interpreter's exit: a forced flush, the buffers dropped, then cuptiFinalize (CUPTI then calls no callback
+    into the finalized interpreter); where CUPTI refuses, the buffers and callbacks outlive the interpreter."""
+    import threading
+
+    from asyncgpu._backends.cupti_buffers import Buffers
+
+    calls = []
+
+    class Lib:
+        def cuptiActivityFlushAll(self, forced):
+            calls.append(("flush", forced))
+            b._done.append((addr, 0))  # (CUPTI hands the lent buffer back)
+
+        def cuptiFinalize(self):
+            calls.append(("finalize",))
+            return refused
+
+    b = Buffers.__new__(Buffers)
+    b._lock = threading.Lock()
+    b.lib, b.requested, b.completed, b._idle, b._done = Lib(), object(), object(), [], []
+    lent = np.empty(64, np.uint8)
+    addr = lent.ctypes.data
+    b._lent = {addr: lent}
+    kept = []
+    b.outlive_interpreter = lambda: kept.append(True) or []
+    assert b.detach() == refused
+    assert calls == [("flush", 1), ("finalize",)] and not b._lent and not b._done
+    assert kept == ([True] if refused else [])

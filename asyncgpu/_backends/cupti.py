@@ -24,6 +24,7 @@ device: `host_offset_ns` places them on the host's.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import threading
 from typing import Any, Iterable, Sequence, final
@@ -336,7 +337,20 @@ def _make_buffers(cupti: Any) -> Buffers:
         k.RUNTIME: (_newest_dtype(cupti, "activity_api"), None),
     }
     _buffers = Buffers(find_libcupti(), BUFFER_BYTES, layouts)
+    atexit.register(_detach_at_exit)
     return _buffers
+
+
+def _detach_at_exit() -> None:
+    """At the interpreter's exit (``atexit``: Python still runs), end a session still open (a timer never closed)
+    as its last user would, then detach CUPTI from the process (`Buffers.detach`): its own teardown, after the
+    interpreter's, must not call the buffer callbacks (Python) into a finalized interpreter."""
+    for channel in range(_CHANNELS):
+        while _channel_users[channel]:
+            release(channel)
+    if _buffers is not None:
+        with _parse_lock:
+            _buffers.detach()
 
 
 def _newest_dtype(cupti: Any, stem: str) -> Any:

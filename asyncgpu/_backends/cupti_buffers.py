@@ -17,9 +17,11 @@ asyncgpu did not enable) makes CUPTI's call walk the rest of that buffer.
 
 Lifetime: CUPTI keeps a lent buffer until it completes it, and may complete it late: to another profiler that
 registered its callbacks since (torch.profiler's kineto: "bufferCompleted called with unknown buffer"), or in its
-own teardown when the process exits. So at the interpreter's exit (`atexit`, before modules are torn down) the
-buffers still lent and the two callbacks are made immortal: whatever CUPTI writes or calls after that lands in
-memory that is still its buffer, never in memory the interpreter's teardown gave back to the allocator.
+own teardown when the process exits, after the interpreter's. The callbacks are Python (ctypes): called into a
+finalized interpreter, they crash the process at exit (SIGSEGV, seen with torch loaded). So at the interpreter's exit
+`Buffers.detach` hands every buffer back and detaches CUPTI from the process (``cuptiFinalize``, the session's owner
+`asyncgpu._backends.cupti` calls it from ``atexit``); where CUPTI refuses, `Buffers.outlive_interpreter` keeps the
+buffers and callbacks alive instead, so that whatever CUPTI writes lands in memory that is still its buffer.
 
 Threads: CUPTI calls ``requested`` and ``completed`` on its own thread or inside ``cuptiActivityFlushAll`` on the
 flushing one; they take one short lock. `flush_all` lets go of the GIL while CUPTI flushes. `take` from any
@@ -28,7 +30,6 @@ thread (callers serialize it).
 
 from __future__ import annotations
 
-import atexit
 import ctypes
 import ctypes.util
 import threading
@@ -400,6 +401,7 @@ class Buffers:
         self.lib = ctypes.CDLL(lib_path)
         self.lib.cuptiActivityRegisterCallbacks.argtypes = (_REQUESTED, _COMPLETED)
         self.lib.cuptiActivityFlushAll.argtypes = (ctypes.c_uint32,)
+        self.lib.cuptiFinalize.argtypes = ()
         self.lib.cuptiActivityGetNextRecord.argtypes = (
             ctypes.c_void_p,
             ctypes.c_size_t,
@@ -413,12 +415,23 @@ class Buffers:
         self.requested = _REQUESTED(self._on_requested)  # (kept alive: CUPTI calls them until the process ends)
         self.completed = _COMPLETED(self._on_completed)
         self.parser = Parser(layouts, self.walk_by_cupti)
-        atexit.register(self.outlive_interpreter)
+
+    def detach(self) -> int:
+        """At the interpreter's exit, once no session is open: every buffer back (forced flush, dropped unread),
+        then ``cuptiFinalize``, after which CUPTI calls no callback (see the module's "Lifetime"). Returns CUPTI's
+        error code (0: detached); on an error the buffers and callbacks are made immortal
+        (`outlive_interpreter`)."""
+        self.flush_all(forced=True)
+        self.drop()
+        err = int(self.lib.cuptiFinalize())
+        if err:
+            self.outlive_interpreter()
+        return err
 
     def outlive_interpreter(self) -> list[Any]:
         """Make the buffers CUPTI still holds, the callbacks and this object immortal (one more reference each,
-        never dropped): at the interpreter's exit (`atexit`), so that its teardown frees none of what CUPTI may
-        still write into or call (see the module's "Lifetime"). Returns what it kept."""
+        never dropped), so that the interpreter's teardown frees none of what CUPTI may still write into or call
+        (see the module's "Lifetime"). Returns what it kept."""
         with self._lock:
             kept: list[Any] = [self, self.requested, self.completed, *self._lent.values()]
         for obj in kept:
