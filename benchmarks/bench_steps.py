@@ -157,7 +157,7 @@ async def host_cost(devs: list, n: int = 200, reps: int = 5) -> dict[str, Any]:
     the harvest per step (run by hand here, on the loop's thread; normally on the harvest thread), in µs."""
     enter_exit, harvest = [], []
     for _ in range(reps):
-        async with asyncgpu.step_timer(devs, harvest_s=3600, max_pending=n + 1) as st:
+        async with asyncgpu.step_timer(devs, harvest_s=3600, max_pending=2 * n) as st:  # (no early harvest)
             t0 = time.perf_counter_ns()
             for _ in range(n):
                 with st.step():

@@ -122,7 +122,9 @@ def child(variant: str, steps: int, devices: int, pairs: int) -> dict:
         return (time.perf_counter() - t0) / steps * 1e3
 
     async def on() -> float:
-        async with asyncgpu.step_timer(devs, source="cupti", harvest_s=HARVEST_S[variant]) as st:
+        # (no-flush: nor an early harvest when half of max_pending steps wait)
+        pending = 1_000_000 if variant == "no-flush" else 256
+        async with asyncgpu.step_timer(devs, source="cupti", harvest_s=HARVEST_S[variant], max_pending=pending) as st:
             await run_steps(devs, work, 10, st)
             t0 = time.perf_counter()
             for _ in range(steps):  # (one at a time: which steps a harvest overlapped)
