@@ -402,3 +402,38 @@ def test_at_exit_cupti_is_detached_after_every_buffer_came_back(refused):
     assert b.detach() == refused
     assert calls == [("flush", 1), ("finalize",)] and not b._lent and not b._done
     assert kept == ([True] if refused else [])
+
+
+def test_the_completed_buffers_are_parsed_as_one_and_lent_again():
+    """Several completed buffers: their records in one batch, in order (one parse of their records one after
+    another); every buffer back in the idle pool up to its bound; an empty buffer and an unknown address skipped."""
+    import threading
+
+    from asyncgpu._backends import cupti_buffers
+    from asyncgpu._backends.cupti_buffers import Buffers
+
+    b = Buffers.__new__(Buffers)
+    b._lock = threading.Lock()
+    b._idle, b._done, b._lent = [], [], {}
+    b.parser = Parser(LAYOUTS, reference_walk)
+    contents = [sample(), Buffer(), sample()]
+    contents[2].kernel(5000, 5100, 1, 5, 9, "last")
+    for content in contents:
+        data = content.data()
+        arr = np.zeros(len(data) + 64, np.uint8)
+        addr = arr.ctypes.data + (-arr.ctypes.data % 8)
+        arr[addr - arr.ctypes.data :][: len(data)] = data
+        b._lent[addr] = arr
+        b._done.append((addr, len(data)))
+    b._done.append((12345, 64))  # (not ours: skipped)
+    batch = b.take()
+    assert len(batch) == 11 and sorted(batch.correlation.tolist()) == sorted([1, 2, 3, 5, 6] * 2 + [9])
+    assert batch.names[batch.name[np.argmax(batch.start_ns)]] == "last"
+    assert len(b._idle) == 3 and not b._lent and not b._done
+    assert len(b.take()) == 0  # (nothing completed since)
+    more = np.zeros(64, np.uint8)
+    b._idle = [np.zeros(8, np.uint8)] * cupti_buffers.POOL_MAX
+    b._lent = {more.ctypes.data: more}
+    b._done = [(more.ctypes.data, 0)]
+    b.take()
+    assert len(b._idle) == cupti_buffers.POOL_MAX  # (the pool stays bounded)

@@ -528,15 +528,53 @@ def test_records_are_attributed_to_steps_by_their_union():
     from asyncgpu._timing.step_cupti import StepRecords
 
     r = StepRecords([0])
-    r._start[0] = np.array([5.0, 0.0, 2.0, 10.0]) * MS  # overlapping: [0, 4] [5, 7] [10, 12]
-    r._end[0] = np.array([7.0, 3.0, 4.0, 12.0]) * MS
+    r._start = np.array([5.0, 0.0, 2.0, 10.0]) * MS  # overlapping: [0, 4] [5, 7] [10, 12]
+    r._end = np.array([7.0, 3.0, 4.0, 12.0]) * MS
+    r._col = np.zeros(4, np.int64)
     busy, before = r.measured(
         np.array([[1.0], [6.0]]) * MS, np.array([[6.0], [11.0]]) * MS, np.array([[2.0], [20.0]]) * MS
     )
     np.testing.assert_allclose(busy[:, 0], [4 * MS, 2 * MS])  # [1, 6]: 3 + 1; [6, 11]: 1 + 1
     np.testing.assert_allclose(before[:, 0], [1 * MS, 2 * MS])  # [1, 2]: 1; issued after the window: all of it
     r.forget_before(np.array([8.0 * MS]))
-    assert list(r._end[0]) == [12 * MS]
+    assert list(r._end) == [12 * MS]
+
+
+def _covered_by_hand(intervals, lo, hi):
+    """How much of ``[lo, hi]`` the union of ``intervals`` covers, one interval at a time."""
+    merged = []
+    for s, e in sorted(intervals):
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    return sum(max(0.0, min(e, hi) - max(s, lo)) for s, e in merged)
+
+
+def test_records_of_several_devices_are_attributed_at_once_as_one_by_one():
+    """Every column's records shifted onto a stretch of its own: the same busy time, per device, as a union
+    computed by hand for each device alone (random overlapping records, windows, issue instants; host-clock
+    magnitudes, where a shift that let columns touch would mix their records)."""
+    from asyncgpu._timing.step_cupti import StepRecords
+
+    rng = np.random.default_rng(7)
+    base = 3.2e14  # (a machine up a few days, in ns)
+    for trial in range(20):
+        ncols, n, steps = int(rng.integers(1, 5)), int(rng.integers(0, 60)), int(rng.integers(1, 6))
+        r = StepRecords(list(range(ncols)))
+        r._start = base + rng.uniform(0, 1e6, n)
+        r._end = r._start + rng.uniform(0, 2e5, n)
+        r._col = rng.integers(0, ncols, n)
+        a = base + rng.uniform(-1e5, 1e6, (steps, ncols))
+        b = a + rng.uniform(0, 5e5, (steps, ncols))
+        issued = a + rng.uniform(-1e5, 6e5, (steps, ncols))
+        busy, before = r.measured(a, b, issued)
+        for i in range(steps):
+            for c in range(ncols):
+                mine = [(s, e) for s, e, k in zip(r._start, r._end, r._col) if k == c]
+                cut = min(max(issued[i, c], a[i, c]), b[i, c])
+                assert busy[i, c] == pytest.approx(_covered_by_hand(mine, a[i, c], b[i, c]), abs=1.0), trial
+                assert before[i, c] == pytest.approx(_covered_by_hand(mine, a[i, c], cut), abs=1.0), trial
 
 
 async def test_the_cupti_source_on_host_devices_names_the_fix_and_auto_falls_back(anyio_backend):

@@ -467,23 +467,30 @@ class Buffers:
         self.lib.cuptiActivityFlushAll(1 if forced else 0)
 
     def take(self) -> RecordBatch:
-        """Parse every completed buffer (then lend it again) into one batch."""
+        """Parse every completed buffer (then lend it again) into one batch. Several buffers are parsed as one
+        copy of their records, one after another (CUPTI ends a buffer at a record's end): the parse makes a few
+        dozen numpy calls whatever its size, each of which lets go of the GIL and takes it back from the loop's
+        threads, and CUPTI completes a buffer per device at each forced flush."""
         with self._lock:
             done, self._done = self._done, []
-        batches = []
-        for addr, valid in done:
-            with self._lock:
-                arr = self._lent.pop(addr, None)
-            if arr is None:
-                continue
-            try:
-                if valid:
-                    batches.append(self.parser.parse(arr[addr - arr.ctypes.data :][:valid]))
-            finally:
+        taken: list[np.ndarray] = []
+        parts: list[np.ndarray] = []
+        try:
+            for addr, valid in done:
                 with self._lock:
-                    if len(self._idle) < POOL_MAX:
-                        self._idle.append(arr)
-        return RecordBatch.concat(batches)
+                    arr = self._lent.pop(addr, None)
+                if arr is None:
+                    continue
+                taken.append(arr)
+                if valid:
+                    parts.append(arr[addr - arr.ctypes.data :][:valid])
+            if not parts:
+                return RecordBatch.empty()
+            return self.parser.parse(parts[0] if len(parts) == 1 else np.concatenate(parts))
+        finally:
+            with self._lock:
+                room = POOL_MAX - len(self._idle)
+                self._idle += taken[: max(room, 0)]
 
     def drop(self) -> None:
         """Forget the completed buffers unread (the session ends)."""

@@ -29,15 +29,21 @@ _OFFSET_AGE_NS = 1_000_000_000  # CUPTI's clock against the host's: measured aga
 
 
 class StepRecords:
-    """The records of the devices with CUDA ordinals ``ordinals`` (one column each, in the timer's order)."""
+    """The records of the devices with CUDA ordinals ``ordinals`` (one column each, in the timer's order).
+
+    Every column's records are kept in one set of arrays, and each harvest attributes them with a handful of numpy
+    calls over all columns at once: each call over thousands of records lets go of the GIL, and the harvest thread
+    then takes it back from the loop's threads (4 H100s, run 35: the harvests' parse and attribution cost the loop
+    ~2 % of its time), so their number, not the records', is what a harvest costs the loop."""
 
     def __init__(self, ordinals: list[int]) -> None:
-        self._col = {o: c for c, o in enumerate(ordinals)}
-        n = len(ordinals)
-        self._start = [np.empty(0) for _ in range(n)]  # host ns, per column
-        self._end = [np.empty(0) for _ in range(n)]
+        self._ordinals = np.asarray(ordinals, np.int64)
+        self._ncols = len(ordinals)
+        self._start = np.empty(0)  # host ns
+        self._end = np.empty(0)
+        self._col = np.empty(0, np.int64)  # each record's column
         #: per column: kernel name -> [count, total ns] (memsets and memcpys under their kind)
-        self.names: list[dict[str, list[float]]] = [{} for _ in range(n)]
+        self.names: list[dict[str, list[float]]] = [{} for _ in range(self._ncols)]
         self.names_lock = threading.Lock()  #: held while `take` updates ``names`` (readers take it too)
         self.records = 0  #: records taken in all
         self.lost = 0  #: records dropped past `MAX_RECORDS`
@@ -53,59 +59,63 @@ class StepRecords:
         now = time.perf_counter_ns()
         if now - self._offset_at > _OFFSET_AGE_NS:
             self._offset_ns, self._offset_at = cupti.host_offset_ns(), now
-        cols = np.full(n, -1, np.int64)
-        for ordinal, c in self._col.items():
-            cols[batch.device == ordinal] = c
-        start = batch.start_ns.astype(np.float64) - self._offset_ns
-        end = batch.end_ns.astype(np.float64) - self._offset_ns
-        for c in range(len(self._start)):
-            m = cols == c
-            if not m.any():
-                continue
-            self._start[c] = np.concatenate([self._start[c], start[m]])
-            self._end[c] = np.concatenate([self._end[c], end[m]])
-            which = batch.name[m]
-            counts = np.bincount(which, minlength=len(batch.names))
-            total_ns = np.bincount(which, weights=end[m] - start[m], minlength=len(batch.names))
-            names = self.names[c]
-            with self.names_lock:
-                for i in np.flatnonzero(counts).tolist():
-                    key = batch.names[i]
-                    slot = names.get(key)
-                    if slot is None:
-                        if len(names) >= MAX_NAMES:
-                            key = "(other)"
-                        slot = names.setdefault(key, [0, 0.0])
-                    slot[0] += int(counts[i])
-                    slot[1] += float(total_ns[i])
+        order = np.argsort(self._ordinals)
+        at = np.searchsorted(self._ordinals, batch.device, sorter=order)
+        at = np.minimum(at, self._ncols - 1)
+        cols = order[at]
+        mine = self._ordinals[cols] == batch.device  # (records of devices the timer does not time: dropped)
+        cols = cols[mine]
+        start = batch.start_ns[mine].astype(np.float64) - self._offset_ns
+        end = batch.end_ns[mine].astype(np.float64) - self._offset_ns
+        self._start = np.concatenate([self._start, start])
+        self._end = np.concatenate([self._end, end])
+        self._col = np.concatenate([self._col, cols])
+        width = max(len(batch.names), 1)
+        key = cols * width + batch.name[mine]
+        counts = np.bincount(key, minlength=self._ncols * width)
+        total_ns = np.bincount(key, weights=end - start, minlength=self._ncols * width)
+        with self.names_lock:
+            for k in np.flatnonzero(counts).tolist():
+                names, name = self.names[k // width], batch.names[k % width]
+                slot = names.get(name)
+                if slot is None:
+                    if len(names) >= MAX_NAMES:
+                        name = "(other)"
+                    slot = names.setdefault(name, [0, 0.0])
+                slot[0] += int(counts[k])
+                slot[1] += float(total_ns[k])
         self.records += n
-        share = MAX_RECORDS // len(self._start)
-        for c in range(len(self._start)):
-            extra = len(self._start[c]) - share
-            if extra > 0:  # (steps that never finish: keep the newest)
-                self.lost += extra
-                self._start[c], self._end[c] = self._start[c][extra:], self._end[c][extra:]
+        extra = len(self._start) - MAX_RECORDS
+        if extra > 0:  # (steps that never finish: keep the newest)
+            self.lost += extra
+            self._start, self._end, self._col = self._start[extra:], self._end[extra:], self._col[extra:]
         return n
 
     def measured(
         self, start_ns: np.ndarray, end_ns: np.ndarray, issued_ns: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """For step windows ``[start, end]`` (steps, columns; host ns), the time each device's records cover inside
-        the window, and inside ``[start, min(issued, end)]``: ``(busy_ns, busy_before_issue_ns)``."""
-        busy = np.zeros(start_ns.shape)
-        before = np.zeros(start_ns.shape)
-        for c in range(start_ns.shape[1]):
-            lo, hi = _merged(self._start[c], self._end[c])
-            a, b = start_ns[:, c], end_ns[:, c]
-            busy[:, c] = _covered(lo, hi, b) - _covered(lo, hi, a)
-            before[:, c] = _covered(lo, hi, np.clip(issued_ns[:, c], a, b)) - _covered(lo, hi, a)
-        return busy, before
+        the window, and inside ``[start, min(issued, end)]``: ``(busy_ns, busy_before_issue_ns)``. All columns at
+        once: each column's times are shifted onto a stretch of the time axis of its own (``span`` apart, wider than
+        every record and window), where one union and one search serve them all."""
+        shape = start_ns.shape
+        if not len(self._start):
+            return np.zeros(shape), np.zeros(shape)
+        a = np.asarray(start_ns, np.float64)
+        b = np.asarray(end_ns, np.float64)
+        c = np.clip(issued_ns, a, b)
+        base = min(float(self._start.min()), float(a.min())) - 1.0
+        span = max(float(self._end.max()), float(b.max())) - base + 1.0
+        shift = np.arange(self._ncols, dtype=np.float64) * span - base  # per column (exact while < 2**53 ns)
+        lo, hi = _merged(self._start + shift[self._col], self._end + shift[self._col])
+        cov = _covered(lo, hi, np.concatenate([a + shift, b + shift, c + shift]).ravel())
+        ca, cb, cc = cov.reshape(3, *shape)
+        return cb - ca, cc - ca
 
     def forget_before(self, ns: np.ndarray) -> None:
         """Drop each column's records that ended before ``ns[column]`` (host ns): no later step can hold them."""
-        for c in range(len(self._start)):
-            keep = self._end[c] >= ns[c]
-            self._start[c], self._end[c] = self._start[c][keep], self._end[c][keep]
+        keep = self._end >= np.asarray(ns, np.float64)[self._col]
+        self._start, self._end, self._col = self._start[keep], self._end[keep], self._col[keep]
 
 
 def _merged(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
