@@ -104,8 +104,9 @@ class StepRecords:
         a = np.asarray(start_ns, np.float64)
         b = np.asarray(end_ns, np.float64)
         c = np.clip(issued_ns, a, b)
-        base = min(float(self._start.min()), float(a.min())) - 1.0
-        span = max(float(self._end.max()), float(b.max())) - base + 1.0
+        placed = np.isfinite(a) & np.isfinite(b)  # (a device whose clock is not aligned has NaN windows: NaN here)
+        base = min(float(self._start.min()), float(a[placed].min()) if placed.any() else np.inf) - 1.0
+        span = max(float(self._end.max()), float(b[placed].max()) if placed.any() else -np.inf) - base + 1.0
         shift = np.arange(self._ncols, dtype=np.float64) * span - base  # per column (exact while < 2**53 ns)
         lo, hi = _merged(self._start + shift[self._col], self._end + shift[self._col])
         cov = _covered(lo, hi, np.concatenate([a + shift, b + shift, c + shift]).ravel())
