@@ -27,7 +27,7 @@ any profiler has run in the process; each run after ``--warmup`` steps of its ow
   steps on the harvest thread), in a child process that takes CUPTI before torch loads (torch's profiler subscribes
   to CUPTI when torch starts CUDA, and CUPTI has one subscriber), against that process's own bare runs; its time
   runs to the end of the timer's exit (the last flush and parse: a run shorter than the harvest cadence would
-  otherwise leave every flush out), and its pairs are of ``--cupti-steps`` (200) steps, so that they span several
+  otherwise leave every flush out), and its pairs are of ``--cupti-steps`` (500) steps, so that they span several
   harvests and the exit's fixed cost is spread as a long run spreads it;
 * ``torch.profiler cuda``: ``torch.profiler.profile(activities=[CUDA])`` around the loop (CUPTI, records kept in
   memory until the end; once it has run, torch holds CUPTI for the rest of the process, so it comes after);
@@ -294,8 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--cupti-steps",
         type=int,
-        default=200,
-        help="steps per repetition of the CUPTI child (its runs span several 0.5 s harvests, and its exit's flush)",
+        default=500,
+        help="steps per repetition of the CUPTI child (its runs span several 1 s harvests, and its exit's flush)",
     )
     ap.add_argument("--cupti-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
