@@ -5,15 +5,17 @@ taken before torch loads, as bench_steps does), its step time against the same p
 
 Variants: ``default`` (the CUPTI source's default cadence, `CUPTI_HARVEST_S`); ``plain-walk`` (the same, each
 buffer walked record by record: what finding runs in bulk saves); ``flush-only`` (the same flushes, every buffer
-dropped unparsed: what CUPTI's flush costs the loop, apart from the parse); ``harvest-50ms``, ``harvest-250ms``,
-``harvest-1s`` and ``harvest-2s`` (fewer flushes, each of more records: is the cost per flush or per record?);
-``no-flush`` (harvest_s=3600: nothing flushed while timed: what CUPTI's own instrumentation costs). Each runs
-``--pairs`` short pairs (bare, then CUPTI; then the other way round)
-and reports the median of the pairs' ratios, the flushes' count, the time inside CUPTI's flush and in the bulk
-parse, the records, and the records in CUPTI's buffers per activity kind (every kind, those skipped too: which
-kinds break the runs of kernels). Then, from the CUPTI runs' own steps (timed one by one), what the harvests cost:
-the steps a flush overlapped against the others, as a share of the timed time (tighter than the pairs' ratio, whose
-spread is the loop's drift; CUPTI's own instrumentation, in every step, is not in it).
+dropped unparsed: what CUPTI's flush costs the loop, apart from the parse); ``flush-keep-gil`` (the default, CUPTI's
+flush called keeping the GIL: its buffer callbacks, Python, then never wait for the GIL on the flushing thread);
+``harvest-50ms``, ``harvest-250ms``, ``harvest-1s`` and ``harvest-2s`` (fewer flushes, each of more records: is the
+cost per flush or per record?); ``no-flush`` (harvest_s=3600: nothing flushed while timed: what CUPTI's own
+instrumentation costs). Each runs ``--pairs`` short pairs (bare, then CUPTI; then the other way round) and reports
+the median of the pairs' ratios, the flushes' count, the time inside CUPTI's flush and in the bulk parse, the
+records, and the records in CUPTI's buffers per activity kind (every kind, those skipped too: which kinds break the
+runs of kernels). Then, from the CUPTI runs' own steps (timed one by one), what the harvests cost: the steps a
+harvest overlapped against the others, as a share of the timed time (tighter than the pairs' ratio, whose spread is
+the loop's drift; CUPTI's own instrumentation, in every step, is not in it), each harvest's wall time and thread
+CPU, and CUPTI's buffer callbacks per flush.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ VARIANTS = (
     "default",
     "plain-walk",
     "flush-only",
+    "flush-keep-gil",
     "harvest-50ms",
     "harvest-250ms",
     "harvest-1s",
@@ -38,6 +41,7 @@ HARVEST_S = {
     "default": None,
     "plain-walk": None,
     "flush-only": None,
+    "flush-keep-gil": None,
     "harvest-50ms": 0.05,
     "harvest-250ms": 0.25,
     "harvest-1s": 1.0,
@@ -49,6 +53,19 @@ HARVEST_S = {
 def child(variant: str, steps: int, devices: int, pairs: int) -> dict:
     from asyncgpu._backends import cupti, cupti_buffers
 
+    calls = {"completed": 0, "requested": 0}  # CUPTI's buffer callbacks (counted from before the session opens)
+    real_completed, real_requested = cupti_buffers.Buffers._on_completed, cupti_buffers.Buffers._on_requested
+
+    def counted_completed(self, *a) -> None:
+        calls["completed"] += 1
+        real_completed(self, *a)
+
+    def counted_requested(self, *a) -> None:
+        calls["requested"] += 1
+        real_requested(self, *a)
+
+    cupti_buffers.Buffers._on_completed = counted_completed
+    cupti_buffers.Buffers._on_requested = counted_requested
     cupti.acquire(cupti.STEPS)
     stats = {"flushes": 0, "flush_s": 0.0, "cupti_flush_s": 0.0, "records": 0, "names_read": 0, "walks": ""}
     stats["harvests"], stats["harvest_cpu_s"], stats["harvest_s"] = 0, 0.0, 0.0  # whole harvests (the thread's CPU)
@@ -82,9 +99,19 @@ def child(variant: str, steps: int, devices: int, pairs: int) -> dict:
                 stats["walks"] += "R" if parser._long_runs else "p"
         return batch, ext
 
+    keep_gil = None
+    if variant == "flush-keep-gil":
+        import ctypes
+
+        keep_gil = ctypes.PyDLL(cupti_buffers.find_libcupti()).cuptiActivityFlushAll
+        keep_gil.argtypes = (ctypes.c_uint32,)
+
     def timed_flush_all(self, forced: bool = True) -> None:
         t0 = time.perf_counter()
-        real_flush_all(self, forced)
+        if keep_gil is not None:
+            keep_gil(1 if forced else 0)
+        else:
+            real_flush_all(self, forced)
         stats["cupti_flush_s"] += time.perf_counter() - t0
 
     from asyncgpu._timing import steps as steps_mod
@@ -149,7 +176,7 @@ def child(variant: str, steps: int, devices: int, pairs: int) -> dict:
             out["cupti_ms"].append(c)
             out["ratios"].append(c / b)
         out["ci95"] = ci95(out["ratios"])
-        out["stats"] = dict(stats)
+        out["stats"] = dict(stats, callbacks=dict(calls))
         out["harvest"] = overlap(step_at, flush_at)
         return out
 
@@ -226,7 +253,9 @@ def main() -> int:
                 f"{'':<14} steps a harvest overlapped: {h['overlapped']} of {h['steps']}, p50 "
                 f"{h['p50_overlapped_ms']:.3f} ms against {h['p50_other_ms']:.3f}: the harvests cost "
                 f"{100 * h['share']:.2f} % of the timed steps' time; a harvest: {1e3 * s['harvest_s'] / nh:.1f} ms "
-                f"wall, {1e3 * s['harvest_cpu_s'] / nh:.1f} ms of its thread's CPU ({s['harvests']} harvests)"
+                f"wall, {1e3 * s['harvest_cpu_s'] / nh:.1f} ms of its thread's CPU ({s['harvests']} harvests); CUPTI's "
+                f"buffer callbacks per flush: {s['callbacks']['completed'] / nf:.1f} completed, "
+                f"{s['callbacks']['requested'] / nf:.1f} requested"
             )
     return 0
 
