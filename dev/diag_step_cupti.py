@@ -214,6 +214,7 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=6)
     ap.add_argument("--devices", type=int, default=1)
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--timeout-s", type=float, default=150.0, help="a variant's process is killed after this long")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -224,12 +225,17 @@ def main() -> int:
         "  parse ms/each  records/step  names read  walks (R: by runs)  records in buffers by kind (per step)"
     )
     for v in args.variants.split(","):
-        p = subprocess.run(
-            [sys.executable, __file__, "--child", v, "--steps", str(args.steps), "--devices", str(args.devices)]
-            + ["--pairs", str(args.pairs)],
-            capture_output=True,
-            text=True,
-        )
+        try:
+            p = subprocess.run(
+                [sys.executable, __file__, "--child", v, "--steps", str(args.steps), "--devices", str(args.devices)]
+                + ["--pairs", str(args.pairs)],
+                capture_output=True,
+                text=True,
+                timeout=args.timeout_s,
+            )
+        except subprocess.TimeoutExpired:  # (flush-keep-gil: a CUPTI thread waiting for the GIL we hold)
+            print(f"{v:<14} no result within {args.timeout_s:.0f} s (killed)")
+            continue
         line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
         if line is None:
             print(f"{v:<14} failed (exit {p.returncode}): {p.stderr[-800:]}")
