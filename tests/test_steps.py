@@ -728,6 +728,63 @@ def _rank_worker(rank: int, world: int, store: str, out: str) -> None:
     dist.destroy_process_group()
 
 
+def _lockstep_worker(rank: int, world: int, store: str, out: str, where: str) -> None:
+    """A loop in lockstep: a gloo all-reduce ends every step on every rank (as data-parallel training's gradient
+    all-reduce does), on the host (after ``step.issued()``) or, for ``device``, on the device's stream (as NCCL's
+    runs on the GPU: the host does not wait for it inside the step). Rank 1 is slow: ``before`` (its data loader,
+    before each step), or ``inside`` and ``device`` (issuing its step)."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    dev = asyncgpu.device("host:0")
+    grad = torch.zeros(1)
+
+    async def main():
+        async with asyncgpu.step_timer(dev) as st:
+            watch = asyncgpu.ranks.watch_steps(st, every=2 * EVERY, timeout_s=60)
+            for i in range(2 * STEPS):
+                if rank == 1 and where == "before":
+                    time.sleep(0.02)
+                with st.step(i) as step:
+                    if rank == 1 and where != "before":
+                        time.sleep(0.02)
+                    dev.stream.spin_us(2000)
+                    if where == "device":
+                        dev.stream.launch(dist.all_reduce, None, grad, name="all_reduce")
+                    else:
+                        step.issued()
+                        await dev.asynchronize()
+                        dist.all_reduce(grad)
+                await dev.asynchronize()
+        return watch
+
+    watch = anyio.run(main)
+    Path(out).write_text(json.dumps({"reports": [r.to_dict() for r in watch.reports], "error": repr(watch.error)}))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("where", ["before", "inside", "device"])
+def test_ranks_in_lockstep_flag_the_rank_that_comes_late_to_the_collective(tmp_path, where):
+    """A collective every step ends the step together on every rank: the slow rank's step is no longer than the
+    others' (before the step: shorter). It is the one that comes late to the collective."""
+    pytest.importorskip("torch.distributed", reason="torch is not installed (pip install 'asyncgpu[torch]')")
+    from tests.test_gather import _env, _run_ranks
+
+    outs = [tmp_path / f"rank{r}.json" for r in range(WORLD)]
+    cmd = [sys.executable, "-m", "tests.test_steps", "lockstep"]
+    runs = [[*cmd, str(r), str(WORLD), str(tmp_path / "store"), str(outs[r]), where] for r in range(WORLD)]
+    _run_ranks(runs, 120, _env())
+    res = [json.loads(o.read_text()) for o in outs]
+    assert res[0]["error"] == res[1]["error"] == "None"
+    reps = res[0]["reports"][1:]  # (the first block holds the warm-up)
+    seen = [(r["lockstep"], r["straggler_rank"], r["excess_ms"], r["lateness_ms"], r["step_ms"]) for r in reps]
+    assert not any(r["flagged"] and r["straggler_rank"] == 0 for r in reps), seen  # never the ranks that waited
+    hits = [r for r in reps if r["lockstep"] and r["flagged"] and r["straggler_rank"] == 1]
+    assert len(hits) >= 2 * len(reps) / 3, seen  # (a loaded machine's scheduling may blur a block's ends)
+    assert all(r["excess_ms"][1] > 3 * max(r["excess_ms"][0], 2.0) for r in hits), seen  # (20 ms late against 0)
+
+
 def test_rank_exchange_on_gloo_flags_the_straggler_rank_and_gpu(tmp_path):
     pytest.importorskip("torch.distributed", reason="torch is not installed (pip install 'asyncgpu[torch]')")
     from tests.test_gather import _env, _run_ranks
@@ -744,9 +801,11 @@ def test_rank_exchange_on_gloo_flags_the_straggler_rank_and_gpu(tmp_path):
     assert first["flagged"] and first["straggler_rank"] == 1 and first["straggler"] == "host:1"
     assert first["excess_ms"][1] > 0 == first["excess_ms"][0]
     assert len(first["lateness_ms"]) == WORLD
-    assert all(r["straggler_rank"] == 1 for r in reps)
+    assert all(r["straggler_rank"] == 1 for r in reps) and not any(r["lockstep"] for r in reps)
     assert all(len(r["cpu"]) == len(reps) and min(r["cpu"]) > 0 for r in res)  # each exchange's CPU time, per rank
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["worker"]:
     _rank_worker(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])
+if __name__ == "__main__" and sys.argv[1:2] == ["lockstep"]:
+    _lockstep_worker(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6])

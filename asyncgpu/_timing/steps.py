@@ -70,7 +70,7 @@ EVENTS_HARVEST_S = 0.05  #: the events source's default harvest cadence (s): a h
 #: steps then reach the ring, the live view and the rank exchange this late
 CUPTI_HARVEST_S = 1.0
 _LIVE_RECENT = 64  # steps the live view draws (and judges the verdict on): a snapshot of them costs ~0.3 ms
-Listener = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Any], None]
+Listener = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, Any], None]
 
 
 def _record(s: Stream) -> Any:
@@ -398,7 +398,7 @@ class StepTimer:
             self._trace.put(index, begin, exit_, start, end)
         for fn in self._listeners:
             try:
-                fn(index, begin, exit_, end, split)
+                fn(index, begin, exit_, end, issued, split)
             except Exception as exc:  # (a listener's failure is its own: the steps are kept)
                 self.error = exc
         return n
@@ -453,7 +453,7 @@ class StepTimer:
         )
 
     def _listen(self, fn: Listener, close: Callable[[], None] | None = None) -> None:
-        """``fn(index, begin_ns, exit_ns, end_ns, split)`` on the harvest thread for each batch of steps
+        """``fn(index, begin_ns, exit_ns, end_ns, issued_ns, split)`` on the harvest thread for each batch of steps
         (`asyncgpu.ranks.watch_steps`); ``close()`` when the timer ends, after the last batch."""
         self._listeners.append(fn)
         if close is not None:

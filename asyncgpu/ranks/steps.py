@@ -5,13 +5,24 @@ Each rank's step timer (`asyncgpu.step_timer`) hands its finished steps to this 
 (per step: entry and exit on the host, each device's end) are exchanged with ``all_gather_object`` over a private
 gloo group, from a thread of the watcher's own (``asyncgpu-steps-ranks``): the training loop and its streams never
 wait for it, and nothing goes through NCCL. For each step present on every rank, a rank ends at the later of its
-host exit and its devices' last end. Its *excess* is its step time (entry to end) minus the fastest rank's, and its
-*lateness* the clock-aligned one: its end minus the earliest rank's end. The block's straggler is the rank with the
-largest median excess, flagged when that is at least ``slack`` of the median step time, with its own straggler (the
-device that ended last, or the host): a straggler is known within ``every`` steps plus one exchange. Where the ranks
-start each step together (a collective ends the previous one) excess and lateness agree; excess is what is compared
-because ranks that are not kept in step (no collective in the loop, or started at different times) drift apart,
-and their lateness then holds that drift.
+host exit and its devices' last end. Its *lateness* is the clock-aligned end minus the earliest rank's end. Which
+rank held the block back depends on how the ranks run:
+- **Free-running** (no collective in the loop: ranks drift apart): a rank's *excess* is its step time (entry to end)
+  minus the fastest rank's.
+- **In lockstep** (a collective every step, as in data-parallel training: the ranks' step ends agree, within ``slack``
+  of the step time or within half the spread of their step times, in most steps): the step ends together everywhere,
+  so step times say nothing; the ranks that waited spent their wait inside the step. A rank's excess is then how late
+  it came to the collective: the largest of its entry's lateness (a data loader before the step), its host's lateness
+  in issuing the step (`Step.issued`, else the step's exit: slow issuing inside the step, where the collective runs on
+  the devices, as NCCL's), and its devices' last end's lateness (their work ended last). A collective that the host
+  waits in (gloo, or a ``.item()`` of its result) makes every rank issue at its end: call ``step.issued()`` before it,
+  or the rank the others wait for there does not stand out.
+
+The block's straggler is the rank with the largest median excess, flagged when that is at least ``slack`` of the
+median step time, with its own straggler (the device that ended last, or the host): a straggler is known within
+``every`` steps plus one exchange. A slow GPU whose peers wait inside a device collective (NCCL) ends with them and
+comes to the work with them: the events source does not tell it from its peers, whose collective kernels count as
+busy.
 
 Clocks: times are ``time.perf_counter_ns()`` (CLOCK_MONOTONIC). Ranks on one host share it, so lateness is
 clock-aligned there. Across hosts it is not: pass ``clock_offset_ns`` (this rank's clock minus rank 0's, e.g.
@@ -58,10 +69,13 @@ class RankStepReport(Plain):
     steps: int  #: steps of the block present on every rank
     straggler_rank: int | None  #: the rank with the largest median excess; None when no step is common
     straggler: str | None  #: that rank's own straggler in most of the block's steps: a device, or ``"host"``
-    excess_ms: tuple[float, ...]  #: per rank, its median step time minus the fastest rank's, over the block's steps
+    #: per rank, how much it held the block's steps back (median over them): free-running, its step time minus the
+    #: fastest rank's; in lockstep, how late it came to the steps' work (see the module's docstring)
+    excess_ms: tuple[float, ...]
     lateness_ms: tuple[float, ...]  #: per rank, its median end minus the earliest rank's end (host clock)
     step_ms: float  #: median step time (entry to end) over ranks and steps
     flagged: bool  #: the straggler's excess is at least ``slack`` of the step time
+    lockstep: bool = False  #: the ranks' step ends agreed (a collective every step): see the module's docstring
 
 
 @final
@@ -111,9 +125,12 @@ class StepWatch:
         timer._listen(self._take, self.close)
 
     # -- the harvest thread's side -------------------------------------------------------------------------------
-    def _take(self, index: np.ndarray, begin: np.ndarray, exit_: np.ndarray, end: np.ndarray, split: Any) -> None:
+    def _take(
+        self, index: np.ndarray, begin: np.ndarray, exit_: np.ndarray, end: np.ndarray, issued: np.ndarray, split: Any
+    ) -> None:
         for i in range(len(index)):
             row = [int(index[i]), int(begin[i]), int(exit_[i]), end[i].tolist(), int(split.straggler[i])]
+            row.append(float(np.nanmax(issued[i])))  # (when its host had issued the step: `Step.issued`, else exit)
             self._buf.setdefault(int(index[i]) // self.every, []).append(row)
         last = int(index[-1]) // self.every
         while self._next < last:  # blocks before the newest step's are complete
@@ -176,23 +193,39 @@ def _report(block: int, gathered: list, slack: float) -> RankStepReport:
     """The block's report from every rank's ``(offset, devices, rows)``."""
     per_rank = []
     for offset, devices, rows in gathered:
-        m = {r[0]: (r[1] - offset, max([r[2], *r[3]]) - offset, r[3], r[4], devices) for r in rows}
+        # step -> (entry, end, its devices' last end, straggler code, devices, issued), on rank 0's clock
+        m = {
+            r[0]: (r[1] - offset, max([r[2], *r[3]]) - offset, max(r[3]) - offset, r[4], devices, r[5] - offset)
+            for r in rows
+        }
         per_rank.append(m)
     common = sorted(set.intersection(*(set(m) for m in per_rank))) if per_rank else []
     world = len(gathered)
     if not common:
         nan = tuple([float("nan")] * world)
         return RankStepReport(block, 0, None, None, nan, nan, float("nan"), False)
-    ends = np.array([[m[i][1] for m in per_rank] for i in common], np.float64)  # (steps, ranks)
-    begins = np.array([[m[i][0] for m in per_rank] for i in common], np.float64)
+    begins, ends, dev_ends, _, _, issued = (
+        np.array([[m[i][k] for m in per_rank] for i in common], np.float64) if k not in (3, 4) else None
+        for k in range(6)
+    )
+    assert begins is not None and ends is not None and dev_ends is not None and issued is not None
     dur = ends - begins
-    med = np.median(dur - dur.min(axis=1, keepdims=True), axis=0)
-    late = np.median(ends - ends.min(axis=1, keepdims=True), axis=0)
-    r = int(np.argmax(med))
     step_ms = float(np.median(dur)) / 1e6
+
+    def behind(x: np.ndarray) -> np.ndarray:  # per rank, its median over steps of x minus the step's least
+        return np.median(x - x.min(axis=1, keepdims=True), axis=0)
+
+    late = behind(ends)
+    # In lockstep the ends agree within slack of the step, or at least far better than the step times do (a rank
+    # slow before its step: its step is the short one). Free-running ranks drift: their ends part step by step.
+    spread = float(np.median(ends.max(axis=1) - ends.min(axis=1))) / 1e6
+    dur_spread = float(np.median(dur.max(axis=1) - dur.min(axis=1))) / 1e6
+    lockstep = world > 1 and spread <= max(slack * step_ms, dur_spread / 2)
+    med = np.maximum(np.maximum(behind(begins), behind(issued)), behind(dev_ends)) if lockstep else behind(dur)
+    r = int(np.argmax(med))
     who: dict[str, int] = {}
     for i in common:
-        _, _, dev_ends, code, devices = per_rank[r][i]
+        code, devices = per_rank[r][i][3], per_rank[r][i][4]
         name = HOST if code < 0 else devices[code]
         who[name] = who.get(name, 0) + 1
     flagged = world > 1 and med[r] / 1e6 >= slack * step_ms and med[r] > 0
@@ -205,6 +238,7 @@ def _report(block: int, gathered: list, slack: float) -> RankStepReport:
         tuple(float(x) / 1e6 for x in late),
         step_ms,
         bool(flagged),
+        bool(lockstep),
     )
 
 
