@@ -1,0 +1,156 @@
+"""Step timing on a data-parallel training loop across ranks (torch DDP: a gradient all-reduce in every step, NCCL
+on GPUs, gloo on host devices): what the step timer and `asyncgpu.ranks.watch_steps` cost each rank, and how soon
+a rank made slow is flagged, without a per-step barrier.
+
+    torchrun --standalone --nproc-per-node 4 dev/diag_ddp_steps.py [--steps 200] [--pairs 4] [--every 25]
+    torchrun --standalone --nproc-per-node 2 dev/diag_ddp_steps.py --backend host      # gloo, CPU, host devices
+
+Each rank trains an MLP under DDP on its GPU (torch launching onto the rank's asyncgpu stream) and reads its loss
+after each step (outside the step). Overhead: ``--pairs`` pairs of blocks of ``--steps`` steps, bare and timed (a
+step timer with `watch_steps`), in turn (bare first, then timed first); each rank's median step time per block;
+rank 0 prints the paired ratios' median and 95 % interval per rank. Stragglers: one timed run where rank
+``--slow-rank`` sleeps ``--slow-ms`` before each step (a data loader) from step ``--steps // 2`` on, then one where it
+sleeps inside each step before issuing it; rank 0 prints, for each, the first block that flags the slow rank (and
+how many steps after the slowdown began), the blocks that flag another rank, and whether the ranks were judged in
+lockstep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+import anyio
+
+import asyncgpu
+
+
+def model(backend: str, rank: int, dev: asyncgpu.Device, width: int, layers: int) -> tuple:
+    """``(ddp model, optimizer, input, the torch stream context)`` on the rank's device."""
+    import torch
+
+    torch.manual_seed(rank)
+    if backend == "host":
+        net = torch.nn.Sequential(*[m for _ in range(layers) for m in (torch.nn.Linear(width, width), torch.nn.ReLU())])
+        ddp = torch.nn.parallel.DistributedDataParallel(net)
+        return ddp, torch.optim.SGD(ddp.parameters(), lr=1e-3), torch.randn(16, width), contextlib.nullcontext
+    cuda = torch.device("cuda", dev.index)
+    torch.cuda.set_device(cuda)
+    stream = torch.cuda.ExternalStream(dev.stream.handle, device=cuda)
+    with torch.cuda.stream(stream):
+        net = torch.nn.Sequential(*[m for _ in range(layers) for m in (torch.nn.Linear(width, width), torch.nn.ReLU())])
+        net = net.to(cuda, torch.bfloat16)
+        ddp = torch.nn.parallel.DistributedDataParallel(net, device_ids=[dev.index])
+        x = torch.randn(16, width, device=cuda, dtype=torch.bfloat16)
+    return ddp, torch.optim.SGD(ddp.parameters(), lr=1e-3), x, lambda: torch.cuda.stream(stream)
+
+
+async def run(args: argparse.Namespace, rank: int, dev: asyncgpu.Device, parts: tuple, timed: bool, slow: str) -> tuple:
+    """``--steps`` steps; returns (step times ms, the watch or None)."""
+    ddp, opt, x, on_stream = parts
+    times: list[float] = []
+
+    async def steps(st: Any) -> None:
+        for i in range(args.steps):
+            late = slow and rank == args.slow_rank and i >= args.steps // 2
+            t0 = time.perf_counter()
+            if late and slow == "before":
+                time.sleep(args.slow_ms / 1e3)
+            with st.step(i) if st is not None else contextlib.nullcontext():
+                if late and slow == "inside":
+                    time.sleep(args.slow_ms / 1e3)
+                with on_stream():
+                    opt.zero_grad(set_to_none=True)
+                    loss = ddp(x).float().square().mean()
+                    loss.backward()  # (DDP's all-reduce: every rank's step waits for the slowest)
+                    opt.step()
+            with dev.record() as done:  # (the loss read after the step, as loss.item() would)
+                await done.wait()
+            times.append((time.perf_counter() - t0) * 1e3)
+
+    if not timed:
+        await steps(None)
+        return times, None
+    async with asyncgpu.step_timer(dev) as st:
+        watch = asyncgpu.ranks.watch_steps(st, every=args.every, timeout_s=120)
+        await steps(st)
+    return times, watch
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--backend", choices=("cuda", "host"), default="cuda")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--pairs", type=int, default=4)
+    ap.add_argument("--every", type=int, default=25)
+    ap.add_argument("--slow-rank", type=int, default=1)
+    ap.add_argument("--slow-ms", type=float, default=5.0)
+    ap.add_argument("--width", type=int, default=2048)
+    ap.add_argument("--layers", type=int, default=8)
+    args = ap.parse_args()
+    if "LOCAL_RANK" not in os.environ:
+        print("run it under torchrun: torchrun --standalone --nproc-per-node N dev/diag_ddp_steps.py", file=sys.stderr)
+        return 2
+    import torch.distributed as dist
+
+    from benchmarks.bench_steps import ci95
+
+    rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    dist.init_process_group("nccl" if args.backend == "cuda" else "gloo")
+    world = dist.get_world_size()
+    dev = asyncgpu.device(local) if args.backend == "cuda" else asyncgpu.device("host:0")
+    if args.backend == "host":
+        args.width, args.layers = min(args.width, 256), min(args.layers, 4)
+    parts = model(args.backend, rank, dev, args.width, args.layers)
+    anyio.run(run, args, rank, dev, parts, False, "")  # (warm-up)
+    ratios, bare_ms, timed_ms = [], [], []
+    for k in range(args.pairs):
+        got = {}
+        for timed in (False, True) if k % 2 == 0 else (True, False):
+            times, _ = anyio.run(run, args, rank, dev, parts, timed, "")
+            got[timed] = statistics.median(times[args.steps // 10 :])
+        bare_ms.append(got[False])
+        timed_ms.append(got[True])
+        ratios.append(got[True] / got[False])
+    mine = (statistics.median(bare_ms), statistics.median(timed_ms), statistics.median(ratios), ci95(ratios))
+    every = [None] * world
+    dist.all_gather_object(every, mine)
+    found = {}
+    for slow in ("before", "inside"):
+        _, watch = anyio.run(run, args, rank, dev, parts, True, slow)
+        reps = list(watch.reports)
+        start = args.steps // 2
+        after = [r for r in reps if r.block * args.every >= start]
+        hit = next((r for r in after if r.flagged and r.straggler_rank == args.slow_rank), None)
+        early = [r.block for r in reps if r.flagged and r.block * args.every < start]  # (no rank is slow yet)
+        wrong = [r.block for r in after if r.flagged and r.straggler_rank != args.slow_rank]
+        found[slow] = (hit, early, wrong, [r.lockstep for r in reps])
+    if rank == 0:
+        print(f"{world} ranks ({args.backend}), {args.steps} steps a block, {args.pairs} pairs")
+        for r, (b, t, med, (lo, hi)) in enumerate(every):
+            print(f"rank {r}: bare {b:.3f} ms, timed {t:.3f} ms: ratio p50 {med:.4f} [{lo:.4f}, {hi:.4f}]")
+        for slow, (hit, early, wrong, lock) in found.items():
+            first = None if hit is None else hit.block * args.every
+            when = (
+                f"first flagged in the block of steps {first}-{first + args.every - 1} (the slowdown began at step "
+                f"{args.steps // 2}), excess {hit.excess_ms[args.slow_rank]:.2f} ms"
+                if hit is not None
+                else "never flagged"
+            )
+            print(
+                f"rank {args.slow_rank} slowed {args.slow_ms} ms {slow} its steps: {when}; blocks flagged before the "
+                f"slowdown: {early or 'none'}; after it, blocks flagging another rank: {wrong or 'none'}; lockstep in "
+                f"{sum(lock)} of {len(lock)} blocks"
+            )
+    asyncgpu.close_all()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
