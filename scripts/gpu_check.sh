@@ -68,7 +68,7 @@ step "examples/torch_cupy_two_gpus.py" 90 4 python3 examples/torch_cupy_two_gpus
 step "examples/handoff_two_gpus.py" 90 5 python3 examples/handoff_two_gpus.py --trace /tmp/handoff.pftrace
 if [ -f examples/gather_ranks.py ] && command -v torchrun >/dev/null; then
   step "torchrun examples/gather_ranks.py" 120 25 torchrun --standalone --nproc-per-node "$NGPU" examples/gather_ranks.py --trace /tmp/gather.pftrace
-  step "torchrun dev/diag_ddp_steps (DDP: step timing's cost per rank, a slow rank flagged)" 300 8 torchrun --standalone --nproc-per-node "$NGPU" dev/diag_ddp_steps.py
+  [ "$NGPU" -ge 2 ] && step "torchrun dev/diag_ddp_steps (DDP: step timing's cost per rank, a slow rank flagged)" 300 8 torchrun --standalone --nproc-per-node "$NGPU" dev/diag_ddp_steps.py
 fi
 BENCH=(python3 -m benchmarks --out "$OUT/benchmarks")
 [ "$NGPU" -ge 2 ] && step "benchmarks orchestration (bench_workers, bench_balance on 2, 4, 8 GPUs)" 1500 40 "${BENCH[@]}" --limit 240 orchestration
