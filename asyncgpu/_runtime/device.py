@@ -162,8 +162,7 @@ class Device:
             pool.give(raw)  # not recorded: as it was
             raise
         if timing:  # a timing record takes one of the driver's launch slots (a plain one does not)
-            si.marks += 1
-            si.counted()
+            si.marked()
         ev = Event._recorded(rt, raw, timing, s.handle, next(si.seqs), _now(), si.tag if tag is None else tag)
         si.tag = None  # a second record right behind this one has no work of its own before it
         return ev

@@ -90,8 +90,7 @@ class Event:
             check_queue(si)  # (a full stream, in a loop's thread: `QueueFullError`, the event untouched)
         si.bd.record(raw, si.raw)
         if self.timing:  # a timing record takes one of the driver's launch slots (a plain one does not)
-            si.marks += 1
-            si.counted()
+            si.marked()
         self._key = s.handle
         self._seq = next(si.seqs)
         self._record_ns = _now()

@@ -99,7 +99,7 @@ class StreamInternal:
         self.last_kind: str | None = None  # the kind of its latest launch through asyncgpu, None if unknown
         self.ops = 0  # launches enqueued through asyncgpu (`counted`)
         #: of those, timing events recorded on their own (`Device.record`, `Event.record`, a step timer's): no work,
-        #: so ``ops - marks`` moves only with work, waits and timed blocks (`asyncgpu._timing.steps`)
+        #: so `work` moves only with work, waits and timed blocks (`asyncgpu._timing.steps`)
         self.marks = 0
         self.next_check = CHECK_EVERY
         self.done_ops = 0  # launches the device is known to have passed (from the checkpoints)
@@ -111,6 +111,18 @@ class StreamInternal:
         self.ops += n
         if self.ops >= self.next_check:
             self._checkpoint()
+
+    def marked(self) -> None:
+        """A timing event was just recorded on its own: one of the driver's launch slots, and no work (`work`)."""
+        self.marks += 1
+        self.ops += 1
+        if self.ops >= self.next_check:
+            self._checkpoint()
+
+    @property
+    def work(self) -> int:
+        """Work, waits and timed blocks enqueued through asyncgpu so far: `ops` without the lone timing events."""
+        return self.ops - self.marks
 
     def _checkpoint(self) -> None:
         self.passed()

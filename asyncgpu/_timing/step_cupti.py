@@ -38,6 +38,7 @@ class StepRecords:
 
     def __init__(self, ordinals: list[int]) -> None:
         self._ordinals = np.asarray(ordinals, np.int64)
+        self._order = np.argsort(self._ordinals)  # (to find a record's column by its device's ordinal)
         self._ncols = len(ordinals)
         self._start = np.empty(0)  # host ns
         self._end = np.empty(0)
@@ -59,10 +60,8 @@ class StepRecords:
         now = time.perf_counter_ns()
         if now - self._offset_at > _OFFSET_AGE_NS:
             self._offset_ns, self._offset_at = cupti.host_offset_ns(), now
-        order = np.argsort(self._ordinals)
-        at = np.searchsorted(self._ordinals, batch.device, sorter=order)
-        at = np.minimum(at, self._ncols - 1)
-        cols = order[at]
+        at = np.searchsorted(self._ordinals, batch.device, sorter=self._order)
+        cols = self._order[np.minimum(at, self._ncols - 1)]
         mine = self._ordinals[cols] == batch.device  # (records of devices the timer does not time: dropped)
         cols = cols[mine]
         start = batch.start_ns[mine].astype(np.float64) - self._offset_ns

@@ -84,8 +84,7 @@ def _record(s: Stream) -> Any:
     except BaseException:
         pool.give(raw)
         raise
-    si.marks += 1
-    si.counted()
+    si.marked()
     return raw
 
 
@@ -231,16 +230,14 @@ class StepTimer:
     def _chained(self, step: Step) -> bool:
         """Whether ``step`` takes the newest closed step's end events as its start events: when ``chain`` is on and
         nothing but lone event records was enqueued through asyncgpu on the timer's streams since they were
-        recorded (no work, wait or timed block: `StreamInternal.marks`), a start event
+        recorded (no work, wait or timed block: `StreamInternal.work`), a start event
         recorded now would complete at the same device instant (the stream runs in order). Otherwise that step's
         end events go back to the pools here if it was harvested already. The loop's thread; never blocks."""
         with self._lock:
             tail, self._tail = self._tail, None
             if tail is None:
                 return False
-            if self._chain and all(
-                s._internal.ops - s._internal.marks == n for s, n in zip(self._streams, self._tail_ops)
-            ):
+            if self._chain and all(s._internal.work == n for s, n in zip(self._streams, self._tail_ops)):
                 tail.lent = True
                 step._starts = list(tail.ends)
                 return True
@@ -259,7 +256,7 @@ class StepTimer:
             for s in self._streams:
                 issued.append(time.perf_counter_ns())
                 ends.append(_record(s))
-            step._ops = [s._internal.ops - s._internal.marks for s in self._streams]
+            step._ops = [s._internal.work for s in self._streams]
         except BaseException:
             for s, raw in zip(self._streams, ends):
                 s._internal.dev.recycle_later(raw)

@@ -204,11 +204,9 @@ def _report(block: int, gathered: list, slack: float) -> RankStepReport:
     if not common:
         nan = tuple([float("nan")] * world)
         return RankStepReport(block, 0, None, None, nan, nan, float("nan"), False)
-    begins, ends, dev_ends, _, _, issued = (
-        np.array([[m[i][k] for m in per_rank] for i in common], np.float64) if k not in (3, 4) else None
-        for k in range(6)
+    begins, ends, dev_ends, issued = (
+        np.array([[m[i][k] for m in per_rank] for i in common], np.float64) for k in (0, 1, 2, 5)
     )
-    assert begins is not None and ends is not None and dev_ends is not None and issued is not None
     dur = ends - begins
     step_ms = float(np.median(dur)) / 1e6
 
