@@ -9,7 +9,13 @@ dropped unparsed: what CUPTI's flush costs the loop, apart from the parse); ``fl
 flush called keeping the GIL: its buffer callbacks, Python, then never wait for the GIL on the flushing thread);
 ``harvest-50ms``, ``harvest-250ms``, ``harvest-1s`` and ``harvest-2s`` (fewer flushes, each of more records: is the
 cost per flush or per record?); ``no-flush`` (harvest_s=3600: nothing flushed while timed: what CUPTI's own
-instrumentation costs). Each runs ``--pairs`` short pairs (bare, then CUPTI; then the other way round) and reports
+instrumentation costs). Two variants split the CUPTI timer's cost into parts measured each between neighbours (the
+loop's drift, which widens the pairs' spread, cancels): ``toggle`` (no step timer: CUPTI's activity kinds enabled
+and disabled in turn in one session, blocks of ``--block`` steps, ABBA; each block's median step: what CUPTI's
+instrumentation of every launch costs, apart from any flush) and ``alternate`` (one CUPTI step timer at its
+default cadence, steps marked and unmarked in turn, as ``dev/diag_step_events.py alternate``: what marking a step
+costs). The whole cost is then the instrumentation, the marking and the harvests' share (from ``default``'s own
+steps). Each runs ``--pairs`` short pairs (bare, then CUPTI; then the other way round) and reports
 the median of the pairs' ratios, the flushes' count, the time inside CUPTI's flush and in the bulk parse, the
 records, and the records in CUPTI's buffers per activity kind (every kind, those skipped too: which kinds break the
 runs of kernels). Then, from the CUPTI runs' own steps (timed one by one), what the harvests cost: the steps a
@@ -26,6 +32,8 @@ import subprocess
 import sys
 import time
 
+import numpy as np
+
 VARIANTS = (
     "default",
     "plain-walk",
@@ -36,6 +44,8 @@ VARIANTS = (
     "harvest-1s",
     "harvest-2s",
     "no-flush",
+    "toggle",
+    "alternate",
 )
 HARVEST_S = {
     "default": None,
@@ -47,11 +57,16 @@ HARVEST_S = {
     "harvest-1s": 1.0,
     "harvest-2s": 2.0,
     "no-flush": 3600.0,
+    "toggle": None,
+    "alternate": None,
 }
 
 
-def child(variant: str, steps: int, devices: int, pairs: int) -> dict:
+def child(variant: str, steps: int, devices: int, pairs: int, block: int = 40) -> dict:
     from asyncgpu._backends import cupti, cupti_buffers
+
+    if variant in ("toggle", "alternate"):
+        return split_child(variant, steps, devices, pairs, block)
 
     calls = {"completed": 0, "requested": 0}  # CUPTI's buffer callbacks (counted from before the session opens)
     real_completed, real_requested = cupti_buffers.Buffers._on_completed, cupti_buffers.Buffers._on_requested
@@ -185,12 +200,67 @@ def child(variant: str, steps: int, devices: int, pairs: int) -> dict:
     return res
 
 
+def split_child(variant: str, steps: int, devices: int, pairs: int, block: int) -> dict:
+    """``toggle`` and ``alternate`` (see the module's doc), each in a process of its own with CUPTI taken first."""
+    import anyio
+
+    from asyncgpu._backends import cupti
+
+    cupti.acquire(cupti.STEPS)  # (before torch loads, as bench_steps does; toggle keeps it for its whole run)
+    import asyncgpu
+    from benchmarks.bench_steps import ci95, run_steps, torch_work
+
+    args = argparse.Namespace(layers=8, width=2048, batch=16, size=8192, matmuls=4)
+    devs = asyncgpu.devices("cuda", count=devices)
+    work = [torch_work(d, "host-bound", args) for d in devs]
+
+    async def toggle() -> dict:
+        from cupti import cupti as api
+
+        kinds = cupti._kinds
+        per_block: dict[bool, list[float]] = {True: [], False: []}
+        ratios: list[float] = []
+        for k in range(pairs):
+            here: dict[bool, float] = {}
+            for on in (True, False) if k % 2 == 0 else (False, True):
+                for kind in kinds:
+                    (api.activity_enable if on else api.activity_disable)(kind)
+                if cupti._buffers is not None:  # (what the last block left: flushed and dropped, untimed)
+                    cupti._buffers.flush_all(forced=True)
+                    cupti._buffers.drop()
+                await run_steps(devs, work, 5, None)  # (settle after the switch)
+                ms = []
+                for _ in range(block):
+                    t0 = time.perf_counter()
+                    await run_steps(devs, work, 1, None)
+                    ms.append((time.perf_counter() - t0) * 1e3)
+                here[on] = float(np.median(ms))
+                per_block[on].append(here[on])
+            ratios.append(here[True] / here[False])
+        for kind in kinds:  # (as acquire left them, for release)
+            api.activity_enable(kind)
+        return {"bare_ms": per_block[False], "cupti_ms": per_block[True], "ratios": ratios, "ci95": ci95(ratios)}
+
+    async def main() -> dict:
+        for d in devs:
+            await d.prepare()
+        await run_steps(devs, work, 10, None)
+        if variant == "toggle":
+            return await toggle()
+        from dev.diag_step_events import alternate
+
+        return await alternate(devs, work, steps, "alternate", source="cupti")
+
+    res = anyio.run(main)
+    cupti.release(cupti.STEPS)
+    asyncgpu.close_all()
+    return res
+
+
 def overlap(step_at: list[tuple[float, float]], flush_at: list[tuple[float, float]]) -> dict:
     """What the harvests cost the timed steps, from one run's own steps: those a flush overlapped against the rest
     (their median), the excess summed over the overlapped steps as a share of all timed steps' time. The loop's
     drift cancels (neighbours share it); CUPTI's own instrumentation, in every step, is not in it."""
-    import numpy as np
-
     if not step_at:
         return {}
     st, fl = np.array(step_at), np.array(flush_at or [(0.0, 0.0)])
@@ -213,12 +283,15 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=300, help="steps per run (runs must outlast the harvest cadence)")
     ap.add_argument("--pairs", type=int, default=6)
     ap.add_argument("--devices", type=int, default=1)
+    ap.add_argument("--block", type=int, default=40, help="toggle: steps per block (each block's median)")
+    ap.add_argument("--toggle-pairs", type=int, default=30, help="toggle: pairs of blocks (on, off)")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--timeout-s", type=float, default=150.0, help="a variant's process is killed after this long")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print("RESULT " + json.dumps(child(args.child, args.steps, args.devices, args.pairs)))
+        pairs = args.toggle_pairs if args.child == "toggle" else args.pairs
+        print("RESULT " + json.dumps(child(args.child, args.steps, args.devices, pairs, args.block)))
         return 0
     print(
         f"{'variant':<14} {'bare ms':>8} {'cupti ms':>9} {'ratio p50 [95% CI]':>24}  flushes  in CUPTI ms/each"
@@ -228,7 +301,7 @@ def main() -> int:
         try:
             p = subprocess.run(
                 [sys.executable, __file__, "--child", v, "--steps", str(args.steps), "--devices", str(args.devices)]
-                + ["--pairs", str(args.pairs)],
+                + ["--pairs", str(args.pairs), "--block", str(args.block), "--toggle-pairs", str(args.toggle_pairs)],
                 capture_output=True,
                 text=True,
                 timeout=args.timeout_s,
@@ -241,6 +314,18 @@ def main() -> int:
             print(f"{v:<14} failed (exit {p.returncode}): {p.stderr[-800:]}")
             continue
         r = json.loads(line[7:])
+        if "stats" not in r:  # (toggle, alternate: ratios of neighbours, and what the child printed)
+            lo, hi = r["ci95"]
+            bare, on = (float(np.median(r[k])) for k in ("bare_ms", "cupti_ms"))
+            what = "blocks of --block steps, kinds on/off" if v == "toggle" else "steps, marked/unmarked"
+            print(
+                f"{v:<14} {bare:8.3f} {on:9.3f} {float(np.median(r['ratios'])):9.4f} [{lo:.4f}, {hi:.4f}]"
+                f"  ({len(r['ratios'])} neighbour pairs of {what})"
+            )
+            for ln in p.stdout.splitlines()[1:]:
+                if not ln.startswith("RESULT ") and ln.startswith(" "):
+                    print(ln)
+            continue
         s = r["stats"]
         nf = max(s["flushes"], 1)
         lo, hi = r["ci95"]

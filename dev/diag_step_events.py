@@ -64,10 +64,11 @@ async def timed(devs: list, work: list, steps: int, variant: str | None, into: l
         return await each_step(devs, work, steps, use, into)
 
 
-async def alternate(devs: list, work: list, steps: int, label: str = "alternate") -> None:
-    """``4 * steps`` steps in one timer, marked in the order M U U M (repeated); per pair of neighbours the ratio of
-    the marked step's time to the unmarked one's, and where a step's time went (µs): entering ``st.step()``, the
-    workers' part, leaving it, and the wait for the devices after it."""
+async def alternate(devs: list, work: list, steps: int, label: str = "alternate", source: str = "events") -> dict:
+    """``4 * steps`` steps in one timer (``source``), marked in the order M U U M (repeated); per pair of neighbours
+    the ratio of the marked step's time to the unmarked one's, and where a step's time went (µs): entering
+    ``st.step()``, the workers' part, leaving it, and the wait for the devices after it. Prints them; returns the
+    unmarked and marked steps' times (ms), the ratios and their 95 % interval."""
     from asyncgpu._timing import steps as steps_module
 
     parts: dict[bool, list[tuple[float, ...]]] = {True: [], False: []}
@@ -79,7 +80,7 @@ async def alternate(devs: list, work: list, steps: int, label: str = "alternate"
 
     steps_module._record = counted  # type: ignore[assignment]
     entry_records = 0
-    async with asyncgpu.step_timer(devs, max_pending=8 * steps) as st:
+    async with asyncgpu.step_timer(devs, source=source, max_pending=8 * steps) as st:
         await run_steps(devs, work, 20, st)
         for k in range(4 * steps):
             mark = k % 4 in (0, 3)
@@ -115,6 +116,12 @@ async def alternate(devs: list, work: list, steps: int, label: str = "alternate"
             f"{'':<14} {name:<8} µs p50: entry {p50[0]:.1f}, workers {p50[1]:.1f}, exit {p50[2]:.1f}, "
             f"wait {p50[3]:.1f}, step {p50[4]:.1f} (p90 {np.percentile(a[:, 4], 90):.1f})"
         )
+    return {
+        "bare_ms": list(plain[:, 4] / 1e3),
+        "cupti_ms": list(marked[:, 4] / 1e3),
+        "ratios": list(ratios),
+        "ci95": [lo, hi],
+    }
 
 
 async def _one_step(devs: list, work: list) -> None:
