@@ -6,9 +6,10 @@ a rank made slow is flagged, without a per-step barrier.
     torchrun --standalone --nproc-per-node 2 dev/diag_ddp_steps.py --backend host      # gloo, CPU, host devices
 
 Each rank trains an MLP under DDP on its GPU (torch launching onto the rank's asyncgpu stream) and reads its loss
-after each step (outside the step). Overhead: ``--pairs`` pairs of blocks of ``--steps`` steps, bare and timed (a
-step timer with `watch_steps`), in turn (bare first, then timed first); each rank's median step time per block;
-rank 0 prints the paired ratios' median and 95 % interval per rank. Stragglers: one timed run where rank
+after each step (outside the step). Overhead: ``--pairs`` rounds of blocks of ``--steps`` steps, one block per mode
+(``bare``; ``timer``: a step timer; ``watch``: a step timer with `watch_steps`), the modes' order rotated each
+round; each rank's median step time per block; rank 0 prints, per rank and mode, the ratios to the round's bare
+block: median and 95 % interval (what the timer costs, and what the exchange adds). Stragglers: one timed run where rank
 ``--slow-rank`` sleeps ``--slow-ms`` before each step (a data loader) from step ``--steps // 2`` on, then one where it
 sleeps inside each step before issuing it; rank 0 prints, for each, the first block that flags the slow rank (and
 how many steps after the slowdown began), the blocks that flag another rank, and whether the ranks were judged in
@@ -50,8 +51,8 @@ def model(backend: str, rank: int, dev: asyncgpu.Device, width: int, layers: int
     return ddp, torch.optim.SGD(ddp.parameters(), lr=1e-3), x, lambda: torch.cuda.stream(stream)
 
 
-async def run(args: argparse.Namespace, rank: int, dev: asyncgpu.Device, parts: tuple, timed: bool, slow: str) -> tuple:
-    """``--steps`` steps; returns (step times ms, the watch or None)."""
+async def run(args: argparse.Namespace, rank: int, dev: asyncgpu.Device, parts: tuple, mode: str, slow: str) -> tuple:
+    """``--steps`` steps in ``mode`` (``bare``, ``timer``, ``watch``); returns (step times ms, the watch or None)."""
     ddp, opt, x, on_stream = parts
     times: list[float] = []
 
@@ -73,11 +74,13 @@ async def run(args: argparse.Namespace, rank: int, dev: asyncgpu.Device, parts: 
                 await done.wait()
             times.append((time.perf_counter() - t0) * 1e3)
 
-    if not timed:
+    if mode == "bare":
         await steps(None)
         return times, None
+    watch = None
     async with asyncgpu.step_timer(dev) as st:
-        watch = asyncgpu.ranks.watch_steps(st, every=args.every, timeout_s=120)
+        if mode == "watch":
+            watch = asyncgpu.ranks.watch_steps(st, every=args.every, timeout_s=120)
         await steps(st)
     return times, watch
 
@@ -107,22 +110,23 @@ def main() -> int:
     if args.backend == "host":
         args.width, args.layers = min(args.width, 256), min(args.layers, 4)
     parts = model(args.backend, rank, dev, args.width, args.layers)
-    anyio.run(run, args, rank, dev, parts, False, "")  # (warm-up)
-    ratios, bare_ms, timed_ms = [], [], []
+    anyio.run(run, args, rank, dev, parts, "bare", "")  # (warm-up)
+    modes = ("bare", "timer", "watch")
+    block_ms: dict[str, list[float]] = {m: [] for m in modes}
     for k in range(args.pairs):
-        got = {}
-        for timed in (False, True) if k % 2 == 0 else (True, False):
-            times, _ = anyio.run(run, args, rank, dev, parts, timed, "")
-            got[timed] = statistics.median(times[args.steps // 10 :])
-        bare_ms.append(got[False])
-        timed_ms.append(got[True])
-        ratios.append(got[True] / got[False])
-    mine = (statistics.median(bare_ms), statistics.median(timed_ms), statistics.median(ratios), ci95(ratios))
-    every = [None] * world
+        for mode in modes[k % 3 :] + modes[: k % 3]:
+            times, _ = anyio.run(run, args, rank, dev, parts, mode, "")
+            block_ms[mode].append(statistics.median(times[args.steps // 10 :]))
+    mine = {}
+    for mode in modes[1:]:
+        ratios = [t / b for t, b in zip(block_ms[mode], block_ms["bare"])]
+        mine[mode] = (statistics.median(block_ms["bare"]), statistics.median(block_ms[mode]))
+        mine[mode] += (statistics.median(ratios), ci95(ratios))
+    every: list = [None] * world
     dist.all_gather_object(every, mine)
     found = {}
     for slow in ("before", "inside"):
-        _, watch = anyio.run(run, args, rank, dev, parts, True, slow)
+        _, watch = anyio.run(run, args, rank, dev, parts, "watch", slow)
         reps = list(watch.reports)
         start = args.steps // 2
         after = [r for r in reps if r.block * args.every >= start]
@@ -131,9 +135,10 @@ def main() -> int:
         wrong = [r.block for r in after if r.flagged and r.straggler_rank != args.slow_rank]
         found[slow] = (hit, early, wrong, [r.lockstep for r in reps])
     if rank == 0:
-        print(f"{world} ranks ({args.backend}), {args.steps} steps a block, {args.pairs} pairs")
-        for r, (b, t, med, (lo, hi)) in enumerate(every):
-            print(f"rank {r}: bare {b:.3f} ms, timed {t:.3f} ms: ratio p50 {med:.4f} [{lo:.4f}, {hi:.4f}]")
+        print(f"{world} ranks ({args.backend}), {args.steps} steps a block, {args.pairs} rounds")
+        for r, per_mode in enumerate(every):
+            for mode, (b, t, med, (lo, hi)) in per_mode.items():
+                print(f"rank {r}: bare {b:.3f} ms, {mode} {t:.3f} ms: ratio p50 {med:.4f} [{lo:.4f}, {hi:.4f}]")
         for slow, (hit, early, wrong, lock) in found.items():
             first = None if hit is None else hit.block * args.every
             when = (

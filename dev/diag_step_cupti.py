@@ -164,8 +164,10 @@ def child(variant: str, steps: int, devices: int, pairs: int, block: int = 40) -
         return (time.perf_counter() - t0) / steps * 1e3
 
     async def on() -> float:
-        # (no-flush: nor an early harvest when half of max_pending steps wait)
-        pending = 1_000_000 if variant == "no-flush" else 256
+        # (the default's max_pending; a harvest-* cadence gets room for 4 s of steps, no-flush for all: no early
+        # harvest when half of max_pending steps wait, which at 256 comes every ~1 s on this loop)
+        cadence = HARVEST_S[variant]
+        pending = 256 if cadence is None else 1_000_000 if variant == "no-flush" else max(256, int(500 * cadence))
         async with asyncgpu.step_timer(devs, source="cupti", harvest_s=HARVEST_S[variant], max_pending=pending) as st:
             await run_steps(devs, work, 10, st)
             t0 = time.perf_counter()
