@@ -133,9 +133,9 @@ def child(variant: str, steps: int, devices: int, pairs: int, block: int = 40) -
 
     real_harvest = steps_mod.StepTimer._harvest
 
-    def timed_harvest(self) -> int:  # the whole harvest: flush, parse, place, attribute to steps
+    def timed_harvest(self, *a, **kw) -> int:  # the whole harvest: flush, parse, place, attribute to steps
         t0, c0, f0 = time.perf_counter(), time.thread_time(), stats["flushes"]
-        n = real_harvest(self)
+        n = real_harvest(self, *a, **kw)
         if stats["flushes"] != f0:
             t1 = time.perf_counter()
             flush_at.append((t0, t1))

@@ -245,6 +245,47 @@ async def test_half_full_pending_steps_wake_the_harvest_before_its_cadence(anyio
     await _aquiet([dev])
 
 
+@pytest.mark.parametrize("held_cap", [65_536, 10])
+async def test_with_cupti_an_early_harvest_takes_events_and_holds_the_steps_for_the_next_flush(
+    anyio_backend, monkeypatch, held_cap
+):
+    """A stand-in for CUPTI's channel on a host device: steps that fill half of ``max_pending`` wake the harvest
+    thread, which takes their events but flushes CUPTI only when its cadence is due (an hour here), at the timer's
+    end, or once `_MAX_HELD_STEPS` placed steps wait; no step is dropped either way."""
+    from asyncgpu._backends import cupti
+    from asyncgpu._timing import steps as steps_module
+
+    dev = asyncgpu.device(0, backend="host")
+    flushes: list[float] = []
+
+    def flush_batch(channel):
+        flushes.append(time.perf_counter())
+        return cupti.RecordBatch.empty(), {}
+
+    monkeypatch.setattr(cupti, "choose", lambda source, devices, channel, what: ("cupti", ""))
+    monkeypatch.setattr(cupti, "flush_batch", flush_batch)
+    monkeypatch.setattr(cupti, "host_offset_ns", lambda samples=16: 0)
+    monkeypatch.setattr(cupti, "release", lambda channel: None)
+    monkeypatch.setattr(steps_module, "_MAX_HELD_STEPS", held_cap)
+    async with asyncgpu.step_timer(dev, source="cupti", harvest_s=3600, max_pending=8) as st:
+        for _ in range(40):
+            with st.step():
+                dev.stream.spin_us(10)
+            await dev.asynchronize()
+            await anyio.sleep(0.002)  # (the harvest thread's turn)
+        s = st.stats()
+        assert s.dropped == 0 and s.pending <= 8, s  # (the early harvests took the steps' events)
+        if held_cap > 40:
+            assert not flushes and s.steps == 0, s  # (placed and held: no flush is due for an hour)
+        else:
+            assert len(flushes) >= 2 and s.steps >= 20, (len(flushes), s)
+        before_exit = len(flushes)
+    s = st.stats()
+    assert s.steps == 40 and s.dropped == 0, s
+    assert len(flushes) == before_exit + 1  # the exit's
+    await _aquiet([dev])
+
+
 async def test_pending_steps_are_bounded_and_dropped_steps_give_their_events_back(anyio_backend):
     dev = asyncgpu.device(0, backend="host")
     gate = threading.Event()

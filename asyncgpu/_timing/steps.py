@@ -18,7 +18,8 @@ view, each fed from the harvest thread.
 Bounded: at most ``max_pending`` closed steps wait for their devices; one more drops the oldest (its events go
 back once the device passes them; `StepStats.dropped` counts it). When more than half of them wait, the step's exit
 wakes the harvest thread before its cadence: steps faster than ``harvest_s / max_pending`` are harvested, not
-dropped, as long as the devices keep up. Nothing grows with the number of steps.
+dropped, as long as the devices keep up (with the CUPTI source that early harvest takes the steps' events and holds
+the placed steps for CUPTI's next flush, at most `_MAX_HELD_STEPS`). Nothing grows with the number of steps.
 
 One event pair per step per device cannot see gaps inside a step: the part of the device's span while the host was
 still issuing the step counts as the host's (launch-bound), the rest as busy (`DeviceStep.span_ms` is the upper
@@ -65,10 +66,12 @@ __all__ = ["Step", "StepTimer", "step_timer"]
 _NEW, _OPEN, _DONE = 0, 1, 2
 EVENTS_HARVEST_S = 0.05  #: the events source's default harvest cadence (s): a harvest costs ~20 µs a step
 #: the CUPTI source's default cadence (s): each harvest flushes CUPTI and parses its records under the GIL, taken from
-#: the loop's threads. Part of that is fixed per harvest (4 H100s, ~90,000 records a second: the harvests cost the
-#: loop 4.5 % of its time every 0.5 s, 3.4 % every 1 s, 3.0 % every 2 s), so a slower cadence costs less per step;
-#: steps then reach the ring, the live view and the rank exchange this late
-CUPTI_HARVEST_S = 1.0
+#: the loop's threads. Part of that is fixed per flush (4 H100s, ~80,000 records a second: the flushes cost the
+#: loop 4.5 % of its time every 0.5 s, 3.0-3.4 % every 1 s, 2.2-3.0 % every 2 s), so a slower cadence costs less
+#: per step; steps then reach the ring, the live view and the rank exchange this late. Harvests woken early by
+#: ``max_pending`` take events only (`StepTimer._harvest`)
+CUPTI_HARVEST_S = 2.0
+_MAX_HELD_STEPS = 65_536  # CUPTI: placed steps held for the next flush at most (more flush it early)
 _LIVE_RECENT = 64  # steps the live view draws (and judges the verdict on): a snapshot of them costs ~0.3 ms
 Listener = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, Any], None]
 
@@ -187,6 +190,10 @@ class StepTimer:
         self.source = "events"
         self.source_note = ""  #: why ``source="auto"`` gave the events source, if it did
         self._cupti: StepRecords | None = None
+        #: CUPTI: placed steps waiting for the next flush (`_attribute`), as the harvest's arrays, and their count
+        self._held: list[tuple[np.ndarray, ...]] = []
+        self._held_steps = 0
+        self._flushed_s = time.perf_counter()  # when CUPTI was last flushed (perf_counter s)
         self._names: tuple[list[dict[str, list[float]]], threading.Lock] | None = None
 
     # -- the loop's side ----------------------------------------------------------------------------------------
@@ -306,7 +313,10 @@ class StepTimer:
     # -- the harvest thread -------------------------------------------------------------------------------------
     def _run(self) -> None:
         while True:
-            self._wake.wait(self._harvest_s)
+            wait_s = float(self._harvest_s or 0.0)
+            if self._held:  # (CUPTI: steps wait for the flush, due `harvest_s` after the last one)
+                wait_s = max(0.0, self._flushed_s + wait_s - time.perf_counter())
+            self._wake.wait(wait_s)
             self._wake.clear()
             if self._stop.is_set():
                 return
@@ -337,15 +347,22 @@ class StepTimer:
                 hi = mid
         return lo
 
-    def _harvest(self) -> int:
+    def _harvest(self, final: bool = False) -> int:
         """Take the finished steps at the front of the queue (queries only), place and analyse them, feed the ring,
-        the trace and the listeners. Any thread; returns how many."""
+        the trace and the listeners. Any thread; returns how many were taken from the queue.
+
+        With the CUPTI source, placed steps are held (their events already back in the pools) until CUPTI's next
+        flush, due `harvest_s` after the previous one (or at ``final``, the timer's end): a harvest before it, woken
+        early by steps that fill half of ``max_pending``, queries events only. So the flush's cadence, whose cost
+        is partly fixed per flush, does not follow the loop's step rate."""
         done = []
         try:
             with self._lock:
                 for _ in range(self._finished_prefix()):
                     done.append(self._pending.popleft())
             if not done:
+                if self._held and (final or self._flush_due()):
+                    self._attribute()
                 return 0
             places = [placement(s.device, max_age_s=self._max_age_s) for s in self._streams]
         except AsyncGPUError as exc:  # (a closed or failed device: nothing more will finish)
@@ -382,12 +399,33 @@ class StepTimer:
                 pool.give(it.starts[d])
                 if not (it.lent or it.kept):
                     pool.give(it.ends[d])
-        measured = None
+        if self._cupti is None:
+            self._publish(index, begin, exit_, start, end, issued, None)
+            return n
+        self._held.append((index, begin, exit_, start, end, issued))
+        self._held_steps += n
+        if final or self._held_steps >= _MAX_HELD_STEPS or self._flush_due():
+            self._attribute()
+        return n
+
+    def _flush_due(self) -> bool:
+        return time.perf_counter() - self._flushed_s >= 0.9 * float(self._harvest_s or 0.0)
+
+    def _attribute(self) -> None:
+        """CUPTI's flush: the held steps' busy time from the records, then published (the harvest thread)."""
         records = self._cupti
+        held, self._held, self._held_steps = self._held, [], 0
+        self._flushed_s = time.perf_counter()
+        index, begin, exit_, start, end, issued = (np.concatenate(col) for col in zip(*held))
+        measured = None
         if records is not None:
             records.take()
             measured = records.measured(start, end, issued)
             records.forget_before(end[-1])
+        self._publish(index, begin, exit_, start, end, issued, measured)
+
+    def _publish(self, index: Any, begin: Any, exit_: Any, start: Any, end: Any, issued: Any, measured: Any) -> None:
+        """Balance of placed steps, into the ring, the trace and the listeners (the harvest thread)."""
         split = step_split(begin.astype(np.float64), exit_.astype(np.float64), start, end, issued, measured)
         with self._lock:
             self._ring.add(index, begin, exit_, start, end, issued, split)
@@ -398,7 +436,6 @@ class StepTimer:
                 fn(index, begin, exit_, end, issued, split)
             except Exception as exc:  # (a listener's failure is its own: the steps are kept)
                 self.error = exc
-        return n
 
     # -- results ------------------------------------------------------------------------------------------------
     def stats(self, recent: int | None = None) -> StepStats:
@@ -496,11 +533,12 @@ class StepTimer:
             self._thread.join()
         try:
             if not drop:
-                self._harvest()
+                self._harvest(final=True)
             with self._lock:
                 left = list(self._pending)
                 self._pending.clear()
-                self._dropped += len(left)
+                self._dropped += len(left) + self._held_steps  # (held: cancelled before CUPTI's flush)
+                self._held, self._held_steps = [], 0
                 kept = self._drop_tail()
             for item in left:
                 self._give_back(item.starts, [] if item.lent else item.ends)
@@ -626,8 +664,8 @@ def step_timer(
     ``"auto"`` draws only when stdout is a terminal, ``True`` always, ``False`` (default) never. ``trace``: a
     path to stream the steps to as a Perfetto trace (`asyncgpu._timing.step_trace`: valid at every packet boundary,
     open it while it grows). ``harvest_s``: how often (seconds) finished steps are taken (default
-    `EVENTS_HARVEST_S`, 0.05; with the CUPTI source `CUPTI_HARVEST_S`, 1.0: each harvest flushes CUPTI, whose fixed
-    cost a slower cadence spreads). ``max_clock_age_s`` as in `gpu_timer`.
+    `EVENTS_HARVEST_S`, 0.05; with the CUPTI source `CUPTI_HARVEST_S`, 2.0: each harvest flushes CUPTI, whose fixed
+    cost a slower cadence spreads; steps reach the results that late). ``max_clock_age_s`` as in `gpu_timer`.
 
     ``source``: where busy time comes from. ``"events"`` (default): the step's event pair (device time while the
     host still issued the step counts as the host's). ``"cupti"``: CUPTI's record of every kernel, memset and
