@@ -133,13 +133,13 @@ def main() -> int:
         hit = next((r for r in after if r.flagged and r.straggler_rank == args.slow_rank), None)
         early = [r.block for r in reps if r.flagged and r.block * args.every < start]  # (no rank is slow yet)
         wrong = [r.block for r in after if r.flagged and r.straggler_rank != args.slow_rank]
-        found[slow] = (hit, early, wrong, [r.lockstep for r in reps])
+        found[slow] = (hit, early, wrong, [r.lockstep for r in reps], reps)
     if rank == 0:
         print(f"{world} ranks ({args.backend}), {args.steps} steps a block, {args.pairs} rounds")
         for r, per_mode in enumerate(every):
             for mode, (b, t, med, (lo, hi)) in per_mode.items():
                 print(f"rank {r}: bare {b:.3f} ms, {mode} {t:.3f} ms: ratio p50 {med:.4f} [{lo:.4f}, {hi:.4f}]")
-        for slow, (hit, early, wrong, lock) in found.items():
+        for slow, (hit, early, wrong, lock, reps) in found.items():
             first = None if hit is None else hit.block * args.every
             when = (
                 f"first flagged in the block of steps {first}-{first + args.every - 1} (the slowdown began at step "
@@ -152,6 +152,14 @@ def main() -> int:
                 f"slowdown: {early or 'none'}; after it, blocks flagging another rank: {wrong or 'none'}; lockstep in "
                 f"{sum(lock)} of {len(lock)} blocks"
             )
+            for r in reps:  # (each block as judged: which rule, whom, by how much)
+                rule = "lockstep" if r.lockstep else "free"
+                excess = " ".join(f"{x:.2f}" for x in r.excess_ms)
+                late = " ".join(f"{x:.2f}" for x in r.lateness_ms)
+                print(
+                    f"    block {r.block}: {rule:<8} step {r.step_ms:.2f} ms, straggler rank {r.straggler_rank} "
+                    f"({r.straggler}){' FLAGGED' if r.flagged else ''}; excess ms [{excess}], lateness ms [{late}]"
+                )
     asyncgpu.close_all()
     dist.destroy_process_group()
     return 0

@@ -12,8 +12,10 @@ step's records, with the workers' threads launching, cost the loop's thread more
 ``idle-timer`` (the timer open, its harvest thread running, but no ``st.step()``: is it the records or the timer's
 threads?); ``alternate`` (one timer, steps marked and unmarked in turn, ABBA at step granularity: the marking's
 cost per step, paired with its neighbours so that the loop's drift cancels, and the time spent entering and leaving
-``st.step()`` inside a real loop); ``alternate-keep-gil`` (the same, every record keeping the GIL). Each other
-variant also prints the step times' p10/p50/p90/p99 bare and timed: a shift of every step is a per-step cost, a
+``st.step()`` inside a real loop); ``alternate-keep-gil`` (the same, every record keeping the GIL); ``spill``
+(one marked step, then seven unmarked: each step's time by its distance from the marked one: does a mark's cost
+land on the steps after it, which ``alternate`` counts as the unmarked side?). Each other variant also prints the
+step times' p10/p50/p90/p99 bare and timed: a shift of every step is a per-step cost, a
 longer tail is a stall (a thread that waits for the GIL, a pool that grows).
 """
 
@@ -40,6 +42,7 @@ VARIANTS = (
     "idle-timer",
     "alternate",
     "alternate-keep-gil",
+    "spill",
 )
 
 
@@ -124,6 +127,30 @@ async def alternate(devs: list, work: list, steps: int, label: str = "alternate"
     }
 
 
+async def spill(devs: list, work: list, steps: int, period: int = 8) -> None:
+    """Does a marked step's cost spill into the steps after it (which ``alternate``'s neighbours would then share)?
+    ``steps * period`` steps in one timer, one marked then ``period - 1`` unmarked, repeated: each step's time by its
+    distance from the last marked step (0: the marked one), as a ratio to the farthest unmarked step of its own
+    period (median [95 % CI]). No spill: 1.0 at every distance but 0; a spill: distance 1 (and on) above 1.0."""
+    by_distance: list[list[float]] = [[] for _ in range(period)]
+    async with asyncgpu.step_timer(devs, max_pending=8 * period * steps) as st:
+        await run_steps(devs, work, 20, st)
+        for _ in range(steps):
+            ms = []
+            for k in range(period):
+                t0 = time.perf_counter()
+                await run_steps(devs, work, 1, st if k == 0 else None)
+                ms.append((time.perf_counter() - t0) * 1e3)
+            for k in range(period):
+                by_distance[k].append(ms[k] / ms[-1])
+    cells = []
+    for k, ratios in enumerate(by_distance[:-1]):
+        lo, hi = ci95(ratios)
+        cells.append(f"{k}: {np.median(ratios):.4f} [{lo:.4f}, {hi:.4f}]")
+    what = "step time / the period's last unmarked step, by distance from the marked step"
+    print(f"{'spill':<14} {what}: " + "; ".join(cells))
+
+
 async def _one_step(devs: list, work: list) -> None:
     async with anyio.create_task_group() as tg:
         for d, w in zip(devs, work):
@@ -165,6 +192,9 @@ async def main(args: argparse.Namespace) -> None:
         await d.prepare()
     print(f"{'variant':<14} {'bare ms':>8} {'timed ms':>9}  paired ratio p50 [95 % CI] {{min, max}}")
     for v in args.variants.split(","):
+        if v == "spill":
+            await spill(devs, work, args.steps)
+            continue
         if v.startswith("alternate"):
             kept = _keep_gil_records(devs) if v == "alternate-keep-gil" else None
             await alternate(devs, work, args.steps, v)
