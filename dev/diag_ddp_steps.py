@@ -7,13 +7,14 @@ a rank made slow is flagged, without a per-step barrier.
 
 Each rank trains an MLP under DDP on its GPU (torch launching onto the rank's asyncgpu stream) and reads its loss
 after each step (outside the step). Overhead: ``--pairs`` rounds of blocks of ``--steps`` steps, one block per mode
-(``bare``; ``timer``: a step timer; ``watch``: a step timer with `watch_steps`), the modes' order rotated each
-round; each rank's median step time per block; rank 0 prints, per rank and mode, the ratios to the round's bare
-block: median and 95 % interval (what the timer costs, and what the exchange adds). Stragglers: one timed run where rank
-``--slow-rank`` sleeps ``--slow-ms`` before each step (a data loader) from step ``--steps // 2`` on, then one where it
-sleeps inside each step before issuing it; rank 0 prints, for each, the first block that flags the slow rank (and
-how many steps after the slowdown began), the blocks that flag another rank, and whether the ranks were judged in
-lockstep.
+(``bare``; ``idle``: a step timer open, no step marked; ``timer``: a step timer; ``watch``: a step timer with
+`watch_steps`), the modes' order rotated each round; each rank's median step time per block; rank 0 prints, per
+rank and mode, the ratios to the round's bare block: median and 95 % interval (what an open timer costs, what
+marking steps adds, what the exchange adds). Stragglers: one timed run where rank ``--slow-rank`` sleeps
+``--slow-ms`` before each step (a data loader) from step ``--steps // 2`` on, then one where it sleeps inside each
+step before issuing it; rank 0 prints, for each, the first block that flags the slow rank (and how many steps after
+the slowdown began), the blocks that flag another rank, whether the ranks were judged in lockstep, and each block as
+judged.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def model(backend: str, rank: int, dev: asyncgpu.Device, width: int, layers: int
 
 
 async def run(args: argparse.Namespace, rank: int, dev: asyncgpu.Device, parts: tuple, mode: str, slow: str) -> tuple:
-    """``--steps`` steps in ``mode`` (``bare``, ``timer``, ``watch``); returns (step times ms, the watch or None)."""
+    """``--steps`` steps in ``mode`` (``bare``, ``idle``, ``timer``, ``watch``); returns (step times ms, the watch or
+    None)."""
     ddp, opt, x, on_stream = parts
     times: list[float] = []
 
@@ -81,7 +83,7 @@ async def run(args: argparse.Namespace, rank: int, dev: asyncgpu.Device, parts: 
     async with asyncgpu.step_timer(dev) as st:
         if mode == "watch":
             watch = asyncgpu.ranks.watch_steps(st, every=args.every, timeout_s=120)
-        await steps(st)
+        await steps(None if mode == "idle" else st)
     return times, watch
 
 
@@ -111,10 +113,10 @@ def main() -> int:
         args.width, args.layers = min(args.width, 256), min(args.layers, 4)
     parts = model(args.backend, rank, dev, args.width, args.layers)
     anyio.run(run, args, rank, dev, parts, "bare", "")  # (warm-up)
-    modes = ("bare", "timer", "watch")
+    modes = ("bare", "idle", "timer", "watch")
     block_ms: dict[str, list[float]] = {m: [] for m in modes}
     for k in range(args.pairs):
-        for mode in modes[k % 3 :] + modes[: k % 3]:
+        for mode in modes[k % len(modes) :] + modes[: k % len(modes)]:
             times, _ = anyio.run(run, args, rank, dev, parts, mode, "")
             block_ms[mode].append(statistics.median(times[args.steps // 10 :]))
     mine = {}

@@ -412,20 +412,31 @@ class StepTimer:
         return time.perf_counter() - self._flushed_s >= 0.9 * float(self._harvest_s or 0.0)
 
     def _attribute(self) -> None:
-        """CUPTI's flush: the held steps' busy time from the records, then published (the harvest thread)."""
+        """CUPTI's flush: the held steps' busy time from the records, then published (the harvest thread). A
+        failed flush (`SourceError`) loses the held steps, as it would have lost a harvest's."""
         records = self._cupti
         held, self._held, self._held_steps = self._held, [], 0
         self._flushed_s = time.perf_counter()
         index, begin, exit_, start, end, issued = (np.concatenate(col) for col in zip(*held))
         measured = None
-        if records is not None:
+        if records is not None:  # (None: the source was dropped while steps were held)
             records.take()
             measured = records.measured(start, end, issued)
             records.forget_before(end[-1])
         self._publish(index, begin, exit_, start, end, issued, measured)
 
-    def _publish(self, index: Any, begin: Any, exit_: Any, start: Any, end: Any, issued: Any, measured: Any) -> None:
-        """Balance of placed steps, into the ring, the trace and the listeners (the harvest thread)."""
+    def _publish(
+        self,
+        index: np.ndarray,
+        begin: np.ndarray,
+        exit_: np.ndarray,
+        start: np.ndarray,
+        end: np.ndarray,
+        issued: np.ndarray,
+        measured: tuple[np.ndarray, np.ndarray] | None,
+    ) -> None:
+        """Balance of placed steps (host ns; ``measured``: CUPTI's busy time per step and device, `StepRecords`),
+        into the ring, the trace and the listeners (the harvest thread)."""
         split = step_split(begin.astype(np.float64), exit_.astype(np.float64), start, end, issued, measured)
         with self._lock:
             self._ring.add(index, begin, exit_, start, end, issued, split)
