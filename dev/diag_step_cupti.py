@@ -3,10 +3,10 @@ taken before torch loads, as bench_steps does), its step time against the same p
 
     PYTHONPATH=$PWD python dev/diag_step_cupti.py [--steps 300] [--pairs 6] [--devices 1]
 
-Variants: ``default`` (the CUPTI source's default cadence, `CUPTI_HARVEST_S`); ``plain-walk`` (the same, each
-buffer walked record by record: what finding runs in bulk saves); ``flush-only`` (the same flushes, every buffer
-dropped unparsed: what CUPTI's flush costs the loop, apart from the parse); ``flush-keep-gil`` (the default, CUPTI's
-flush called keeping the GIL: its buffer callbacks, Python, then never wait for the GIL on the flushing thread);
+Variants: ``default`` (the CUPTI source's default cadence, `CUPTI_HARVEST_S`); ``flush-only`` (the same flushes,
+every buffer dropped unparsed: what CUPTI's flush costs the loop, apart from the parse); ``flush-keep-gil`` (the
+default, CUPTI's flush called keeping the GIL: its buffer callbacks, Python, then never wait for the GIL on the
+flushing thread);
 ``harvest-50ms``, ``harvest-250ms``, ``harvest-1s`` and ``harvest-2s`` (fewer flushes, each of more records: is the
 cost per flush or per record?); ``no-flush`` (harvest_s=3600: nothing flushed while timed: what CUPTI's own
 instrumentation costs). Two variants split the CUPTI timer's cost into parts measured each between neighbours (the
@@ -36,7 +36,6 @@ import numpy as np
 
 VARIANTS = (
     "default",
-    "plain-walk",
     "flush-only",
     "flush-keep-gil",
     "harvest-50ms",
@@ -49,7 +48,6 @@ VARIANTS = (
 )
 HARVEST_S = {
     "default": None,
-    "plain-walk": None,
     "flush-only": None,
     "flush-keep-gil": None,
     "harvest-50ms": 0.05,
@@ -82,13 +80,11 @@ def child(variant: str, steps: int, devices: int, pairs: int, block: int = 40) -
     cupti_buffers.Buffers._on_completed = counted_completed
     cupti_buffers.Buffers._on_requested = counted_requested
     cupti.acquire(cupti.STEPS)
-    stats = {"flushes": 0, "flush_s": 0.0, "cupti_flush_s": 0.0, "records": 0, "names_read": 0, "walks": ""}
+    stats = {"flushes": 0, "flush_s": 0.0, "cupti_flush_s": 0.0, "records": 0, "names_read": 0}
     stats["harvests"], stats["harvest_cpu_s"], stats["harvest_s"] = 0, 0.0, 0.0  # whole harvests (the thread's CPU)
     stats["kinds"] = {}  # CUPTI activity kind -> records of it in the buffers (the process's total)
     flush_at: list[tuple[float, float]] = []  # each harvest that flushed (its whole span), perf_counter s
     step_at: list[tuple[float, float]] = []  # each timed step with the CUPTI source, perf_counter s
-    if variant == "plain-walk":  # the default cadence, every buffer walked record by record (A/B of the bulk walk)
-        cupti_buffers._PROBE = 1 << 62  # (no run is ever long enough to be found in bulk)
     if variant == "flush-only":  # (CUPTI flushes as usual; its buffers are dropped unread)
 
         def dropped(self) -> cupti_buffers.RecordBatch:
@@ -108,10 +104,6 @@ def child(variant: str, steps: int, devices: int, pairs: int, block: int = 40) -
             parser = cupti._buffers.parser
             stats["names_read"] = parser.names_read  # (the process's total so far)
             stats["kinds"] = {str(k): n for k, n in sorted(parser.kinds_seen.items())}
-            if variant != "plain-walk":
-                # does the next buffer find some kind's runs in bulk from their first record (R), or only past the
-                # probe (p)?
-                stats["walks"] += "R" if parser._long_runs else "p"
         return batch, ext
 
     keep_gil = None
@@ -297,7 +289,7 @@ def main() -> int:
         return 0
     print(
         f"{'variant':<14} {'bare ms':>8} {'cupti ms':>9} {'ratio p50 [95% CI]':>24}  flushes  in CUPTI ms/each"
-        "  parse ms/each  records/step  names read  walks (R: by runs)  records in buffers by kind (per step)"
+        "  parse ms/each  records/step  names read  records in buffers by kind (per step)"
     )
     for v in args.variants.split(","):
         try:
@@ -338,7 +330,7 @@ def main() -> int:
             f"{v:<14} {bare:8.3f} {on:9.3f}"
             f" {med:9.4f} [{lo:.4f}, {hi:.4f}]  {s['flushes']:7d}  {1e3 * s['cupti_flush_s'] / nf:16.3f}"
             f"  {1e3 * (s['flush_s'] - s['cupti_flush_s']) / nf:13.3f}  {s['records'] / timed_steps:12.1f}"
-            f"  {s['names_read']:10d}  {s['walks'][-12:]:>18}  {_kinds(s['kinds'], timed_steps)}"
+            f"  {s['names_read']:10d}  {_kinds(s['kinds'], timed_steps)}"
         )
         h, nh = r.get("harvest", {}), max(s["harvests"], 1)
         if "share" in h:

@@ -128,28 +128,17 @@ def test_a_kind_no_layout_sizes_is_walked_by_cupti_and_skipped():
     assert len(batch) == 6 and batch.names[batch.name[np.argmax(batch.start_ns)]] == "late"
 
 
-def walks(monkeypatch: pytest.MonkeyPatch, data: np.ndarray) -> list[dict[int, list[int]]]:
-    """``data`` walked record by record (no run ever long enough for a bulk search), by a fresh parser, and by one
-    whose last runs of every kind were long (each run found in bulk from its first record): the offsets per kind."""
-    from asyncgpu._backends import cupti_buffers
-
-    out = []
-    with monkeypatch.context() as m:
-        m.setattr(cupti_buffers, "_PROBE", 1 << 62)
-        out.append(Parser(LAYOUTS, reference_walk)._walk_by_size(data))
-    out.append(Parser(LAYOUTS, reference_walk)._walk_by_size(data))
-    primed = Parser(LAYOUTS, reference_walk)
-    primed._long_runs.update({k: 1000 for k in SIZES})
-    out.append(primed._walk_by_size(data))
-    return [{k: v.tolist() for k, v in w.items() if len(v)} for w in out]
+def walk(data: np.ndarray) -> dict[int, list[int]]:
+    """``data`` walked by a fresh parser: the offsets per kind."""
+    return {k: v.tolist() for k, v in Parser(LAYOUTS, reference_walk)._walk_by_size(data).items() if len(v)}
 
 
-def test_every_walk_hands_the_rest_to_cuptis_walk_at_a_kind_no_layout_sizes(monkeypatch):
+def test_the_walk_hands_the_rest_to_cuptis_walk_at_a_kind_no_layout_sizes():
     b = sample()
     b.raw(OTHER, OTHER_SIZE)
     b.kernel(2000, 2100, 0, 3, 9, "late")
     data = b.data()
-    assert walks(monkeypatch, data) == [reference_walk(data)] * 3
+    assert walk(data) == reference_walk(data)
 
 
 def test_sizes_that_disagree_with_cuptis_walk_name_the_fix():
@@ -217,17 +206,14 @@ def test_kernel_names_are_read_once_per_address_and_the_memo_stays_bounded(monke
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_runs_found_in_bulk_give_the_offsets_of_a_record_by_record_walk(seed, monkeypatch):
-    """Runs of every length around the probe's (a step's kernels are long runs; copies come alone or in short
-    ones), a run to the buffer's very end, and records whose inner words look like kinds: the bulk walk finds
-    exactly the records a walk one record at a time finds."""
-    from asyncgpu._backends.cupti_buffers import _PROBE
-
+def test_the_walk_by_runs_gives_the_offsets_of_a_record_by_record_walk(seed):
+    """Runs of every length (a step's kernels are long runs; copies come alone or in short ones), a run to the
+    buffer's very end, and records whose inner words look like kinds: the walk finds exactly the records a walk one
+    record at a time finds."""
     rng = np.random.default_rng(seed)
     b = Buffer()
     corr = 0
-    lengths = [1, 2, _PROBE - 1, _PROBE, _PROBE + 1, 4 * _PROBE, 4 * _PROBE + 1, 300, *rng.integers(1, 200, 20)]
-    for n in rng.permutation(lengths):
+    for n in rng.permutation([1, 2, 31, 32, 33, 128, 129, 300, *rng.integers(1, 200, 20)]):
         kind = [KERNEL, KERNEL, MEMSET, MEMCPY, API][int(rng.integers(5))]
         for _ in range(int(n)):
             corr += 1
@@ -237,48 +223,43 @@ def test_runs_found_in_bulk_give_the_offsets_of_a_record_by_record_walk(seed, mo
                 b.parts.append(np.array([API, KERNEL, MEMSET, KERNEL, KERNEL, MEMCPY, KERNEL, KERNEL], "<u4").tobytes())
             else:
                 b.copy(kind, 10 * corr, 10 * corr + 5, 0, corr)
-    for _ in range(5 * _PROBE):  # a long run to the buffer's end
+    for _ in range(160):  # a long run to the buffer's end
         corr += 1
         b.kernel(10 * corr, 10 * corr + 5, 0, 3, corr, "k")
     data = b.data()
     truth = reference_walk(data)
-    assert walks(monkeypatch, data) == [truth] * 3
+    assert walk(data) == truth
     parser = Parser(LAYOUTS, reference_walk)
     assert len(parser.parse(data)) == sum(len(v) for k, v in truth.items() if k in (KERNEL, MEMSET, MEMCPY))
     assert parser.kinds_seen == {k: len(v) for k, v in truth.items()}
 
 
-def test_a_kind_whose_last_run_was_long_has_its_next_runs_found_in_bulk_until_one_is_short(monkeypatch):
-    """A step's kernels between single copies: once a run of kernels was long, the next (in this buffer or the
-    next one) is found by one bulk search from its first record; a short one makes its kind go record by record."""
-    from asyncgpu._backends import cupti_buffers
-
-    def buffer(*runs: int) -> np.ndarray:
-        b = Buffer()
-        for k, run in enumerate(runs):
-            for _ in range(run):
-                b.kernel(10, 20, 0, 3, k, "k")
-            b.copy(MEMCPY, 1, 2, 0, k)
-        return b.data()
-
+def test_a_run_of_one_kind_is_one_match_and_a_cut_record_goes_to_cuptis_walk():
+    """A step's kernels between single copies: one Python call a run, whatever its length. A record cut short at
+    the buffer's end (CUPTI ends buffers at a record's end; a bad size would not) is left to CUPTI's walk."""
+    b = Buffer()
+    for k, run in enumerate((500, 3, 1, 200)):
+        for _ in range(run):
+            b.kernel(10, 20, 0, 3, k, "k")
+        b.copy(MEMCPY, 1, 2, 0, k)
+    data = b.data()
     parser = Parser(LAYOUTS, reference_walk)
-    searches: list[int] = []
-    real = Parser._rest_of_run
-    monkeypatch.setattr(Parser, "_rest_of_run", staticmethod(lambda *a: searches.append(a[5]) or real(*a)))
-    long = 3 * cupti_buffers._PROBE
-    parser._walk_by_size(buffer(long, long))
-    assert searches == [4 * cupti_buffers._PROBE, long + 1]  # past the probe, then from the first record
-    assert parser._long_runs == {KERNEL: long}
-    searches.clear()
-    data = buffer(long + 5, 3, 3, long)
+    calls = []
+    real = parser._runs
+
+    class Counted:
+        def match(self, buf, pos):
+            calls.append(pos)
+            return real.match(buf, pos)
+
+    parser._runs = Counted()
     assert {k: v.tolist() for k, v in parser._walk_by_size(data).items() if len(v)} == reference_walk(data)
-    # one search for the first run (as long as the last one, and 5 more: the search grows); a run of 3 walks the
-    # next ones record by record, until the last is past the probe
-    assert searches == [long + 1, long + 6, 4 * cupti_buffers._PROBE]
-    assert parser._long_runs == {KERNEL: long}
-    searches.clear()
-    parser._walk_by_size(buffer(3))
-    assert searches == [long + 1] and parser._long_runs == {}  # (a search that found a short run: plain again)
+    assert len(calls) == 8  # four runs of kernels, four copies
+    cut = data[: len(data) - 8]  # the last copy cut short
+    seen = []
+    parser._walk_by_cupti = lambda rest: seen.append(len(rest)) or {}
+    offsets = parser._walk_by_size(cut)
+    assert seen == [COPY_DT.itemsize - 8] and len(offsets[MEMCPY]) == 3
 
 
 def reference_parse(data: np.ndarray) -> tuple[list[tuple], list[tuple[int, int, int]]]:
@@ -303,12 +284,10 @@ def reference_parse(data: np.ndarray) -> tuple[list[tuple], list[tuple[int, int,
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_a_parse_gives_the_records_a_straightforward_reading_gives(seed, monkeypatch):
+def test_a_parse_gives_the_records_a_straightforward_reading_gives(seed):
     """Random buffers of every kind (runs long and short, records flushed before their work ran, start == end,
     external ids, API records, a kind no layout sizes): the same records, kinds and names, each kind in buffer
-    order, whichever way each run was walked; a buffer walked again by a parser that remembers long runs too."""
-    from asyncgpu._backends import cupti_buffers
-
+    order; the same buffer parsed again by the same parser too."""
     rng = np.random.default_rng(seed)
     b = Buffer()
     corr = 0
@@ -332,14 +311,12 @@ def test_a_parse_gives_the_records_a_straightforward_reading_gives(seed, monkeyp
     data = b.data()
     want, want_ext = reference_parse(data)
     by_kind = {k: [r for r in want if r[0] == k] for k in ("kernel", "memset", "memcpy")}
-    for probe in (cupti_buffers._PROBE, 1 << 62):
-        monkeypatch.setattr(cupti_buffers, "_PROBE", probe)
-        parser = Parser(LAYOUTS, reference_walk)
-        for _ in range(2):
-            batch = parser.parse(data)
-            got = batch.tuples()
-            assert {k: [r for r in got if r[0] == k] for k in by_kind} == by_kind
-            assert sorted(batch.external) == sorted(want_ext) and len(got) == len(want)
+    parser = Parser(LAYOUTS, reference_walk)
+    for _ in range(2):
+        batch = parser.parse(data)
+        got = batch.tuples()
+        assert {k: [r for r in got if r[0] == k] for k in by_kind} == by_kind
+        assert sorted(batch.external) == sorted(want_ext) and len(got) == len(want)
 
 
 def test_an_empty_buffer_and_one_whose_records_all_lack_times_give_no_records():

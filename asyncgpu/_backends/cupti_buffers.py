@@ -6,9 +6,10 @@ spends more time there than in its steps (benchmarks/HISTORY.md, run 31). Here C
 (ctypes) into libcupti:
 ``requested`` lends it a buffer from a small pool, ``completed`` only queues the buffer's address and valid size
 (no parsing on CUPTI's thread). `Buffers.take` then walks the queued buffers on the flushing thread to find where
-records start (each record's size follows from its kind): a run of records of one kind that is long (a step's
-kernels) in one numpy search, a short one (a copy between kernels) one Python step per record. Then every field
-of every record of a kind at once, through the record's numpy dtype as cupti-python declares it.
+records start (each record's size follows from its kind, its first word): a run of records of one kind (a step's
+kernels, or a copy between them) is one match of a regular expression (`_run_pattern`), which ``re`` walks in C,
+a record a 4-byte compare and a jump; one Python call a run. Then every field of every record of a kind at once,
+through the record's numpy dtype as cupti-python declares it.
 
 The walk by sizes is checked once per process against CUPTI's own ``cuptiActivityGetNextRecord`` on a real
 buffer: when they disagree, the records are not the ones cupti-python describes, and `take` raises `SourceError`
@@ -32,6 +33,8 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import re
+import struct
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -56,9 +59,6 @@ KIND_KERNEL, KIND_MEMSET, KIND_MEMCPY = 0, 1, 2  #: `RecordBatch.kind` codes
 KIND_NAMES = ("kernel", "memset", "memcpy")
 POOL_MAX = 4  #: idle buffers kept for CUPTI's next requests (each `Buffers.nbytes`)
 MAX_NAME_ADDRESSES = 65_536  #: kernel name addresses remembered (past it the memo starts again)
-#: records of one kind in a row walked one by one before the rest of their run is found in bulk (one numpy search
-#: costs about as much as ~40 records walked one by one)
-_PROBE = 32
 _ALIGN = 8  # CUPTI wants 8-byte aligned buffers
 
 _REQUESTED = ctypes.CFUNCTYPE(
@@ -232,12 +232,13 @@ class Parser:
     ) -> None:
         self.layouts = {int(k): _Layout(np.dtype(dt), code) for k, (dt, code) in layouts.items()}
         self._sizes = {k: lay.size for k, lay in self.layouts.items()}
+        self._kinds = list(self._sizes)  # group i + 1 of `_runs` matches a run of self._kinds[i]
+        self._runs = _run_pattern(self._sizes)
         self._walk_by_cupti = walk
         self._names: dict[int, str] = {}  # a kernel name's address (CUPTI keeps it) -> the name
         self.names_read = 0  #: kernel names read from CUPTI's memory so far (each a ctypes call: ~1 µs)
         self.walk_checked = False  # True once walking by sizes agreed with CUPTI's own walk on a real buffer
         self.kinds_seen: dict[int, int] = {}  #: records seen so far per CUPTI activity kind (skipped kinds too)
-        self._long_runs: dict[int, int] = {}  # kind -> the length of its last run, while that was long (>= _PROBE)
 
     def parse(self, data: np.ndarray) -> RecordBatch:
         """The records in ``data`` (a buffer's valid bytes, 8-byte aligned)."""
@@ -310,50 +311,22 @@ class Parser:
         return name
 
     def _walk_by_size(self, data: np.ndarray) -> dict[int, np.ndarray]:
-        """Record offsets per kind, each record's size from its kind (the first word of every record). Records of
-        one kind come in runs (a step's kernels, between a few copies). A run is found in bulk (`_rest_of_run`: one
-        numpy search) where its kind's last run, in this buffer or an earlier one, was at least `_PROBE` records
-        long, or once it reaches `_PROBE` records; short runs record by record (one Python step each)."""
-        n_words = len(data) // 4
-        words = memoryview(data[: 4 * n_words].data).cast("I")
-        wide = np.frombuffer(data, np.uint32, n_words)
-        valid, long_runs = len(data), self._long_runs
-        # per kind: its size, its offsets not yet in `done` (in order), the length of its last run if long (else 0)
-        # (a bulk search reads 32-bit words: only for sizes that are whole words, as CUPTI's 8-byte aligned ones are)
-        kinds: dict[int, tuple[int, list[int], int]] = {
-            k: (n, [], 0 if n & 3 else long_runs.get(k, 0)) for k, n in self._sizes.items()
-        }
-        done: dict[int, list[np.ndarray]] = {k: [] for k in kinds}  # per kind: offsets so far, as arrays
-        o = size = same = 0
-        prev = -1  # the kind of the record before o (-1: none, or its run was found in bulk)
-        here: list[int] = []
+        """Record offsets per kind, each record's size from its kind (the first word of every record): one match of
+        `_runs` per run of records of one kind, in C; from a kind that no layout sizes on, CUPTI's own walk."""
+        buf, valid, o = data.data, len(data), 0  # (a contiguous byte array: its memoryview, no copy)
+        kinds, sizes, match = self._kinds, self._sizes, self._runs.match
+        starts: list[list[int]] = [[] for _ in kinds]  # per kind: where each of its runs starts
+        counts: list[list[int]] = [[] for _ in kinds]  # and how many records it holds
         while o < valid:
-            kind = words[o >> 2]
-            if kind == prev:
-                same += 1
-                if same == _PROBE and o + size <= valid and not size & 3:  # a long run: the rest of it in bulk
-                    o, run = self._rest_of_run(wide, o, size, kind, valid, 4 * _PROBE, here, done[kind])
-                    kinds[kind], prev = (size, here, same - 1 + run), -1
-                    continue
-            else:
-                got = kinds.get(kind)
-                if got is None:
-                    break
-                size, here, expected = got
-                prev, same = kind, 1
-                if expected and o + size <= valid:  # (the record at o is of the kind: a run of 1 or more)
-                    o, run = self._rest_of_run(wide, o, size, kind, valid, expected + 1, here, done[kind])
-                    kinds[kind], prev = (size, here, run if run >= _PROBE else 0), -1
-                    continue
-            here.append(o)
-            o += size
-        for k, (_size, rest, expected) in kinds.items():
-            done[k].append(np.asarray(rest, np.int64))
-            if expected:
-                long_runs[k] = expected
-            else:
-                long_runs.pop(k, None)
-        return _joined(done, self._rest_by_cupti(data, o))
+            m = match(buf, o)
+            if m is None:  # (a kind no layout sizes, or a record cut short: CUPTI's walk from here)
+                break
+            i, end = (m.lastindex or 1) - 1, m.end()  # (the one group that matched)
+            starts[i].append(o)
+            counts[i].append((end - o) // sizes[kinds[i]])
+            o = end
+        runs = {k: _ragged(starts[i], counts[i], sizes[k]) for i, k in enumerate(kinds)}
+        return _joined(runs, self._rest_by_cupti(data, o))
 
     def _rest_by_cupti(self, data: np.ndarray, o: int) -> dict[int, np.ndarray]:
         """The offsets per kind of the records from ``o`` on (none at the buffer's end), by CUPTI's own walk: what a
@@ -362,36 +335,31 @@ class Parser:
             return {}
         return {k: o + np.asarray(offs, np.int64) for k, offs in self._walk_by_cupti(data[o:]).items()}
 
-    @staticmethod
-    def _rest_of_run(
-        wide: np.ndarray, o: int, size: int, kind: int, valid: int, look: int, before: list[int], done: list[np.ndarray]
-    ) -> tuple[int, int]:
-        """The records of ``kind`` (``size`` bytes each) from offset ``o`` on (the one at ``o`` is of the kind), up to
-        the first that is not: their offsets, after ``before`` (the kind's offsets so far, then emptied), appended to
-        ``done``. Returns the offset after them and their number. ``wide``: the buffer as 32-bit words; ``look``:
-        how many records the first search reads (the run's expected length and one: a run as long as expected takes
-        one search). Every word read is where a record starts, as long as the ones before it were of ``kind``: so
-        the first that is not of ``kind`` starts a record too."""
-        fit, run = (valid - o) // size, 0  # (records of this size the rest could hold; found of the kind)
-        first, step = o >> 2, size >> 2
-        while run < fit:
-            hi = min(run + look, fit)
-            other = wide[first + step * run : first + step * hi : step] != kind
-            at = int(other.argmax())
-            if other[at]:
-                run += at
-                break
-            run, look = hi, 4 * look
-        done += [np.asarray(before, np.int64), np.arange(o, o + run * size, size, dtype=np.int64)]
-        before.clear()
-        return o + run * size, run
+
+def _run_pattern(sizes: dict[int, int]) -> re.Pattern[bytes]:
+    """A regular expression whose group ``i + 1`` matches a run of records of the ``i``-th kind of ``sizes`` (kind ->
+    record size, bytes): the kind as a native 32-bit word, then the record's other bytes (``.{n}`` with DOTALL:
+    ``re`` skips them at once), repeated. A record of another kind ends the run: its first word differs."""
+    alts = [b"((?:" + re.escape(struct.pack("=I", k)) + b".{%d})+)" % (n - 4) for k, n in sizes.items()]
+    return re.compile(b"|".join(alts), re.DOTALL)
 
 
-def _joined(parts: dict[int, list[np.ndarray]], rest: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
-    """Per kind, the offsets in ``parts`` (in order) and then those in ``rest``, as one array."""
+def _ragged(starts: list[int], counts: list[int], size: int) -> np.ndarray:
+    """The offsets of runs of records of ``size`` bytes, run ``r`` of ``counts[r]`` records from ``starts[r]``."""
+    if not starts:
+        return np.empty(0, np.int64)
+    n = np.asarray(counts, np.int64)
+    run = np.repeat(np.arange(len(n)), n)  # each record's run
+    first = np.cumsum(n) - n  # each run's first record
+    return np.asarray(starts, np.int64)[run] + (np.arange(len(run)) - first[run]) * size
+
+
+def _joined(runs: dict[int, np.ndarray], rest: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """Per kind, the offsets in ``runs`` and then those in ``rest``, as one array."""
+    out = dict(runs)
     for k, offs in rest.items():
-        parts.setdefault(k, []).append(offs)
-    return {k: np.concatenate(v) if v else np.empty(0, np.int64) for k, v in parts.items()}
+        out[k] = np.concatenate([out[k], offs]) if k in out else offs
+    return out
 
 
 class Buffers:
