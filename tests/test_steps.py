@@ -749,6 +749,45 @@ def test_bench_steps_runs_on_the_host_backend(tmp_path):
 WORLD, EVERY, STEPS = 2, 5, 30
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_the_other_ranks_median_is_each_ranks_own(seed):
+    from asyncgpu.ranks.steps import _others_median
+
+    rng = np.random.default_rng(seed)
+    for world in (2, 3, 4, 7):
+        x = rng.integers(0, 5, (6, world)).astype(float)  # (ties too)
+        want = [[np.median(np.delete(row, r)) for r in range(world)] for row in x]
+        assert np.array_equal(_others_median(x), np.array(want)), x
+
+
+def _free_block(rng, world: int, slow: dict[int, float], noise_ms: float, steps: int = 25) -> list:
+    """``_report``'s input: ranks that run free, ~10 ms steps with ``noise_ms`` of jitter, ``slow`` ms more on some."""
+    gathered = []
+    for r in range(world):
+        rows, t = [], 0.0
+        for i in range(steps):
+            dur = (10.0 + slow.get(r, 0.0) + rng.normal(0, noise_ms)) * 1e6
+            rows.append((i, t, t + dur, [t + dur - 1e5], 0, t + dur / 2))
+            t += dur + 1e6 * rng.uniform(0, 5)  # (ranks drift apart: not in lockstep)
+        gathered.append((0, ("cuda:0",), rows))
+    return gathered
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_noisy_ranks_none_slow_are_not_flagged_and_a_slow_one_is(seed):
+    """Four ranks with 1 ms of jitter on 10 ms steps: each one's median distance from the step's fastest is about a
+    tenth of a step, which flagged the largest with no rank slow; against the others' median they read ~0. A rank
+    3 ms slower is flagged, with about that excess."""
+    from asyncgpu.ranks.steps import _report
+
+    rng = np.random.default_rng(seed)
+    calm = _report(0, _free_block(rng, 4, {}, 1.0), 0.1)
+    assert not calm.lockstep and not calm.flagged and max(calm.excess_ms) < 0.1 * calm.step_ms, calm
+    slow = _report(1, _free_block(rng, 4, {2: 3.0}, 1.0), 0.1)
+    assert slow.flagged and slow.straggler_rank == 2 and 2.0 < slow.excess_ms[2] < 4.0, slow
+    assert max(x for r, x in enumerate(slow.excess_ms) if r != 2) < 0.1 * slow.step_ms, slow
+
+
 def _rank_worker(rank: int, world: int, store: str, out: str) -> None:
     import torch.distributed as dist
 

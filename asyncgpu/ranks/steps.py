@@ -8,21 +8,23 @@ wait for it, and nothing goes through NCCL. For each step present on every rank,
 host exit and its devices' last end. Its *lateness* is the clock-aligned end minus the earliest rank's end. Which
 rank held the block back depends on how the ranks run:
 - **Free-running** (no collective in the loop: ranks drift apart): a rank's *excess* is its step time (entry to end)
-  minus the fastest rank's.
+  minus the other ranks' median step time.
 - **In lockstep** (a collective every step, as in data-parallel training: the ranks' step ends agree, within ``slack``
   of the step time or within half the spread of their step times, in most steps): the step ends together everywhere,
   so step times say nothing; the ranks that waited spent their wait inside the step. A rank's excess is then how late
-  it came to the collective: the largest of its entry's lateness (a data loader before the step), its host's lateness
-  in issuing the step (`Step.issued`, else the step's exit: slow issuing inside the step, where the collective runs on
-  the devices, as NCCL's), and its devices' last end's lateness (their work ended last). A collective that the host
-  waits in (gloo, or a ``.item()`` of its result) makes every rank issue at its end: call ``step.issued()`` before it,
-  or the rank the others wait for there does not stand out.
+  it came to the collective, behind the other ranks' median: the largest of its entry's lateness (a data loader
+  before the step), its host's lateness in issuing the step (`Step.issued`, else the step's exit: slow issuing
+  inside the step, where the collective runs on the devices, as NCCL's), and its devices' last end's lateness (their
+  work ended last). A collective that the host waits in (gloo, or a ``.item()`` of its result) makes every rank
+  issue at its end: call ``step.issued()`` before it, or the rank the others wait for there does not stand out.
 
-The block's straggler is the rank with the largest median excess, flagged when that is at least ``slack`` of the
-median step time, with its own straggler (the device that ended last, or the host): a straggler is known within
-``every`` steps plus one exchange. A slow GPU whose peers wait inside a device collective (NCCL) ends with them and
-comes to the work with them: the events source does not tell it from its peers, whose collective kernels count as
-busy.
+Each excess is a median over the block's steps, and 0 at least; measured against the others' median rather than the
+first rank, ranks that are only noisy read about 0 (against the first, each of several noisy ranks read a tenth of
+a step behind, and the largest was flagged). The block's straggler is the rank with the largest excess, flagged when
+that is at least ``slack`` of the median step time, with its own straggler (the device that ended last, or the
+host): a straggler is known within ``every`` steps plus one exchange. A slow GPU whose peers wait inside a device
+collective (NCCL) ends with them and comes to the work with them: the events source does not tell it from its
+peers, whose collective kernels count as busy.
 
 Clocks: times are ``time.perf_counter_ns()`` (CLOCK_MONOTONIC). Ranks on one host share it, so lateness is
 clock-aligned there. Across hosts it is not: pass ``clock_offset_ns`` (this rank's clock minus rank 0's, e.g.
@@ -69,8 +71,8 @@ class RankStepReport(Plain):
     steps: int  #: steps of the block present on every rank
     straggler_rank: int | None  #: the rank with the largest median excess; None when no step is common
     straggler: str | None  #: that rank's own straggler in most of the block's steps: a device, or ``"host"``
-    #: per rank, how much it held the block's steps back (median over them): free-running, its step time minus the
-    #: fastest rank's; in lockstep, how late it came to the steps' work (see the module's docstring)
+    #: per rank, how much it held the block's steps back (median over them, 0 at least): free-running, its step time
+    #: minus the other ranks' median; in lockstep, how late it came to the steps' work (see the module's docstring)
     excess_ms: tuple[float, ...]
     lateness_ms: tuple[float, ...]  #: per rank, its median end minus the earliest rank's end (host clock)
     step_ms: float  #: median step time (entry to end) over ranks and steps
@@ -189,6 +191,19 @@ class StepWatch:
         )
 
 
+def _others_median(x: np.ndarray) -> np.ndarray:
+    """For ``x`` (steps, ranks ≥ 2): per step and rank, the median of the other ranks' values. From each step's
+    sorted values: the k-th smallest of the others is the k-th of all where the rank sits above it, else the next."""
+    s = np.sort(x, axis=1)
+    place = np.argsort(np.argsort(x, axis=1, kind="stable"), axis=1)  # each value's index in s
+    m = x.shape[1] - 1  # how many others
+
+    def kth(k: int) -> np.ndarray:
+        return np.where(place > k, s[:, k : k + 1], s[:, k + 1 : k + 2])
+
+    return (kth((m - 1) // 2) + kth(m // 2)) / 2
+
+
 def _report(block: int, gathered: list, slack: float) -> RankStepReport:
     """The block's report from every rank's ``(offset, devices, rows)``."""
     per_rank = []
@@ -209,11 +224,14 @@ def _report(block: int, gathered: list, slack: float) -> RankStepReport:
     )
     dur = ends - begins
     step_ms = float(np.median(dur)) / 1e6
+    late = np.median(ends - ends.min(axis=1, keepdims=True), axis=0)  # behind the step's first rank
 
-    def behind(x: np.ndarray) -> np.ndarray:  # per rank, its median over steps of x minus the step's least
-        return np.median(x - x.min(axis=1, keepdims=True), axis=0)
+    def behind(x: np.ndarray) -> np.ndarray:
+        # per rank, its median over steps of x minus the other ranks' median, 0 at least (module docstring)
+        if world < 2:
+            return np.zeros(world)
+        return np.maximum(np.median(x - _others_median(x), axis=0), 0.0)
 
-    late = behind(ends)
     # In lockstep the ends agree within slack of the step, or at least far better than the step times do (a rank
     # slow before its step: its step is the short one). Free-running ranks drift: their ends part step by step.
     spread = float(np.median(ends.max(axis=1) - ends.min(axis=1))) / 1e6
