@@ -8,6 +8,7 @@
 #   carry: [".whl"]   (made by ../shared/device/fetch-wheels.sh: nvtx, pytest-asyncio, trio, cupti-python, perfetto…)
 #   ONLY=REGEX: run only the steps whose name matches (e.g. ONLY='demo|workers|balance')
 #   SKIP=REGEX: leave out the steps whose name matches (e.g. SKIP='waits|timing'; a suite's step names its scripts)
+#   CUPTI_VARIANTS=LIST: the variants dev/diag_step_cupti runs (e.g. CUPTI_VARIANTS=default,toggle,alternate)
 #   ASYNCGPU_COMMIT=SHA: the commit the benchmarks' JSON names (set it from your checkout: the device machine's copy
 #     of the tree may carry a stale .git), e.g. command "ASYNCGPU_COMMIT=$(git rev-parse HEAD) bash scripts/gpu_check.sh"
 #   extra arguments go to the pytest steps
