@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         "--cupti-steps",
         type=int,
         default=500,
-        help="steps per repetition of the CUPTI child (its runs span several 1 s harvests, and its exit's flush)",
+        help="steps per repetition of the CUPTI child (its runs span several 2 s flushes, and its exit's flush)",
     )
     ap.add_argument("--cupti-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
