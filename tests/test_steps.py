@@ -232,14 +232,19 @@ async def test_a_wait_inside_the_step_after_issued_leaves_the_device_bounding_it
     assert rec.devices[1].busy_ms >= 0.5 * rec.step_ms  # (the wait is not the host's launch-bound time)
 
 
+async def _short_steps(st, dev, n: int) -> None:
+    """``n`` steps of a 10 µs spin each, waited for, with the harvest thread given its turn after each."""
+    for _ in range(n):
+        with st.step():
+            dev.stream.spin_us(10)
+        await dev.asynchronize()
+        await anyio.sleep(0.002)  # (the harvest thread's turn)
+
+
 async def test_half_full_pending_steps_wake_the_harvest_before_its_cadence(anyio_backend):
     dev = asyncgpu.device(0, backend="host")
     async with asyncgpu.step_timer(dev, harvest_s=3600, max_pending=8) as st:
-        for _ in range(40):
-            with st.step():
-                dev.stream.spin_us(10)
-            await dev.asynchronize()
-            await anyio.sleep(0.002)  # (the harvest thread's turn)
+        await _short_steps(st, dev, 40)
         s = st.stats()
         assert s.dropped == 0 and s.steps >= 30 and s.pending <= 8, s  # (a cadence of an hour harvested none)
     await _aquiet([dev])
@@ -268,11 +273,7 @@ async def test_with_cupti_an_early_harvest_takes_events_and_holds_the_steps_for_
     monkeypatch.setattr(cupti, "release", lambda channel: None)
     monkeypatch.setattr(steps_module, "_MAX_HELD_STEPS", held_cap)
     async with asyncgpu.step_timer(dev, source="cupti", harvest_s=3600, max_pending=8) as st:
-        for _ in range(40):
-            with st.step():
-                dev.stream.spin_us(10)
-            await dev.asynchronize()
-            await anyio.sleep(0.002)  # (the harvest thread's turn)
+        await _short_steps(st, dev, 40)
         s = st.stats()
         assert s.dropped == 0 and s.pending <= 8, s  # (the early harvests took the steps' events)
         if held_cap > 40:

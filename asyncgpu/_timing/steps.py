@@ -414,15 +414,14 @@ class StepTimer:
     def _attribute(self) -> None:
         """CUPTI's flush: the held steps' busy time from the records, then published (the harvest thread). A
         failed flush (`SourceError`) loses the held steps, as it would have lost a harvest's."""
-        records = self._cupti
+        records = self._cupti  # (steps are held only with the CUPTI source, dropped after the last harvest)
+        assert records is not None
         held, self._held, self._held_steps = self._held, [], 0
         self._flushed_s = time.perf_counter()
         index, begin, exit_, start, end, issued = (np.concatenate(col) for col in zip(*held))
-        measured = None
-        if records is not None:  # (None: the source was dropped while steps were held)
-            records.take()
-            measured = records.measured(start, end, issued)
-            records.forget_before(end[-1])
+        records.take()
+        measured = records.measured(start, end, issued)
+        records.forget_before(end[-1])
         self._publish(index, begin, exit_, start, end, issued, measured)
 
     def _publish(
