@@ -175,9 +175,16 @@ _HOLDS = {"always": "always", "if idle": "idle", "never": "never"}
 BURST = 200
 
 
+_LIBRARY_HOLD = hooks.should_hold  #: the library's own policy (hold every timed launch), put back after each comparison
+
+
 def _hold(mode: str) -> None:
     """Which launches an event-timing scope holds: ``"always"`` (the library's way), ``"idle"`` (only onto a stream
-    with nothing queued) or ``"never"``. A comparison the library does not offer: `hooks.should_hold` patched."""
+    with nothing queued), ``"never"``, or ``"library"`` (`hooks.should_hold` itself again). A comparison the library
+    does not offer: `hooks.should_hold` patched."""
+    if mode == "library":
+        hooks.should_hold = _LIBRARY_HOLD
+        return
 
     def should_hold(bd, raw_stream) -> bool:
         return bool(hooks.HOLD_USERS) and (mode == "always" or (mode == "idle" and bd.stream_idle(raw_stream)))
@@ -221,7 +228,7 @@ def _costs(d: asyncgpu.Device) -> dict:
             "burst_gpu_us": float(np.median(gpu_us)),
             "scope_exit_ms": float(np.median(exit_ms)) if exit_ms else 0.0,
         }
-    _hold("idle")
+    _hold("library")
     return out
 
 
@@ -341,7 +348,7 @@ def _part1(args: argparse.Namespace) -> dict:
         for mode, hold in _HOLDS.items():
             _hold(hold)
             got.extend((mode, case, r) for case, r in _cases(d, a, out, kernels[mode]))
-        _hold("idle")
+        _hold("library")
     path = os.path.join(tempfile.mkdtemp(), "trace.json")
     prof.export_chrome_trace(path)
     cupti = _cupti_activities(path)

@@ -4,18 +4,22 @@ scopes), per sequence of work queued behind a 3 ms spin (so the GPU never waits 
 
 Sequences: one kind of work repeated (spins of 5, 20 and 50 µs; 1 MB memsets; ``inc_loop``), kinds in turn
 (memset, inc_loop, spin, as `bench_accuracy`'s busy stream), spins on two streams of the device in turn, and a
-spin on an idle GPU. Each row: activities, events − CUPTI p10 / p50 / p90 (µs), and the p50 of the first activity
-behind the lead spin apart from the rest.
+spin on an idle GPU. Against asyncgpu's CUPTI source (an outer scope per round) and torch.profiler (one profile
+around a sequence's rounds). Each row: activities, events − CUPTI p10 / p50 / p90 (µs), and the p50 of the first
+activity behind the lead spin apart from the rest.
 
-    python dev/diag_busy_pair.py [--rounds 5] [--holds always,never] [--out FILE]
+    python dev/diag_busy_pair.py [--rounds 5] [--holds always,never] [--reference cupti,torch] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
-import os as _os
+import json
+import os
 import sys as _sys
+import tempfile
 from collections import defaultdict
+from collections.abc import Callable
 
 import numpy as np
 
@@ -23,14 +27,21 @@ import asyncgpu
 from asyncgpu._base.records import KINDS
 from asyncgpu._runtime import hooks
 
-_sys.path.insert(0, _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))))  # the repository root
+_sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
 from benchmarks._common import tee_stdout_to
 
 N = 20  #: activities per sequence
 
 
+_LIBRARY_HOLD = hooks.should_hold
+
+
 def _hold(mode: str) -> None:
-    """``"always"`` (the library's policy) or ``"never"``: `hooks.should_hold` patched, as `bench_accuracy` does."""
+    """``"always"`` (the library's policy), ``"never"`` or ``"library"`` (its own function again):
+    `hooks.should_hold` patched, as `bench_accuracy` does."""
+    if mode == "library":
+        hooks.should_hold = _LIBRARY_HOLD
+        return
     hooks.should_hold = lambda bd, raw_stream: bool(hooks.HOLD_USERS) and mode == "always"
 
 
@@ -51,10 +62,51 @@ def _pairs(inner: asyncgpu.Timeline, outer: asyncgpu.Timeline) -> list[tuple[str
     return out
 
 
+def _torch_rows(path: str) -> dict[int, list[tuple[str, float]]]:
+    """Per CUDA stream id, ``(kind, duration ns)`` of every kernel, memset and memcpy in a torch.profiler trace, in
+    start order, less asyncgpu's own (the clock's kernels, the engine primers)."""
+    kinds = {"kernel": "kernel", "gpu_memset": "memset", "gpu_memcpy": "memcpy"}
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    rows: dict[int, list[tuple[float, str, float]]] = defaultdict(list)
+    for e in events:
+        kind = kinds.get(e.get("cat", ""))
+        name = e.get("name", "")
+        if kind is None or "clock" in name or "asyncgpu_prime" in name:
+            continue
+        if kind == "memcpy" and e.get("args", {}).get("bytes") == 4:
+            continue
+        rows[int(e["args"]["stream"])].append((float(e["ts"]), kind, float(e["dur"]) * 1e3))
+    return {k: [(kind, d) for _, kind, d in sorted(v)] for k, v in rows.items()}
+
+
+def _against_torch(timelines: list[asyncgpu.Timeline], path: str) -> list[tuple[str, int, float]] | str:
+    """The rows of `_pairs` for the events scopes ``timelines`` (one per round, in order) against a torch.profiler
+    trace of them all: each stream's activities in order, streams matched by their number of activities."""
+    ours: dict[str, list[tuple[float, str, int, float]]] = defaultdict(list)  # label: (first start, kind, pos, ns)
+    for tl in timelines:
+        pos: dict[tuple[str, int], int] = defaultdict(int)
+        for r in range(len(tl.start_ns)):
+            label, k = tl.streams[int(tl.stream[r])][1], int(tl.kind[r])
+            ours[label].append((float(tl.start_ns[r]), KINDS[k], pos[(label, k)], float(tl.duration_ns[r])))
+            pos[(label, k)] += 1
+    theirs = _torch_rows(path)
+    mine = sorted(ours.values(), key=lambda v: -len(v))
+    if len(mine) != len(theirs):
+        return f"{len(mine)} streams of ours, {len(theirs)} in the trace"
+    out = []
+    for a, b in zip(mine, (theirs[k] for k in sorted(theirs, key=lambda k: -len(theirs[k])))):
+        if len(a) != len(b) or any(x[1] != y[0] for x, y in zip(a, b)):
+            return f"a stream of {len(a)} activities against one of {len(b)} (or kinds out of order)"
+        out.extend((kind, i, e - c) for (_, kind, i, e), (_, c) in zip(a, b))
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--holds", default="always,never")
+    p.add_argument("--reference", default="cupti,torch", help="asyncgpu's CUPTI source, torch.profiler, or both")
     p.add_argument("--device", type=int, default=0)
     p.add_argument("--out", help="also write what is printed to this file")
     a = p.parse_args()
@@ -65,7 +117,7 @@ def main() -> None:
     print(f"{dev.description}: pair overhead (ns) {by_kind}, {cal.bracket_overhead_source}")
     s, s2 = dev.stream, dev.create_stream()
     arr = dev.alloc(250_000, np.float32)  # 1 MB
-    seqs = {
+    seqs: dict[str, Callable[[], object] | None] = {
         "spin 5 us": lambda: [s.spin_us(5) for _ in range(N)],
         "spin 20 us": lambda: [s.spin_us(20) for _ in range(N)],
         "spin 50 us": lambda: [s.spin_us(50) for _ in range(N)],
@@ -73,41 +125,67 @@ def main() -> None:
         "inc_loop x50": lambda: [s.inc_loop(arr, 50) for _ in range(N)],
         "in turn": lambda: [(s.memset(arr, 0), s.inc_loop(arr, 50), s.spin_us(50)) for _ in range(N // 3)],
         "two streams": lambda: [(s.spin_us(50), s2.spin_us(50)) for _ in range(N // 2)],
+        "idle spin 50": None,
     }
     for fn in seqs.values():  # loaded and warm
-        fn()
+        if fn is not None:
+            fn()
     dev.synchronize()
-    print(f"{'hold':<7} {'sequence':<13} {'kind':<7} {'n':>4} {'p10':>6} {'p50':>6} {'p90':>6} {'first':>6}")
-    for mode in a.holds.split(","):
-        _hold(mode)
-        cases = dict(seqs)
-        cases["idle spin 50"] = None  # type: ignore[assignment]
-        for name, fn in cases.items():
-            got: list[tuple[str, int, float]] = []
-            for _ in range(a.rounds if fn is not None else a.rounds * N):
-                dev._internal.forget_pair_excess()
-                dev.synchronize()
-                with asyncgpu.gpu_timer(dev, source="cupti") as outer:
+    head = f"{'against':<7} {'hold':<7} {'sequence':<13} {'kind':<7} {'n':>4}"
+    print(f"{head} {'p10':>6} {'p50':>6} {'p90':>6} {'first':>6}")
+    for ref in a.reference.split(","):  # (CUPTI's own first: torch.profiler keeps CUPTI for the rest of the process)
+        for mode in a.holds.split(","):
+            _hold(mode)
+            for name, fn in seqs.items():
+                rounds = a.rounds if fn is not None else a.rounds * N
+                got: list[tuple[str, int, float]] | str = []
+                timelines = []
+                prof = None
+                if ref == "torch":
+                    from torch.profiler import ProfilerActivity, profile
+
+                    prof = profile(activities=[ProfilerActivity.CUDA])
+                    prof.__enter__()
+                for _ in range(rounds):
+                    dev._internal.forget_pair_excess()
+                    dev.synchronize()
+                    outer = asyncgpu.gpu_timer(dev, source="cupti") if ref == "cupti" else None
+                    if outer is not None:
+                        outer.__enter__()
                     with asyncgpu.gpu_timer(dev, source="events") as inner:
                         if fn is None:
                             s.spin_us(50)
                         else:
                             s.spin_us(3000)
                             fn()
-                rows = _pairs(inner.timeline, outer.timeline)
-                if isinstance(rows, str):
-                    print(f"{mode:<7} {name:<13} unmatched: {rows}")
-                    break
+                    if outer is not None:
+                        outer.__exit__(None, None, None)
+                        rows = _pairs(inner.timeline, outer.timeline)
+                        if isinstance(rows, str):
+                            got = rows
+                            break
+                        assert not isinstance(got, str)
+                        got.extend(rows)
+                    timelines.append(inner.timeline)
+                if prof is not None:
+                    dev.synchronize()
+                    prof.__exit__(None, None, None)
+                    path = os.path.join(tempfile.mkdtemp(), "trace.json")
+                    prof.export_chrome_trace(path)
+                    got = _against_torch(timelines, path)
+                if isinstance(got, str):
+                    print(f"{ref:<7} {mode:<7} {name:<13} unmatched: {got}")
+                    continue
                 if fn is not None:  # each stream's first kernel (the lead spin; on the second stream, an idle start)
-                    rows = [(k, i - 1 if k == "kernel" else i, d) for k, i, d in rows if not (k == "kernel" and i == 0)]
-                got.extend(rows)
-            for kind in sorted({k for k, _, _ in got}):
-                d = np.array([x for k, _, x in got if k == kind]) / 1e3
-                first = np.array([x for k, i, x in got if k == kind and i == 0]) / 1e3
-                q = np.percentile(d, [10, 50, 90])
-                f = f"{np.median(first):>6.2f}" if len(first) and fn is not None else f"{'':>6}"
-                print(f"{mode:<7} {name:<13} {kind:<7} {len(d):>4} {q[0]:>6.2f} {q[1]:>6.2f} {q[2]:>6.2f} {f}")
-    _hold("always")
+                    got = [(k, i - 1 if k == "kernel" else i, d) for k, i, d in got if not (k == "kernel" and i == 0)]
+                for kind in sorted({k for k, _, _ in got}):
+                    d = np.array([x for k, _, x in got if k == kind]) / 1e3
+                    first = np.array([x for k, i, x in got if k == kind and i == 0]) / 1e3
+                    q = np.percentile(d, [10, 50, 90])
+                    f = f"{np.median(first):>6.2f}" if len(first) and fn is not None else f"{'':>6}"
+                    row = f"{ref:<7} {mode:<7} {name:<13} {kind:<7} {len(d):>4}"
+                    print(f"{row} {q[0]:>6.2f} {q[1]:>6.2f} {q[2]:>6.2f} {f}")
+    _hold("library")
 
 
 if __name__ == "__main__":
