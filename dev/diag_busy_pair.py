@@ -2,11 +2,11 @@
 against CUPTI on the same activities (an events scope nested in a CUPTI-source scope, nothing learned from CUPTI
 scopes), per sequence of work queued behind a 3 ms spin (so the GPU never waits for the host), per hold policy.
 
-Sequences: one kind of work repeated (spins of 5, 20 and 50 µs; 1 MB memsets; ``inc_loop``), kinds in turn
-(memset, inc_loop, spin, as `bench_accuracy`'s busy stream), spins on two streams of the device in turn, and a
-spin on an idle GPU. Against asyncgpu's CUPTI source (an outer scope per round) and torch.profiler (one profile
-around a sequence's rounds). Each row: activities, events − CUPTI p10 / p50 / p90 (µs), and the p50 of the first
-activity behind the lead spin apart from the rest.
+Sequences: one kind of work repeated (spins of 5, 20 and 50 µs; memsets and ``inc_loop`` on 1 MB and on 40 MB),
+kinds in turn (memset, inc_loop, spin: on 1 MB; on 40 MB; on 40 MB 20 times, `bench_accuracy`'s busy stream),
+spins on two streams of the device in turn, and a spin on an idle GPU. Against asyncgpu's CUPTI source (an outer
+scope per round) and torch.profiler (one profile around a sequence's rounds). Each row: activities, events −
+CUPTI p10 / p50 / p90 (µs), and the p50 of the first activity behind the lead spin apart from the rest.
 
     python dev/diag_busy_pair.py [--rounds 5] [--holds always,never] [--reference cupti,torch] [--out FILE]
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys as _sys
 import tempfile
 from collections import defaultdict
@@ -105,6 +106,7 @@ def _against_torch(timelines: list[asyncgpu.Timeline], path: str) -> list[tuple[
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--only", help="a regular expression: the sequences whose name matches")
     p.add_argument("--holds", default="always,never")
     p.add_argument("--reference", default="cupti,torch", help="asyncgpu's CUPTI source, torch.profiler, or both")
     p.add_argument("--device", type=int, default=0)
@@ -117,6 +119,7 @@ def main() -> None:
     print(f"{dev.description}: pair overhead (ns) {by_kind}, {cal.bracket_overhead_source}")
     s, s2 = dev.stream, dev.create_stream()
     arr = dev.alloc(250_000, np.float32)  # 1 MB
+    big = dev.alloc(10_000_000, np.float32)  # 40 MB, as `bench_accuracy`'s cases
     seqs: dict[str, Callable[[], object] | None] = {
         "spin 5 us": lambda: [s.spin_us(5) for _ in range(N)],
         "spin 20 us": lambda: [s.spin_us(20) for _ in range(N)],
@@ -124,6 +127,10 @@ def main() -> None:
         "memset 1 MB": lambda: [s.memset(arr, 0) for _ in range(N)],
         "inc_loop x50": lambda: [s.inc_loop(arr, 50) for _ in range(N)],
         "in turn": lambda: [(s.memset(arr, 0), s.inc_loop(arr, 50), s.spin_us(50)) for _ in range(N // 3)],
+        "in turn 40 MB": lambda: [(s.memset(big, 0), s.inc_loop(big, 50), s.spin_us(50)) for _ in range(N // 3)],
+        "as the bench": lambda: [(s.memset(big, 0), s.inc_loop(big, 50), s.spin_us(50)) for _ in range(N)],
+        "memset 40 MB": lambda: [s.memset(big, 0) for _ in range(N)],
+        "inc_loop 40MB": lambda: [s.inc_loop(big, 50) for _ in range(N)],
         "two streams": lambda: [(s.spin_us(50), s2.spin_us(50)) for _ in range(N // 2)],
         "idle spin 50": None,
     }
@@ -137,6 +144,8 @@ def main() -> None:
         for mode in a.holds.split(","):
             _hold(mode)
             for name, fn in seqs.items():
+                if a.only and not re.search(a.only, name):
+                    continue
                 rounds = a.rounds if fn is not None else a.rounds * N
                 got: list[tuple[str, int, float]] | str = []
                 timelines = []
