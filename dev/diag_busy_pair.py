@@ -4,9 +4,11 @@ scopes), per sequence of work queued behind a 3 ms spin (so the GPU never waits 
 
 Sequences: one kind of work repeated (spins of 5, 20 and 50 µs; memsets and ``inc_loop`` on 1 MB and on 40 MB),
 kinds in turn (memset, inc_loop, spin: on 1 MB; on 40 MB; on 40 MB 20 times, `bench_accuracy`'s busy stream),
-spins on two streams of the device in turn, and a spin on an idle GPU. Against asyncgpu's CUPTI source (an outer
-scope per round) and torch.profiler (one profile around a sequence's rounds). Each row: activities, events −
-CUPTI p10 / p50 / p90 (µs), and the p50 of the first activity behind the lead spin apart from the rest.
+20 µs spins in turn with 40 MB memsets or ``inc_loop`` (which side of a memory-heavy activity costs the pair
+more: the light spin after it, or the heavy work after a spin), spins on two streams of the device in turn, and
+a spin on an idle GPU. Against asyncgpu's CUPTI source (an outer scope per round) and torch.profiler (one profile
+around a sequence's rounds). Each row: a kind, or a kernel by name; activities; events − CUPTI p10 / p50 / p90
+(µs); the p50 of the first activity behind the lead spin apart from the rest.
 
     python dev/diag_busy_pair.py [--rounds 5] [--holds always,never] [--reference cupti,torch] [--out FILE]
 """
@@ -46,20 +48,20 @@ def _hold(mode: str) -> None:
     hooks.should_hold = lambda bd, raw_stream: bool(hooks.HOLD_USERS) and mode == "always"
 
 
-def _pairs(inner: asyncgpu.Timeline, outer: asyncgpu.Timeline) -> list[tuple[str, int, float]] | str:
-    """``(kind, position among its stream's activities of that kind, events − CUPTI ns)`` per activity of
-    ``inner``, matched with ``outer``'s by stream and kind in issue order; a string saying why not where the
-    counts differ."""
-    groups: dict[tuple[str, int], list[list[float]]] = defaultdict(lambda: [[], []])
+def _pairs(inner: asyncgpu.Timeline, outer: asyncgpu.Timeline) -> list[tuple[str, str, int, float]] | str:
+    """``(kind, name, position among its stream's activities of that kind, events − CUPTI ns)`` per activity of
+    ``inner`` (its name as ``inner`` has it), matched with ``outer``'s by stream and kind in issue order; a string
+    saying why not where the counts differ."""
+    groups: dict[tuple[str, int], list[list[tuple[str, float]]]] = defaultdict(lambda: [[], []])
     for which, tl in enumerate((inner, outer)):
         for r in range(len(tl.start_ns)):
             label = tl.streams[int(tl.stream[r])][1]
-            groups[(label, int(tl.kind[r]))][which].append(float(tl.duration_ns[r]))
+            groups[(label, int(tl.kind[r]))][which].append((tl.names[int(tl.name[r])], float(tl.duration_ns[r])))
     out = []
     for (label, k), (ev, cu) in groups.items():
         if len(ev) != len(cu):
             return f"{label} {KINDS[k]}: {len(ev)} events rows, {len(cu)} CUPTI rows"
-        out.extend((KINDS[k], i, e - c) for i, (e, c) in enumerate(zip(ev, cu)))
+        out.extend((KINDS[k], n, i, e - c) for i, ((n, e), (_, c)) in enumerate(zip(ev, cu)))
     return out
 
 
@@ -81,15 +83,15 @@ def _torch_rows(path: str) -> dict[int, list[tuple[str, float]]]:
     return {k: [(kind, d) for _, kind, d in sorted(v)] for k, v in rows.items()}
 
 
-def _against_torch(timelines: list[asyncgpu.Timeline], path: str) -> list[tuple[str, int, float]] | str:
+def _against_torch(timelines: list[asyncgpu.Timeline], path: str) -> list[tuple[str, str, int, float]] | str:
     """The rows of `_pairs` for the events scopes ``timelines`` (one per round, in order) against a torch.profiler
     trace of them all: each stream's activities in order, streams matched by their number of activities."""
-    ours: dict[str, list[tuple[float, str, int, float]]] = defaultdict(list)  # label: (first start, kind, pos, ns)
+    ours: dict[str, list[tuple[str, str, int, float]]] = defaultdict(list)  # label: (kind, name, position, ns)
     for tl in timelines:
         pos: dict[tuple[str, int], int] = defaultdict(int)
         for r in range(len(tl.start_ns)):
             label, k = tl.streams[int(tl.stream[r])][1], int(tl.kind[r])
-            ours[label].append((float(tl.start_ns[r]), KINDS[k], pos[(label, k)], float(tl.duration_ns[r])))
+            ours[label].append((KINDS[k], tl.names[int(tl.name[r])], pos[(label, k)], float(tl.duration_ns[r])))
             pos[(label, k)] += 1
     theirs = _torch_rows(path)
     mine = sorted(ours.values(), key=lambda v: -len(v))
@@ -97,9 +99,9 @@ def _against_torch(timelines: list[asyncgpu.Timeline], path: str) -> list[tuple[
         return f"{len(mine)} streams of ours, {len(theirs)} in the trace"
     out = []
     for a, b in zip(mine, (theirs[k] for k in sorted(theirs, key=lambda k: -len(theirs[k])))):
-        if len(a) != len(b) or any(x[1] != y[0] for x, y in zip(a, b)):
+        if len(a) != len(b) or any(x[0] != y[0] for x, y in zip(a, b)):
             return f"a stream of {len(a)} activities against one of {len(b)} (or kinds out of order)"
-        out.extend((kind, i, e - c) for (_, kind, i, e), (_, c) in zip(a, b))
+        out.extend((kind, n, i, e - c) for (kind, n, i, e), (_, c) in zip(a, b))
     return out
 
 
@@ -129,6 +131,8 @@ def main() -> None:
         "in turn": lambda: [(s.memset(arr, 0), s.inc_loop(arr, 50), s.spin_us(50)) for _ in range(N // 3)],
         "in turn 40 MB": lambda: [(s.memset(big, 0), s.inc_loop(big, 50), s.spin_us(50)) for _ in range(N // 3)],
         "as the bench": lambda: [(s.memset(big, 0), s.inc_loop(big, 50), s.spin_us(50)) for _ in range(N)],
+        "spin/memset": lambda: [(s.memset(big, 0), s.spin_us(20)) for _ in range(N // 2)],
+        "spin/inc_loop": lambda: [(s.inc_loop(big, 50), s.spin_us(20)) for _ in range(N // 2)],
         "memset 40 MB": lambda: [s.memset(big, 0) for _ in range(N)],
         "inc_loop 40MB": lambda: [s.inc_loop(big, 50) for _ in range(N)],
         "two streams": lambda: [(s.spin_us(50), s2.spin_us(50)) for _ in range(N // 2)],
@@ -138,7 +142,7 @@ def main() -> None:
         if fn is not None:
             fn()
     dev.synchronize()
-    head = f"{'against':<7} {'hold':<7} {'sequence':<13} {'kind':<7} {'n':>4}"
+    head = f"{'against':<7} {'hold':<7} {'sequence':<13} {'kind':<9} {'n':>4}"
     print(f"{head} {'p10':>6} {'p50':>6} {'p90':>6} {'first':>6}")
     for ref in a.reference.split(","):  # (CUPTI's own first: torch.profiler keeps CUPTI for the rest of the process)
         for mode in a.holds.split(","):
@@ -147,7 +151,7 @@ def main() -> None:
                 if a.only and not re.search(a.only, name):
                     continue
                 rounds = a.rounds if fn is not None else a.rounds * N
-                got: list[tuple[str, int, float]] | str = []
+                got: list[tuple[str, str, int, float]] | str = []
                 timelines = []
                 prof = None
                 if ref == "torch":
@@ -186,13 +190,13 @@ def main() -> None:
                     print(f"{ref:<7} {mode:<7} {name:<13} unmatched: {got}")
                     continue
                 if fn is not None:  # each stream's first kernel (the lead spin; on the second stream, an idle start)
-                    got = [(k, i - 1 if k == "kernel" else i, d) for k, i, d in got if not (k == "kernel" and i == 0)]
-                for kind in sorted({k for k, _, _ in got}):
-                    d = np.array([x for k, _, x in got if k == kind]) / 1e3
-                    first = np.array([x for k, i, x in got if k == kind and i == 0]) / 1e3
+                    got = [(k, n, i - (k == "kernel"), d) for k, n, i, d in got if not (k == "kernel" and i == 0)]
+                for kind in sorted({n if k == "kernel" else k for k, n, _, _ in got}):
+                    d = np.array([x for k, n, _, x in got if kind in (k, n)]) / 1e3
+                    first = np.array([x for k, n, i, x in got if kind in (k, n) and i == 0]) / 1e3
                     q = np.percentile(d, [10, 50, 90])
                     f = f"{np.median(first):>6.2f}" if len(first) and fn is not None else f"{'':>6}"
-                    row = f"{ref:<7} {mode:<7} {name:<13} {kind:<7} {len(d):>4}"
+                    row = f"{ref:<7} {mode:<7} {name:<13} {kind:<9} {len(d):>4}"
                     print(f"{row} {q[0]:>6.2f} {q[1]:>6.2f} {q[2]:>6.2f} {f}")
     _hold("library")
 
