@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import textwrap
@@ -147,6 +148,38 @@ def test_a_process_that_timed_torch_steps_exits_cleanly():
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "STEPS" in out.stdout, (out.returncode, out.stdout, out.stderr[-2000:])
+
+
+def test_an_events_scope_sets_up_its_first_launches_off_the_loops_thread():
+    """In a fresh process a device's first events-timed launch needs the holds' pinned page and the engine primers
+    (compiled once per process). Made inside that launch, on the loop's thread, they held it ~16 ms (4× H100): a
+    task that slept 20 ms meanwhile started its device 4 ms after the other, and the balance report rightly blamed
+    that device. The async scope's entry makes them first, on the devices' worker threads: each device's first
+    kernel then starts a small part of that time after the host issued it."""
+    script = textwrap.dedent("""
+        import time, anyio, numpy as np, asyncgpu
+        devs = asyncgpu.devices("cuda")[:2]
+        async def main():
+            before = [bool(d._internal.timing_unprepared()) for d in devs]
+            t0 = time.perf_counter_ns()
+            async with asyncgpu.gpu_timer(devs) as t:
+                entry_ms = (time.perf_counter_ns() - t0) / 1e6
+                after = [bool(d._internal.timing_unprepared()) for d in devs]
+                issued = []
+                for d in devs:
+                    issued.append(time.perf_counter_ns())
+                    d.stream.spin_us(1000)
+            tl = t.timeline
+            lag_ms = [(float(np.nanmin(tl.start_ns[tl.device == i])) - issued[i]) / 1e6 for i in range(len(devs))]
+            print("RESULT", repr((before, after, entry_ms, max(lag_ms))))
+        anyio.run(main)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    line = [x for x in out.stdout.splitlines() if x.startswith("RESULT")]
+    assert out.returncode == 0 and line, (out.stdout, out.stderr[-2000:])
+    before, after, entry_ms, lag_ms = ast.literal_eval(line[0][len("RESULT ") :])
+    assert all(before) and not any(after), (before, after)
+    assert lag_ms < 0.5 * entry_ms, f"first start {lag_ms:.2f} ms after its issue; the entry took {entry_ms:.2f} ms"
 
 
 @pytest.mark.multigpu

@@ -36,6 +36,10 @@ if TYPE_CHECKING:
     from asyncgpu._runtime.graph import Graph
     from asyncgpu._runtime.stream import Stream
 
+#: What an events-timed launch uses besides the launch itself (by the names `BackendDevice.prepare` takes): the
+#: holds' pinned page of words and the engine primers (a kernel compiled once per process).
+TIMING_NEEDS = ("hold", "prime")
+
 __all__ = ["RECLAIM_BATCH", "DeviceInternal"]
 
 _first = itemgetter(0)
@@ -139,6 +143,17 @@ class DeviceInternal:
     def prepare_workload(self, workload: str) -> None:
         """Compile and load a built-in workload (`WORKLOADS`) if it is not yet: blocks the first time."""
         self.bd.prepare(workload)
+
+    def timing_unprepared(self) -> tuple[str, ...]:
+        """What an events-timed launch needs that this device has not set up yet (`TIMING_NEEDS` names), which its
+        first timed launch would set up on the launching thread. Cheap; any thread."""
+        return tuple(w for w in TIMING_NEEDS if w in self.bd.own_kernels and not self.bd.is_prepared(w))
+
+    def prepare_timing(self) -> None:
+        """Set up what `timing_unprepared` names: blocks the calling thread (the first time in a process it
+        compiles asyncgpu's workload kernels, tens of ms)."""
+        for w in self.timing_unprepared():
+            self.bd.prepare(w)
 
     def hold_problem(self) -> str | None:
         """Why launches on this device cannot be held now, or None (`BackendDevice.hold_problem`)."""

@@ -181,6 +181,8 @@ class Timer:
         self._claim()
         if self.synchronize:
             await _synchronize_all(self.devices)
+        if self._source_req != "cupti":  # (events, or "auto" that may fall back to events)
+            await _prepare_timing_all(self.devices)
         self._start()
         return self
 
@@ -233,6 +235,9 @@ class Timer:
         if self.synchronize:
             for d in self.devices:
                 d._internal.sync_device()  # (warned above if this thread runs an event loop)
+        if self._source_req != "cupti":  # (here, not inside the first timed launch)
+            for d in self.devices:
+                d._internal.prepare_timing()
         self._start()
         return self
 
@@ -588,6 +593,21 @@ def gpu_timer(
         all_threads=all_threads,
         source=source,
     )
+
+
+async def _prepare_timing_all(devices: tuple) -> None:
+    """Set up what the devices' first events-timed launches would otherwise set up on the loop's thread (the
+    holds' page, the engine primers: `DeviceInternal.prepare_timing`), each on its device's worker thread, all at
+    once. Returns at once where everything is set up already (the host backend has nothing to set up). A
+    cancellation waits for a preparation under way (it always ends)."""
+    todo = [d for d in devices if d._internal.timing_unprepared()]
+    if not todo:
+        return
+    import anyio
+
+    async with anyio.create_task_group() as tg:
+        for d in todo:
+            tg.start_soon(d._internal.worker.run, d._internal.prepare_timing)
 
 
 async def _synchronize_all(devices: tuple) -> None:
