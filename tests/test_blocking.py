@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 
@@ -151,3 +152,59 @@ async def test_a_jupyter_kernel_runs_cells_in_its_loop_and_is_not_warned(dev, mo
     monkeypatch.setattr(kernel_shell, "kernel", None)  # a terminal IPython: no kernel
     with pytest.warns(BlockingCallWarning):
         dev.synchronize()
+
+
+async def test_an_events_scopes_entry_sets_up_its_launches_on_the_workers_not_the_loop(two_devs, monkeypatch):
+    """What a device's first timed launch would set up (on CUDA: the holds' page and the engine primers, whose
+    kernel is compiled once per process) is set up at an ``async with gpu_timer`` entry, on each device's worker
+    thread, all devices at once, while the loop keeps ticking; a scope entered later finds nothing to do. Here a
+    stand-in setup that blocks its thread ``setup_s`` makes any device need it."""
+    from asyncgpu._runtime.internal import DeviceInternal
+
+    setup_s = 0.05
+    done: dict[int, str] = {}  # id of a device's internals: the thread that set it up
+
+    def unprepared(self):
+        return () if id(self) in done else ("hold",)
+
+    def prepare(self):
+        time.sleep(setup_s)
+        done[id(self)] = threading.current_thread().name
+
+    monkeypatch.setattr(DeviceInternal, "timing_unprepared", unprepared)
+    monkeypatch.setattr(DeviceInternal, "prepare_timing", prepare)
+    ticks: list[float] = []
+
+    async def ticker():
+        while True:
+            ticks.append(time.perf_counter())
+            await anyio.sleep(setup_s / 10)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker)
+        await anyio.sleep(setup_s / 5)
+        t0 = time.perf_counter()
+        async with gpu_timer(two_devs):
+            entry_s = time.perf_counter() - t0
+            two_devs[0].stream.spin_us(10)
+        tg.cancel_scope.cancel()
+    assert sorted(done.values()) == sorted(f"asyncgpu-{d.name}-worker" for d in two_devs)
+    assert entry_s < 1.8 * setup_s, f"the devices were set up one after the other: {entry_s * 1e3:.0f} ms"
+    during = [b - a for a, b in zip(ticks, ticks[1:]) if b > t0 and a < t0 + entry_s]
+    assert during and max(during) < 0.8 * setup_s, "the loop stalled while the devices were set up"
+    t1 = time.perf_counter()
+    async with gpu_timer(two_devs):  # nothing left to set up
+        assert time.perf_counter() - t1 < 0.5 * setup_s
+
+
+def test_a_blocking_scopes_entry_sets_up_its_launches_in_its_own_thread(two_devs, monkeypatch):
+    """``with gpu_timer`` (a plain thread) sets up what its first timed launches need in that thread, at entry."""
+    from asyncgpu._runtime.internal import DeviceInternal
+
+    done: dict[int, str] = {}
+    monkeypatch.setattr(DeviceInternal, "timing_unprepared", lambda self: () if id(self) in done else ("hold",))
+    monkeypatch.setattr(
+        DeviceInternal, "prepare_timing", lambda self: done.setdefault(id(self), threading.current_thread().name)
+    )
+    with gpu_timer(two_devs):
+        assert sorted(done.values()) == [threading.current_thread().name] * 2
