@@ -10,7 +10,10 @@ after each step (outside the step). Overhead: ``--pairs`` rounds of blocks of ``
 (``bare``; ``idle``: a step timer open, no step marked; ``timer``: a step timer; ``watch``: a step timer with
 `watch_steps`), the modes' order rotated each round; each rank's median step time per block; rank 0 prints, per
 rank and mode, the ratios to the round's bare block: median and 95 % interval (what an open timer costs, what
-marking steps adds, what the exchange adds). Stragglers: one timed run where rank ``--slow-rank`` sleeps
+marking steps adds, what the exchange adds). Whole blocks drift apart by more than a mark costs, so the marking is
+also measured between neighbours: ``alternate`` (and ``alternate-watch``, with `watch_steps`) runs ``4 * --steps``
+steps in one timer, every rank marking the same steps in the order M U U M, and compares each marked step with its
+unmarked neighbour (median ratio and 95 % interval). Stragglers: one timed run where rank ``--slow-rank`` sleeps
 ``--slow-ms`` before each step (a data loader) from step ``--steps // 2`` on, then one where it sleeps inside each
 step before issuing it; rank 0 prints, for each, the first block that flags the slow rank (and how many steps after
 the slowdown began), the blocks that flag another rank, whether the ranks were judged in lockstep, and each block as
@@ -53,18 +56,21 @@ def model(backend: str, rank: int, dev: asyncgpu.Device, width: int, layers: int
 
 
 async def run(args: argparse.Namespace, rank: int, dev: asyncgpu.Device, parts: tuple, mode: str, slow: str) -> tuple:
-    """``--steps`` steps in ``mode`` (``bare``, ``idle``, ``timer``, ``watch``); returns (step times ms, the watch or
-    None)."""
+    """``--steps`` steps in ``mode`` (``bare``, ``idle``, ``timer``, ``watch``; ``alternate`` and
+    ``alternate-watch``: ``4 * --steps`` steps in one timer, marked in the order M U U M, the same steps on every
+    rank); returns (step times ms, the watch or None)."""
     ddp, opt, x, on_stream = parts
     times: list[float] = []
+    alternate = mode.startswith("alternate")
 
     async def steps(st: Any) -> None:
-        for i in range(args.steps):
+        for i in range(4 * args.steps if alternate else args.steps):
             late = slow and rank == args.slow_rank and i >= args.steps // 2
             t0 = time.perf_counter()
             if late and slow == "before":
                 time.sleep(args.slow_ms / 1e3)
-            with st.step(i) if st is not None else contextlib.nullcontext():
+            marked = st is not None and (not alternate or i % 4 in (0, 3))
+            with st.step(i) if marked else contextlib.nullcontext():
                 if late and slow == "inside":
                     time.sleep(args.slow_ms / 1e3)
                 with on_stream():
@@ -80,8 +86,8 @@ async def run(args: argparse.Namespace, rank: int, dev: asyncgpu.Device, parts: 
         await steps(None)
         return times, None
     watch = None
-    async with asyncgpu.step_timer(dev) as st:
-        if mode == "watch":
+    async with asyncgpu.step_timer(dev, max_pending=4 * args.steps) as st:
+        if mode.endswith("watch"):
             watch = asyncgpu.ranks.watch_steps(st, every=args.every, timeout_s=120)
         await steps(None if mode == "idle" else st)
     return times, watch
@@ -124,6 +130,13 @@ def main() -> int:
         ratios = [t / b for t, b in zip(block_ms[mode], block_ms["bare"])]
         mine[mode] = (statistics.median(block_ms["bare"]), statistics.median(block_ms[mode]))
         mine[mode] += (statistics.median(ratios), ci95(ratios))
+    for mode in ("alternate", "alternate-watch"):  # each marked step against its unmarked neighbour (M U U M)
+        times, _ = anyio.run(run, args, rank, dev, parts, mode, "")
+        groups = range(len(times) // 40, len(times) // 4)  # (the first tenth left out, as in the blocks)
+        marked = [times[4 * g + k] for g in groups for k in (0, 3)]
+        unmarked = [times[4 * g + k] for g in groups for k in (1, 2)]
+        ratios = [m / u for m, u in zip(marked, unmarked)]
+        mine[mode] = (statistics.median(unmarked), statistics.median(marked), statistics.median(ratios), ci95(ratios))
     every: list = [None] * world
     dist.all_gather_object(every, mine)
     found = {}
@@ -140,7 +153,8 @@ def main() -> int:
         print(f"{world} ranks ({args.backend}), {args.steps} steps a block, {args.pairs} rounds")
         for r, per_mode in enumerate(every):
             for mode, (b, t, med, (lo, hi)) in per_mode.items():
-                print(f"rank {r}: bare {b:.3f} ms, {mode} {t:.3f} ms: ratio p50 {med:.4f} [{lo:.4f}, {hi:.4f}]")
+                base = "unmarked" if mode.startswith("alternate") else "bare"
+                print(f"rank {r}: {base} {b:.3f} ms, {mode} {t:.3f} ms: ratio p50 {med:.4f} [{lo:.4f}, {hi:.4f}]")
         for slow, (hit, early, wrong, lock, reps) in found.items():
             first = None if hit is None else hit.block * args.every
             when = (
