@@ -389,18 +389,33 @@ async def test_every_activity_carries_when_the_host_issued_it(two_devs):
 @pytest.mark.anyio
 async def test_a_host_bound_scope_is_reported_host_bound(two_devs):
     """The host spends 2 ms (a sleep: the GIL is free for the host devices' threads) between steps of 0.1 ms of
-    work per device: the devices wait for launches."""
-    async with gpu_timer(two_devs, label="host-bound") as t:
-        for _ in range(10):
-            for d in two_devs:
-                d.stream.spin_us(100)
-            time.sleep(0.002)
+    work per device: the devices wait for launches. That holds while each device's own time (its work, and its
+    work's wait between issue and start) stays below half the host's 20 ms of gaps; on an overloaded machine a host
+    device's worker thread may not run for 100 ms and more, or a 0.1 ms spin may take 0.35 (seen with a CPU-bound
+    process beside the suite on 2 CPUs), and then the devices are the bound, as the report says. Such a run is
+    measured again, up to three in all."""
+    for _ in range(3):
+        async with gpu_timer(two_devs, label="host-bound") as t:
+            for _ in range(10):
+                for d in two_devs:
+                    d.stream.spin_us(100)
+                time.sleep(0.002)
+        tl = t.timeline
+        own_ms = max(  # per device: its work, and its work issued but not started
+            float(np.nansum(tl.duration_ns[tl.device == i]) + np.nansum((tl.start_ns - tl.issued_ns)[tl.device == i]))
+            / MS
+            for i in range(len(two_devs))
+        )
+        if own_ms < 0.5 * 10 * 2:  # host-bound by construction
+            break
+    else:
+        pytest.fail(f"a device's own time was {own_ms:.1f} ms of the host's 20 ms in all three runs: too loaded")
     rep = t.balance(work_units=[10, 10])
     assert rep.straggler == "host", rep.verdict
     assert rep.critical_path["host"] > 0.5 * rep.makespan_ms
     assert "launch-bound" in rep.verdict and "A re-split would not help" in rep.verdict
-    for r in rep.rows:
-        assert r.launch_bound_ms > 5 * r.busy_ms and r.suggested_units == 10
+    for r in rep.rows:  # each device waited for the host's launches longer than it worked or waited for anything else
+        assert r.launch_bound_ms > r.busy_ms + r.dependency_ms and r.suggested_units == 10
     assert "straggler host" in str(t)
 
 
