@@ -150,24 +150,27 @@ def _cases(
     return got
 
 
-def _cupti_activities(path: str) -> list[tuple[str, str, float]]:
-    """``(kind, name, duration ns)`` of every kernel, memset and memcpy CUPTI saw on the cases' stream (the one
-    with the most), in start order (the clock calibration's own kernels and the event brackets' engine primers left
-    out)."""
+def trace_activities(path: str) -> dict[int, list[tuple[str, str, float]]]:
+    """Per CUDA stream id, ``(kind, name, duration ns)`` of every kernel, memset and memcpy in a torch.profiler
+    trace, in start order, less asyncgpu's own work (the clock calibration's kernels, the event brackets' engine
+    primers)."""
     with open(path) as f:
         events = json.load(f)["traceEvents"]
-    rows = []
+    rows: dict[int, list[tuple[float, str, str, float]]] = {}
     for e in events:
         kind = _CUPTI_KIND.get(e.get("cat", ""))
         if kind is None or "clock" in e.get("name", "") or "asyncgpu_prime" in e.get("name", ""):
             continue
         if kind == "memcpy" and e.get("args", {}).get("bytes") == 4:
             continue  # asyncgpu's copy-engine primer (`BackendDevice.prime`)
-        rows.append((float(e["ts"]), kind, e["name"], float(e["dur"]) * 1e3, e.get("args", {}).get("stream")))
-    rows.sort()
-    streams = [r[4] for r in rows]
-    ours = max(set(streams), key=streams.count)  # the cases' stream: every other one is someone else's work
-    return [(k, n, dur) for _, k, n, dur, st in rows if st == ours]
+        stream = int(e.get("args", {}).get("stream", -1))
+        rows.setdefault(stream, []).append((float(e["ts"]), kind, e["name"], float(e["dur"]) * 1e3))
+    return {st: [(k, n, dur) for _, k, n, dur in sorted(r)] for st, r in rows.items()}
+
+
+def _cupti_activities(path: str) -> list[tuple[str, str, float]]:
+    """`trace_activities` of the cases' stream: the one with the most (every other one is someone else's work)."""
+    return max(trace_activities(path).values(), key=len)
 
 
 _COST_MODES = ("untimed", "events, hold always", "events, hold if idle", "events, never held", "cupti")

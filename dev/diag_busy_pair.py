@@ -16,7 +16,6 @@ around a sequence's rounds). Each row: a kind, or a kernel by name; activities; 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys as _sys
@@ -28,24 +27,12 @@ import numpy as np
 
 import asyncgpu
 from asyncgpu._base.records import KINDS
-from asyncgpu._runtime import hooks
 
 _sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
 from benchmarks._common import tee_stdout_to
+from benchmarks.bench_accuracy import _hold, trace_activities
 
 N = 20  #: activities per sequence
-
-
-_LIBRARY_HOLD = hooks.should_hold
-
-
-def _hold(mode: str) -> None:
-    """``"always"`` (the library's policy), ``"never"`` or ``"library"`` (its own function again):
-    `hooks.should_hold` patched, as `bench_accuracy` does."""
-    if mode == "library":
-        hooks.should_hold = _LIBRARY_HOLD
-        return
-    hooks.should_hold = lambda bd, raw_stream: bool(hooks.HOLD_USERS) and mode == "always"
 
 
 def _pairs(inner: asyncgpu.Timeline, outer: asyncgpu.Timeline) -> list[tuple[str, str, int, float]] | str:
@@ -65,24 +52,6 @@ def _pairs(inner: asyncgpu.Timeline, outer: asyncgpu.Timeline) -> list[tuple[str
     return out
 
 
-def _torch_rows(path: str) -> dict[int, list[tuple[str, float]]]:
-    """Per CUDA stream id, ``(kind, duration ns)`` of every kernel, memset and memcpy in a torch.profiler trace, in
-    start order, less asyncgpu's own (the clock's kernels, the engine primers)."""
-    kinds = {"kernel": "kernel", "gpu_memset": "memset", "gpu_memcpy": "memcpy"}
-    with open(path) as f:
-        events = json.load(f)["traceEvents"]
-    rows: dict[int, list[tuple[float, str, float]]] = defaultdict(list)
-    for e in events:
-        kind = kinds.get(e.get("cat", ""))
-        name = e.get("name", "")
-        if kind is None or "clock" in name or "asyncgpu_prime" in name:
-            continue
-        if kind == "memcpy" and e.get("args", {}).get("bytes") == 4:
-            continue
-        rows[int(e["args"]["stream"])].append((float(e["ts"]), kind, float(e["dur"]) * 1e3))
-    return {k: [(kind, d) for _, kind, d in sorted(v)] for k, v in rows.items()}
-
-
 def _against_torch(timelines: list[asyncgpu.Timeline], path: str) -> list[tuple[str, str, int, float]] | str:
     """The rows of `_pairs` for the events scopes ``timelines`` (one per round, in order) against a torch.profiler
     trace of them all: each stream's activities in order, streams matched by their number of activities."""
@@ -93,7 +62,7 @@ def _against_torch(timelines: list[asyncgpu.Timeline], path: str) -> list[tuple[
             label, k = tl.streams[int(tl.stream[r])][1], int(tl.kind[r])
             ours[label].append((KINDS[k], tl.names[int(tl.name[r])], pos[(label, k)], float(tl.duration_ns[r])))
             pos[(label, k)] += 1
-    theirs = _torch_rows(path)
+    theirs = trace_activities(path)
     mine = sorted(ours.values(), key=lambda v: -len(v))
     if len(mine) != len(theirs):
         return f"{len(mine)} streams of ours, {len(theirs)} in the trace"
@@ -101,7 +70,7 @@ def _against_torch(timelines: list[asyncgpu.Timeline], path: str) -> list[tuple[
     for a, b in zip(mine, (theirs[k] for k in sorted(theirs, key=lambda k: -len(theirs[k])))):
         if len(a) != len(b) or any(x[0] != y[0] for x, y in zip(a, b)):
             return f"a stream of {len(a)} activities against one of {len(b)} (or kinds out of order)"
-        out.extend((kind, n, i, e - c) for (kind, n, i, e), (_, c) in zip(a, b))
+        out.extend((kind, n, i, e - c) for (kind, n, i, e), (_, _, c) in zip(a, b))
     return out
 
 
