@@ -5,19 +5,22 @@ a rank made slow is flagged, without a per-step barrier.
     torchrun --standalone --nproc-per-node 4 dev/diag_ddp_steps.py [--steps 200] [--pairs 4] [--every 25]
     torchrun --standalone --nproc-per-node 2 dev/diag_ddp_steps.py --backend host      # gloo, CPU, host devices
 
-Each rank trains an MLP under DDP on its GPU (torch launching onto the rank's asyncgpu stream) and reads its loss
-after each step (outside the step). Overhead: ``--pairs`` rounds of blocks of ``--steps`` steps, one block per mode
-(``bare``; ``idle``: a step timer open, no step marked; ``timer``: a step timer; ``watch``: a step timer with
-`watch_steps`), the modes' order rotated each round; each rank's median step time per block; rank 0 prints, per
-rank and mode, the ratios to the round's bare block: median and 95 % interval (what an open timer costs, what
-marking steps adds, what the exchange adds). Whole blocks drift apart by more than a mark costs, so the marking is
-also measured between neighbours: ``alternate`` (and ``alternate-watch``, with `watch_steps`) runs ``4 * --steps``
-steps in one timer, every rank marking the same steps in the order M U U M, and compares each marked step with its
-unmarked neighbour (median ratio and 95 % interval). Stragglers: one timed run where rank ``--slow-rank`` sleeps
-``--slow-ms`` before each step (a data loader) from step ``--steps // 2`` on, then one where it sleeps inside each
-step before issuing it; rank 0 prints, for each, the first block that flags the slow rank (and how many steps after
-the slowdown began), the blocks that flag another rank, whether the ranks were judged in lockstep, and each block as
-judged.
+Each rank trains an MLP under DDP on its GPU (torch launching onto the rank's asyncgpu stream) and reads its loss after
+each step (outside the step). Overhead: ``--pairs`` rounds of blocks of ``--steps`` steps, one block per mode (``bare``;
+``idle``: a step timer open, no step marked; ``timer``: a step timer; ``watch``: a step timer with `watch_steps`), the
+modes' order rotated each round; each rank's median step time per block; rank 0 prints, per rank and mode, the ratios to
+the round's bare block: median and 95 % interval (what an open timer costs, what marking steps adds, what the exchange
+adds). Whole blocks drift apart by more than a mark costs, so the marking is also measured between neighbours:
+``alternate`` (and ``alternate-watch``, with `watch_steps`) runs ``4 * --steps`` steps in one timer, every rank marking
+the same steps in the order M U U M, and compares each marked step with its unmarked neighbour (median ratio and 95 %
+interval). ``toggle`` measures the whole events source (the open timer, its harvest thread, every step marked) between
+neighbours: about ``8 * --steps`` steps in one event loop, in blocks of ``--block`` steps alternately bare and inside a
+step timer (every step marked), the timer opened and closed at the block's edges; each timed block's median step (its
+first eighth left out: the entry) against the mean of the bare blocks on either side, so that the loop's drift cancels.
+Stragglers: one timed run where rank ``--slow-rank`` sleeps ``--slow-ms`` before each step (a data loader) from step
+``--steps // 2`` on, then one where it sleeps inside each step before issuing it; rank 0 prints, for each, the first
+block that flags the slow rank (and how many steps after the slowdown began), the blocks that flag another rank, whether
+the ranks were judged in lockstep, and each block as judged.
 """
 
 from __future__ import annotations
@@ -63,8 +66,8 @@ async def run(args: argparse.Namespace, rank: int, dev: asyncgpu.Device, parts: 
     times: list[float] = []
     alternate = mode.startswith("alternate")
 
-    async def steps(st: Any) -> None:
-        for i in range(4 * args.steps if alternate else args.steps):
+    async def steps(st: Any, n: int) -> None:
+        for i in range(n):
             late = slow and rank == args.slow_rank and i >= args.steps // 2
             t0 = time.perf_counter()
             if late and slow == "before":
@@ -83,13 +86,24 @@ async def run(args: argparse.Namespace, rank: int, dev: asyncgpu.Device, parts: 
             times.append((time.perf_counter() - t0) * 1e3)
 
     if mode == "bare":
-        await steps(None)
+        await steps(None, args.steps)
         return times, None
+    if mode == "toggle":  # blocks bare and timed in turn; ``times`` become the blocks' medians
+        medians = []
+        for b in range(2 * (4 * args.steps // args.block) + 1):  # (bare at both ends)
+            del times[:]
+            if b % 2:
+                async with asyncgpu.step_timer(dev, max_pending=4 * args.block) as st:
+                    await steps(st, args.block)
+            else:
+                await steps(None, args.block)
+            medians.append(statistics.median(times[args.block // 8 :]))
+        return medians, None
     watch = None
     async with asyncgpu.step_timer(dev, max_pending=4 * args.steps) as st:
         if mode.endswith("watch"):
             watch = asyncgpu.ranks.watch_steps(st, every=args.every, timeout_s=120)
-        await steps(None if mode == "idle" else st)
+        await steps(None if mode == "idle" else st, 4 * args.steps if alternate else args.steps)
     return times, watch
 
 
@@ -99,6 +113,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--pairs", type=int, default=4)
     ap.add_argument("--every", type=int, default=25)
+    ap.add_argument("--block", type=int, default=40, help="toggle: steps a block")
     ap.add_argument("--slow-rank", type=int, default=1)
     ap.add_argument("--slow-ms", type=float, default=5.0)
     ap.add_argument("--width", type=int, default=2048)
@@ -137,6 +152,10 @@ def main() -> int:
         unmarked = [times[4 * g + k] for g in groups for k in (1, 2)]
         ratios = [m / u for m, u in zip(marked, unmarked)]
         mine[mode] = (statistics.median(unmarked), statistics.median(marked), statistics.median(ratios), ci95(ratios))
+    medians, _ = anyio.run(run, args, rank, dev, parts, "toggle", "")  # (bare, timed, bare, ...)
+    bare_b, timed_b = medians[0::2], medians[1::2]
+    ratios = [t / ((a + b) / 2) for t, a, b in zip(timed_b, bare_b, bare_b[1:])]  # (against both neighbours)
+    mine["toggle"] = (statistics.median(bare_b), statistics.median(timed_b), statistics.median(ratios), ci95(ratios))
     every: list = [None] * world
     dist.all_gather_object(every, mine)
     found = {}
@@ -153,7 +172,7 @@ def main() -> int:
         print(f"{world} ranks ({args.backend}), {args.steps} steps a block, {args.pairs} rounds")
         for r, per_mode in enumerate(every):
             for mode, (b, t, med, (lo, hi)) in per_mode.items():
-                base = "unmarked" if mode.startswith("alternate") else "bare"
+                base = "unmarked" if mode.startswith("alternate") else "bare blocks" if mode == "toggle" else "bare"
                 print(f"rank {r}: {base} {b:.3f} ms, {mode} {t:.3f} ms: ratio p50 {med:.4f} [{lo:.4f}, {hi:.4f}]")
         for slow, (hit, early, wrong, lock, reps) in found.items():
             first = None if hit is None else hit.block * args.every

@@ -14,7 +14,11 @@ threads?); ``alternate`` (one timer, steps marked and unmarked in turn, ABBA at 
 cost per step, paired with its neighbours so that the loop's drift cancels, and the time spent entering and leaving
 ``st.step()`` inside a real loop); ``alternate-keep-gil`` (the same, every record keeping the GIL); ``spill``
 (one marked step, then seven unmarked: each step's time by its distance from the marked one: does a mark's cost
-land on the steps after it, which ``alternate`` counts as the unmarked side?). Each other variant also prints the
+land on the steps after it, which ``alternate`` counts as the unmarked side?); ``toggle`` (the whole timer, open and
+closed, between neighbours: ``8 * --steps`` steps in blocks of 40, alternately bare and inside a step timer that
+marks every step, opened and closed at the blocks' edges; each timed block's median step against the mean of the
+bare blocks on either side: the open timer's threads and the marks together, the loop's drift cancelled, the
+entry and exit left out). Each other variant also prints the
 step times' p10/p50/p90/p99 bare and timed: a shift of every step is a per-step cost, a
 longer tail is a stall (a thread that waits for the GIL, a pool that grows).
 """
@@ -43,7 +47,9 @@ VARIANTS = (
     "alternate",
     "alternate-keep-gil",
     "spill",
+    "toggle",
 )
+TOGGLE_BLOCK = 40  #: ``toggle``: steps a block
 
 
 async def each_step(devs: list, work: list, steps: int, st: object, into: list[float]) -> float:
@@ -151,6 +157,30 @@ async def spill(devs: list, work: list, steps: int, period: int = 8) -> None:
     print(f"{'spill':<14} {what}: " + "; ".join(cells))
 
 
+async def toggle(devs: list, work: list, steps: int, block: int = TOGGLE_BLOCK) -> None:
+    """About ``8 * steps`` steps in blocks of ``block``, bare and inside a step timer (every step marked) in turn,
+    bare at both ends; prints the median ratio of each timed block's median step (its first eighth left out) to
+    the mean of its two bare neighbours' medians, with its 95 % interval."""
+    bare: list[float] = []
+    on: list[float] = []
+    await run_steps(devs, work, 20, None)
+    for b in range(2 * (4 * steps // block) + 1):
+        ms: list[float] = []
+        if b % 2:
+            async with asyncgpu.step_timer(devs, max_pending=4 * block) as st:
+                await each_step(devs, work, block, st, ms)
+        else:
+            await each_step(devs, work, block, None, ms)
+        (on if b % 2 else bare).append(statistics.median(ms[block // 8 :]))
+    ratios = [t / ((a + b) / 2) for t, a, b in zip(on, bare, bare[1:])]
+    lo, hi = ci95(ratios)
+    print(
+        f"{'toggle':<14} {statistics.median(bare):8.3f} {statistics.median(on):9.3f}  {statistics.median(ratios):.4f} "
+        f"[{lo:.4f}, {hi:.4f}] {{{min(ratios):.3f}, {max(ratios):.3f}}} ({len(ratios)} timed blocks of {block} "
+        "steps, each against its two bare neighbours)"
+    )
+
+
 async def _one_step(devs: list, work: list) -> None:
     async with anyio.create_task_group() as tg:
         for d, w in zip(devs, work):
@@ -194,6 +224,9 @@ async def main(args: argparse.Namespace) -> None:
     for v in args.variants.split(","):
         if v == "spill":
             await spill(devs, work, args.steps)
+            continue
+        if v == "toggle":
+            await toggle(devs, work, args.steps)
             continue
         if v.startswith("alternate"):
             kept = _keep_gil_records(devs) if v == "alternate-keep-gil" else None

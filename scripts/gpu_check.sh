@@ -80,7 +80,7 @@ step "pytest -m gpu, one GPU" 150 2 env CUDA_VISIBLE_DEVICES=0 python3 -m pytest
 step "dev/diag_placement (reference, per-kind excess, placement)" 240 40 python3 -X faulthandler dev/diag_placement.py --repeats 12 --out "$OUT"
 step "dev/diag_fresh_clock (%globaltimer vs host, a fresh process's first 3 s)" 60 30 python3 -X faulthandler dev/diag_fresh_clock.py --seconds 3 --out "$OUT"
 step "dev/diag_step_cupti (CUPTI step source: harvests by part)" 540 24 python3 -X faulthandler dev/diag_step_cupti.py --steps 600 --pairs 6 --devices "$NGPU" --variants ${CUPTI_VARIANTS:-default,harvest-2s,flush-only,toggle,alternate,no-flush}
-step "dev/diag_step_events (events step source: where the cost is)" 240 10 python3 -X faulthandler dev/diag_step_events.py --devices "$NGPU" --steps 150 --pairs 10 --variants alternate,default
+step "dev/diag_step_events (events step source: where the cost is)" 240 10 python3 -X faulthandler dev/diag_step_events.py --devices "$NGPU" --steps 150 --pairs 10 --variants alternate,toggle,default
 step "dev/diag_outliers (events vs CUPTI vs in-kernel stamps, back to back)" 240 30 python3 -X faulthandler dev/diag_outliers.py --rounds 5 --out "$OUT/outliers.txt"
 step "dev/diag_busy_pair (events vs CUPTI per busy sequence and hold)" 180 40 python3 -X faulthandler dev/diag_busy_pair.py --rounds 5 --reference cupti,torch --out "$OUT/busy_pair.txt"
 step "dev/diag_mark_cost (a step mark's cost by method, all GPUs and one)" 180 16 bash -c "python3 -X faulthandler dev/diag_mark_cost.py --devices $NGPU --steps 150 && python3 -X faulthandler dev/diag_mark_cost.py --devices 1 --steps 150"
