@@ -154,15 +154,31 @@ async def _loop(st, devs, n, work_us, host_us=0.0, first=0):
 
 
 async def test_a_slow_device_is_the_straggler(anyio_backend, two_devs):
+    """Each step issues 0.3 ms of work to one device and 1.5 ms to the other, then waits for both: the second bounds
+    every step whose work the host issued at once. A step whose slow device waited for the host's issue (its
+    launch-bound time a quarter of its work or more: the loop's thread held up, once seen for ~2 ms on a 4-GPU
+    machine) is the host's, which the rule may say; those are checked to be few and left out, and a run with many
+    is measured again, up to three in all. The second device bounds at least 80 % of the others (a host device's
+    0.3 ms spin may run for 1.7 ms when the machine's CPUs are all busy)."""
     devs = two_devs
-    async with asyncgpu.step_timer(devs, keep=16) as st:
-        await _loop(st, devs, 30, [300, 1500])
+    for _ in range(3):
+        async with asyncgpu.step_timer(devs, keep=32) as st:
+            await _loop(st, devs, 40, [300, 1500])
+        kept = st.steps()
+        prompt = [r for r in kept if r.devices[1].launch_bound_ms < 0.25 * r.devices[1].busy_ms]
+        if len(prompt) >= 0.8 * len(kept):
+            break
+    else:
+        late = [round(r.devices[1].launch_bound_ms, 2) for r in kept if r not in prompt]
+        pytest.fail(f"the host issued late in {len(late)} of {len(kept)} steps in all three runs (ms: {late})")
     s = st.stats()
-    assert s.steps == 30 and s.pending == 0 and s.dropped == 0
-    assert s.stragglers.get(devs[1].name, 0) >= 0.8 * s.steps, s.stragglers
+    assert s.steps == 40 and s.pending == 0 and s.dropped == 0
+    assert len(kept) == 32  # (the ring's bound)
+    slow = sum(r.straggler == devs[1].name for r in prompt)  # (a host device's spin may run long on a loaded host)
+    assert slow >= 0.8 * len(prompt), [(r.straggler, r.devices) for r in prompt if r.straggler != devs[1].name]
+    assert s.stragglers.get(devs[1].name, 0) >= slow, s.stragglers  # (the kept steps are among all counted)
     assert s.busy_ms[devs[1].name]["p50"] > 2 * s.busy_ms[devs[0].name]["p50"]  # (5x the work: a ratio, not a figure)
     assert s.verdict.startswith(f"device-bound: {devs[1].name}")
-    assert len(st.steps()) == 16
     assert all(st.balance(r.index).straggler == r.straggler for r in st.steps())  # one balance, per step too
     await _aquiet(devs)
 
