@@ -39,7 +39,15 @@ step() {  # step NAME LIMIT_S TAIL_LINES COMMAND...: run with a time limit, log 
   [ "$rc" -ne 0 ] && FAILED=1
 }
 nvidia-smi -L | tee -a "$ALL"
-python3 -c "from importlib.metadata import version as v; print({p: v(p) for p in ('cuda-core', 'cuda-bindings', 'anyio', 'numpy', 'trio', 'nvtx', 'torch', 'cupy-cuda12x')})" 2>&1 | tee -a "$ALL"
+python3 - <<'PY' 2>&1 | tee -a "$ALL"
+from importlib.metadata import PackageNotFoundError, version
+def v(p):
+    try:
+        return version(p)
+    except PackageNotFoundError:
+        return "not installed"
+print({p: v(p) for p in ('cuda-core', 'cuda-bindings', 'anyio', 'numpy', 'trio', 'nvtx', 'torch', 'cupy-cuda12x')})
+PY
 demo_offsets() {  # the demo on the first N GPUs: each device's first start, from the scope's start (ms)
   python3 -m asyncgpu demo --devices "$1" --no-trace --format json -q > "$OUT/demo$1.json" || return 1
   python3 - "$OUT/demo$1.json" <<'PY'
