@@ -8,6 +8,7 @@
 #   carry: [".whl"]   (made by ../shared/device/fetch-wheels.sh: nvtx, pytest-asyncio, trio, cupti-python, perfetto…)
 #   ONLY=REGEX: run only the steps whose name matches (e.g. ONLY='demo|workers|balance')
 #   SKIP=REGEX: leave out the steps whose name matches (e.g. SKIP='waits|timing'; a suite's step names its scripts)
+#   REPEAT=N: the two GPU-suite steps N times in a row (e.g. ONLY='pytest -m gpu' REPEAT=3 for three one-GPU runs)
 #   CUPTI_VARIANTS=LIST: the variants dev/diag_step_cupti runs (e.g. CUPTI_VARIANTS=default,toggle,alternate)
 #   ASYNCGPU_COMMIT=SHA: the commit the benchmarks' JSON names (set it from your checkout: the device machine's copy
 #     of the tree may carry a stale .git), e.g. command "ASYNCGPU_COMMIT=$(git rev-parse HEAD) bash scripts/gpu_check.sh"
@@ -83,8 +84,11 @@ BENCH=(python3 -m benchmarks --out "$OUT/benchmarks")
 [ "$NGPU" -ge 2 ] && step "benchmarks orchestration (bench_workers, bench_balance on 2, 4, 8 GPUs)" 1500 40 "${BENCH[@]}" --limit 240 orchestration
 [ "$NGPU" -ge 2 ] && step "dev/diag_handoff (trio handoff)" 120 8 python3 -X faulthandler dev/diag_handoff.py --items 200
 step "pytest orchestration (queue, workers, balance)" 240 4 python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=60 tests/test_load.py tests/test_workers.py tests/test_summary.py tests/test_cli.py "$@"
-step "pytest, every GPU" 420 6 python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=60 tests "$@"
-step "pytest -m gpu, one GPU" 150 2 env CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -p no:cacheprovider -m gpu tests "$@"
+for r in $(seq "${REPEAT:-1}"); do  # (REPEAT=3: three runs in a row, each its own row in the table)
+  run=""; [ "${REPEAT:-1}" -gt 1 ] && run=" (run $r)"
+  step "pytest, every GPU$run" 420 6 python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=60 tests "$@"
+  step "pytest -m gpu, one GPU$run" 150 2 env CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -p no:cacheprovider -m gpu tests "$@"
+done
 step "dev/diag_placement (reference, per-kind excess, placement)" 240 40 python3 -X faulthandler dev/diag_placement.py --repeats 12 --out "$OUT"
 step "dev/diag_fresh_clock (%globaltimer vs host, a fresh process's first 3 s)" 60 30 python3 -X faulthandler dev/diag_fresh_clock.py --seconds 3 --out "$OUT"
 step "dev/diag_step_cupti (CUPTI step source: harvests by part)" 540 24 python3 -X faulthandler dev/diag_step_cupti.py --steps 600 --pairs 6 --devices "$NGPU" --variants ${CUPTI_VARIANTS:-default,harvest-2s,flush-only,toggle,alternate,no-flush}
