@@ -500,6 +500,34 @@ async def test_bad_input_gets_clear_errors(anyio_backend):
     await _aquiet([dev])
 
 
+async def test_a_full_stream_at_the_exit_is_waited_for_not_a_second_error(anyio_backend):
+    """The body filled its stream (a step's end record refused: `QueueFullError`, caught) while the device is held:
+    the timer's exit still waits for the stream to drain, without a launch slot and without raising, and gives every
+    event back."""
+    from asyncgpu._runtime import stream as stream_mod
+    from asyncgpu.errors import QueueFullError
+
+    dev = asyncgpu.device("host:0")
+    s = dev.stream
+    in_use = dev.pool_stats().in_use
+    token = dev._internal.bd.hold(s._internal.raw)
+    release = threading.Timer(0.3, dev._internal.bd.release, (token,))  # (the body fills the stream in ~10 ms)
+    release.start()
+    try:
+        async with asyncgpu.step_timer(dev) as st:
+            with pytest.raises(QueueFullError):
+                for i in range(2 * stream_mod.QUEUE_BOUND):
+                    with st.step(i):
+                        s.spin_us(0)
+        assert s._internal.queued() == 0  # (the exit waited for the device)
+    finally:
+        release.join()
+    assert st.stats().pending == 0
+    await _aquiet([dev])
+    assert dev.pool_stats().in_use == in_use
+    assert not _steps_threads()
+
+
 # -- the live view ----------------------------------------------------------------------------------------------------
 async def test_live_view_is_quiet_without_a_terminal_and_draws_on_one(anyio_backend, monkeypatch):
     devs = asyncgpu.devices("host", count=2)

@@ -572,9 +572,11 @@ class StepTimer:
         return f"step {step.index} was never closed: its `with st.step()` block did not end before the timer's"
 
     def _drain_events(self) -> list[Any]:
+        """What the exit waits for while steps are pending: one event without timing per stream, which takes no
+        launch slot (a stream the body filled still gets it: no `QueueFullError` at the exit)."""
         with self._lock:
             busy = bool(self._pending)
-        return [s.device.record(s) for s in self._streams] if busy else []
+        return [s.device.record(s, timing=False) for s in self._streams] if busy else []
 
     async def __aenter__(self) -> StepTimer:
         import anyio
