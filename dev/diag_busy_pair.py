@@ -3,12 +3,13 @@ against CUPTI on the same activities (an events scope nested in a CUPTI-source s
 scopes), per sequence of work queued behind a 3 ms spin (so the GPU never waits for the host), per hold policy.
 
 Sequences: one kind of work repeated (spins of 5, 20 and 50 µs; memsets and ``inc_loop`` on 1 MB and on 40 MB),
-kinds in turn (memset, inc_loop, spin: on 1 MB; on 40 MB; on 40 MB 20 times, `bench_accuracy`'s busy stream),
-20 µs spins in turn with 40 MB memsets or ``inc_loop`` (which side of a memory-heavy activity costs the pair
-more: the light spin after it, or the heavy work after a spin), spins on two streams of the device in turn, and
-a spin on an idle GPU. Against asyncgpu's CUPTI source (an outer scope per round) and torch.profiler (one profile
-around a sequence's rounds). Each row: a kind, or a kernel by name; activities; events − CUPTI p10 / p50 / p90
-(µs); the p50 of the first activity behind the lead spin apart from the rest.
+kinds in turn (memset, inc_loop, spin: on 1 MB; on 40 MB; on 40 MB 20 times, `bench_accuracy`'s busy stream), 20 µs
+spins in turn with 40 MB memsets or ``inc_loop`` (which side of a memory-heavy activity costs the pair more: the
+light spin after it, or the heavy work after a spin), memsets and ``inc_loop`` on 4, 16 and 160 MB (does the held
+pair's bias on memory-heavy work grow with the bytes moved, or is it a step?), spins on two streams of the device in
+turn, and a spin on an idle GPU. Against asyncgpu's CUPTI source (an outer scope per round) and torch.profiler (one
+profile around a sequence's rounds). Each row: a kind, or a kernel by name; activities; events − CUPTI p10 / p50 /
+p90 (µs); the p50 of the first activity behind the lead spin apart from the rest.
 
     python dev/diag_busy_pair.py [--rounds 5] [--holds always,never] [--reference cupti,torch] [--out FILE]
 """
@@ -91,6 +92,7 @@ def main() -> None:
     s, s2 = dev.stream, dev.create_stream()
     arr = dev.alloc(250_000, np.float32)  # 1 MB
     big = dev.alloc(10_000_000, np.float32)  # 40 MB, as `bench_accuracy`'s cases
+    sized = {mb: dev.alloc(mb * 250_000, np.float32) for mb in (4, 16, 160)}
     seqs: dict[str, Callable[[], object] | None] = {
         "spin 5 us": lambda: [s.spin_us(5) for _ in range(N)],
         "spin 20 us": lambda: [s.spin_us(20) for _ in range(N)],
@@ -104,6 +106,8 @@ def main() -> None:
         "spin/inc_loop": lambda: [(s.inc_loop(big, 50), s.spin_us(20)) for _ in range(N // 2)],
         "memset 40 MB": lambda: [s.memset(big, 0) for _ in range(N)],
         "inc_loop 40MB": lambda: [s.inc_loop(big, 50) for _ in range(N)],
+        **{f"memset {mb} MB": (lambda b=b: [s.memset(b, 0) for _ in range(N)]) for mb, b in sized.items()},
+        **{f"inc_loop {mb}MB": (lambda b=b: [s.inc_loop(b, 50) for _ in range(N)]) for mb, b in sized.items()},
         "two streams": lambda: [(s.spin_us(50), s2.spin_us(50)) for _ in range(N // 2)],
         "idle spin 50": None,
     }
