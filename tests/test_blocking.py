@@ -197,6 +197,87 @@ async def test_an_events_scopes_entry_sets_up_its_launches_on_the_workers_not_th
         assert time.perf_counter() - t1 < 0.5 * setup_s
 
 
+def test_turning_the_history_on_sets_up_open_devices_on_their_workers(two_devs, monkeypatch):
+    """The kernel history times launches on every device. Turning it on returns at once and queues what each open
+    device's held launches need on that device's worker thread, so that no first recorded launch sets it up on
+    its own thread (a loop's); a CUPTI-only block needs no hold and queues nothing."""
+    from asyncgpu import kernel_history
+    from asyncgpu._runtime.internal import DeviceInternal
+
+    setup_s = 0.05
+    done: dict[int, str] = {}
+    finished = threading.Semaphore(0)
+
+    def prepare(self):
+        time.sleep(setup_s)
+        done[id(self)] = threading.current_thread().name
+        finished.release()
+
+    monkeypatch.setattr(DeviceInternal, "timing_unprepared", lambda self: () if id(self) in done else ("hold",))
+    monkeypatch.setattr(DeviceInternal, "prepare_timing", prepare)
+    t0 = time.perf_counter()
+    kernel_history.enabled = True
+    try:
+        on_s = time.perf_counter() - t0
+        assert all(finished.acquire(timeout=10) for _ in two_devs), "a device's worker never set it up"
+        assert on_s < 0.5 * setup_s, f"turning the history on waited {on_s * 1e3:.0f} ms for the set-up"
+        assert sorted(done.values()) == sorted(f"asyncgpu-{d.name}-worker" for d in two_devs)
+    finally:
+        kernel_history.enabled = False
+        kernel_history.clear()
+    done.clear()
+    with kernel_history.recording(source="auto") as rec:
+        pass
+    if rec.source == "cupti":
+        assert not finished.acquire(timeout=4 * setup_s) and not done
+
+
+async def test_a_scope_holds_and_primes_only_the_launches_on_its_devices(two_devs, monkeypatch):
+    """Holds and engine primers serve event brackets: a scope asks for them on its own devices, and a launch on a
+    device no events scope covers pays neither. The kernel history, which times every device, holds all."""
+    from asyncgpu import kernel_history
+
+    a, b = two_devs
+    cls = type(a._internal.bd)
+    held: list[str] = []
+    primed: list[str] = []
+    names = {id(d._internal.bd): d.name for d in two_devs}
+    hold, prime = cls.hold, cls.prime
+
+    def holding(self, raw, watched=False):
+        held.append(names[id(self)])
+        return hold(self, raw, watched)
+
+    def priming(self, raw, engine):
+        primed.append(names[id(self)])
+        return prime(self, raw, engine)
+
+    monkeypatch.setattr(cls, "hold", holding)
+    monkeypatch.setattr(cls, "prime", priming)
+
+    def launch_both():
+        held.clear()
+        primed.clear()
+        for d in two_devs:
+            for s in d.streams:
+                s._internal.last_kind = "memcpy"  # the next kernel switches engines: a bracket would be primed
+                s.spin_us(20)
+        return sorted(set(held)), sorted(set(primed))
+
+    async with gpu_timer(a) as t:
+        assert launch_both() == ([a.name], [a.name])
+        async with gpu_timer(b):
+            assert launch_both() == ([a.name, b.name], [a.name, b.name])
+        assert launch_both() == ([a.name], [a.name])
+    assert {r.device for r in t.records} == {a.name}
+    assert launch_both() == ([], [])
+    with kernel_history.recording():
+        assert launch_both() == ([a.name, b.name], [a.name, b.name])
+    kernel_history.clear()
+    await a.asynchronize()
+    await b.asynchronize()
+
+
 def test_a_blocking_scopes_entry_sets_up_its_launches_in_its_own_thread(two_devs, monkeypatch):
     """``with gpu_timer`` (a plain thread) sets up what its first timed launches need in that thread, at entry."""
     from asyncgpu._runtime.internal import DeviceInternal

@@ -182,6 +182,40 @@ def test_an_events_scope_sets_up_its_first_launches_off_the_loops_thread():
     assert lag_ms < 0.5 * entry_ms, f"first start {lag_ms:.2f} ms after its issue; the entry took {entry_ms:.2f} ms"
 
 
+def test_turning_the_history_on_sets_up_each_devices_first_held_launch_off_the_callers_thread():
+    """As an events scope's entry: in a fresh process, turning the kernel history on queues the holds' page and the
+    engine primers on each open device's worker thread and returns at once; the first recorded launch, made after
+    that set-up, then costs its thread a small part of what the set-up took."""
+    script = textwrap.dedent("""
+        import time, asyncgpu
+        devs = asyncgpu.devices("cuda")[:2]
+        before = [bool(d._internal.timing_unprepared()) for d in devs]
+        t0 = time.perf_counter_ns()
+        asyncgpu.kernel_history.enabled = True
+        on_ms = (time.perf_counter_ns() - t0) / 1e6
+        while any(d._internal.timing_unprepared() for d in devs) and time.perf_counter_ns() - t0 < 10e9:
+            time.sleep(0.001)
+        ready_ms = (time.perf_counter_ns() - t0) / 1e6
+        after = [bool(d._internal.timing_unprepared()) for d in devs]
+        launch_ms = []
+        for d in devs:
+            t1 = time.perf_counter_ns()
+            d.stream.spin_us(100)
+            launch_ms.append((time.perf_counter_ns() - t1) / 1e6)
+        recs = asyncgpu.kernel_history()
+        asyncgpu.kernel_history.enabled = False
+        print("RESULT", repr((before, after, on_ms, ready_ms, max(launch_ms), len(recs))))
+        asyncgpu.close_all()
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    line = [x for x in out.stdout.splitlines() if x.startswith("RESULT")]
+    assert out.returncode == 0 and line, (out.stdout, out.stderr[-2000:])
+    before, after, on_ms, ready_ms, launch_ms, n = ast.literal_eval(line[0][len("RESULT ") :])
+    assert all(before) and not any(after) and n == len(before), (before, after, n)
+    assert on_ms < 0.2 * ready_ms, f"turning the history on took {on_ms:.2f} ms of a {ready_ms:.2f} ms set-up"
+    assert launch_ms < 0.2 * ready_ms, f"a first recorded launch took {launch_ms:.2f} ms; the set-up {ready_ms:.2f} ms"
+
+
 @pytest.mark.multigpu
 async def test_two_gpus_concurrently_with_cross_device_wait():
     a, b = asyncgpu.devices(count=2)

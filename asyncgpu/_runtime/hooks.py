@@ -5,11 +5,11 @@ wants to see launches (timing scopes, `asyncgpu._timing.scope`; the kernel histo
 installs an observer with `install` while it is active and removes it with `uninstall`, as Triton's launch hooks
 let Proton plug in. With no observer installed a launch costs one truth test of `OBSERVERS`.
 
-While a feature times launches with event pairs (`want_holds`), each launch is held (`BackendDevice.hold`): the
-stream waits on the device until the observers' start records, the work and their end records are all enqueued,
-so that the bracket measures the work, not the host's submission of it (unheld, a bracket on an idle stream
-counts tens of µs of the host's time). The hold costs a few µs of host time per launch, and a little GPU time per
-launch on a busy stream.
+While a feature times launches on a device with event pairs (`want_holds`), each launch there is held
+(`BackendDevice.hold`): the stream waits on the device until the observers' start records, the work and their
+end records are all enqueued, so that the bracket measures the work, not the host's submission of it (unheld, a
+bracket on an idle stream counts tens of µs of the host's time). The hold costs a few µs of host time per launch,
+and a little GPU time per launch on a busy stream. Launches on other devices are neither held nor primed.
 
 An observer implements `LaunchObserver`. Besides launches it answers three questions other core parts and
 features ask through this module:
@@ -45,6 +45,7 @@ __all__ = [
     "attach",
     "check_queue",
     "correlate",
+    "holds_on",
     "install",
     "launch",
     "launch_now",
@@ -142,8 +143,11 @@ class CaptureHook(Protocol):
 
 #: The installed observers, read by the launch path without a lock (replaced, never mutated).
 OBSERVERS: tuple[LaunchObserver, ...] = ()
-#: How many users want launches held now (event-timing scopes, the kernel history); CUPTI needs no hold.
+#: How many users want launches held now (event-timing scopes, the kernel history); CUPTI needs no hold. The
+#: launch path's first test: 0 means no launch is held or primed.
 HOLD_USERS = 0
+_HOLD_ALL = 0  # of which want every device's launches held (the kernel history)
+_HOLD_ON: dict[Any, int] = {}  # BackendDevice -> users holding its launches (scopes); replaced, never mutated
 #: The engine each launch kind runs on: an event bracket whose launch follows the other engine's work on its
 #: stream is primed first (see `launch_now`). Other kinds (graphs, activity blocks) leave the engine unknown.
 ENGINE_OF: dict[str | None, str] = {"kernel": "compute", "memset": "compute", "memcpy": "copy"}
@@ -180,19 +184,38 @@ def uninstall(observer: LaunchObserver) -> None:
         OBSERVERS = tuple(o for o in OBSERVERS if o is not observer)
 
 
-def want_holds(delta: int) -> None:
-    """A feature that times launches with event pairs says it starts (+1) or stops (-1) needing holds."""
-    global HOLD_USERS
+def want_holds(delta: int, bds: Any = None) -> None:
+    """A feature that times launches with event pairs says it starts (+1) or stops (-1) needing holds: on the
+    devices ``bds`` (their `BackendDevice` objects; a scope's devices), or on every device (None: the kernel
+    history, which times launches anywhere). A stop names the same devices as its start."""
+    global HOLD_USERS, _HOLD_ALL, _HOLD_ON
     with _lock:
         HOLD_USERS += delta
+        if bds is None:
+            _HOLD_ALL += delta
+            return
+        on = dict(_HOLD_ON)
+        for bd in bds:
+            n = on.get(bd, 0) + delta
+            if n:
+                on[bd] = n
+            else:
+                del on[bd]
+        _HOLD_ON = on
+
+
+def holds_on(bd: Any) -> bool:
+    """Whether some feature times launches on the device of ``bd`` with event pairs now (`want_holds`): its
+    launches are then held and primed. Launches on devices no such feature covers pay neither."""
+    return HOLD_USERS != 0 and (_HOLD_ALL != 0 or bd in _HOLD_ON)
 
 
 def should_hold(bd: Any, raw_stream: Any) -> bool:
-    """Whether a launch onto ``raw_stream`` is to be held now: whenever some feature wants holds (`HOLD_USERS`).
-    Holding only onto an idle stream would spare busy streams the hold's GPU time, but a launch that follows short
-    work may find the stream drained by the time it is enqueued. (``bd`` and ``raw_stream``: for a policy that
-    looks at the stream, such as one a benchmark puts in its place.)"""
-    return HOLD_USERS != 0
+    """Whether a launch onto ``raw_stream`` is to be held now: whenever some feature wants its device's launches
+    held (`holds_on`). Holding only onto an idle stream would spare busy streams the hold's GPU time, but a launch
+    that follows short work may find the stream drained by the time it is enqueued. (``raw_stream``: for a
+    policy that looks at the stream, such as one a benchmark puts in its place.)"""
+    return holds_on(bd)
 
 
 def launch(stream: Stream, name: str, kind: str, fn: Callable[..., Any], *args: Any) -> None:
@@ -227,7 +250,8 @@ def launch_now(stream: Stream, name: str, kind: str, fn: Callable[..., Any], arg
         return
     bd = si.bd
     primed = 0
-    if HOLD_USERS:
+    timed = holds_on(bd)
+    if timed:
         # A record runs behind the engine of its stream's previous operation: after a compute<->copy switch the
         # start event would complete ~5 µs before the work starts. A tiny operation of the launch's own engine
         # first puts the start event behind that engine (`BackendDevice.prime`; measured in RESULTS.md run 26).
@@ -239,7 +263,7 @@ def launch_now(stream: Stream, name: str, kind: str, fn: Callable[..., Any], arg
     # event would otherwise complete at once and the bracket count the host's submission time (see `hold`).
     held = bd.hold(si.raw, True) if should_hold(bd, si.raw) else None  # (watched: it spans this launch)
     si.held = held is not None
-    if HOLD_USERS and engine_of(kind, name) == _ALWAYS_PRIMED:  # behind the hold, so it runs right before the work
+    if timed and engine_of(kind, name) == _ALWAYS_PRIMED:  # behind the hold, so it runs right before the work
         bd.prime(si.raw, _ALWAYS_PRIMED)
         primed = 1
     begun: list[tuple[LaunchObserver, Any]] = []

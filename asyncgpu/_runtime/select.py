@@ -28,6 +28,7 @@ __all__ = [
     "default_backend",
     "device",
     "devices",
+    "opened",
     "resolve_devices",
 ]
 
@@ -102,6 +103,12 @@ def device(
                 f"opening it with {key}={want}"
             )
     return dev
+
+
+def opened() -> list[Device]:
+    """The devices open now (opened by `device` or `devices` and not closed), in opening order. Any thread."""
+    with _lock:
+        return list(_open.values())
 
 
 def devices(

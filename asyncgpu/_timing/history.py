@@ -31,7 +31,10 @@ times come from (``source``): a launch CUPTI did not see (recorded outside the b
 
 Threads: launches may come from any thread; `kernel_history()` may be called from any thread. With
 ``wait=True`` (the default) it blocks the calling thread (GIL released) until the recorded launches have run;
-from async code, await an event recorded after the work first, or pass ``wait=False``.
+from async code, await an event recorded after the work first, or pass ``wait=False``. Turning events timing on
+(``enabled = True``, an events ``recording()``) never blocks: it queues what each open device's held launches need
+(the holds' page and the engine primers; compiled once per process) on that device's worker thread, so that the
+first recorded launch does not set it up on its own thread (an event loop's, say).
 
 Memory: records wait in a queue until read. Every `COMPACT_AT` pending records, those the devices have finished
 are resolved in the launch path and their events go back to the pools, so a history that is never read holds
@@ -50,7 +53,7 @@ from typing import TYPE_CHECKING, Any, final
 
 from asyncgpu._backends import cupti
 from asyncgpu._base.errors import AsyncGPUError, NotReadyError, ScopeError
-from asyncgpu._runtime import hooks, loops
+from asyncgpu._runtime import hooks, loops, select
 from asyncgpu._runtime.clock import Placement, placement
 
 if TYPE_CHECKING:
@@ -344,8 +347,9 @@ _holding = False  # this history asked for holds (`hooks.want_holds`)
 
 
 def _update() -> None:
-    """The launch observer is installed while the history is on; launches are held while some of it times
-    with events (CUPTI-only blocks need no hold, as a CUPTI scope)."""
+    """The launch observer is installed while the history is on; launches are held (on every device) while some
+    of it times with events (CUPTI-only blocks need no hold, as a CUPTI scope). When holds start, each open
+    device sets up what its held launches need (`_prepare_open_devices`)."""
     global ON, _holding
     ON = _forced or _depth > 0
     if ON:
@@ -356,6 +360,20 @@ def _update() -> None:
     if hold != _holding:
         hooks.want_holds(1 if hold else -1)
         _holding = hold
+        if hold:
+            _prepare_open_devices()
+
+
+def _prepare_open_devices() -> None:
+    """Queue `DeviceInternal.prepare_timing` (the holds' page, the engine primers, compiled once per process) on
+    the worker thread of each open device that lacks it, without waiting: otherwise a device's first recorded
+    launch sets them up on the launching thread, which may be an event loop's (~16 ms, 4× H100). A launch that
+    comes before its device's worker is done waits for the setup under way (it takes the same locks); a device
+    opened later still sets up at its first recorded launch."""
+    for d in select.opened():
+        internal = d._internal
+        if internal.timing_unprepared():
+            internal.worker.call_soon(internal.prepare_timing)
 
 
 def _collect_cupti() -> str:

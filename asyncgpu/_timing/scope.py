@@ -124,6 +124,7 @@ class Timer:
         self._marks: list[CollectiveMark] = []
         self._layer_lock = threading.Lock()
         self._devset = frozenset(self.devices)
+        self._bds = tuple(d._internal.bd for d in self._devset)  # (whose launches `hooks.want_holds` holds)
         self.label = label
         self.synchronize = synchronize
         self._nvtx = nvtx
@@ -309,8 +310,8 @@ class Timer:
             raise
         self._start_marks = marks
         self._holding = self._held = self.source == "events"
-        if self._holding:  # event pairs need held launches; CUPTI times the work itself
-            hooks.want_holds(1)
+        if self._holding:  # event pairs need held launches (on this scope's devices); CUPTI times the work itself
+            hooks.want_holds(1, self._bds)
         outer = SCOPES.get()
         self._depth = len(outer)
         self._token = SCOPES.set(outer + (self,))
@@ -334,7 +335,7 @@ class Timer:
         _observer.closed(self, self._all_threads)
         if self._holding:
             self._holding = False
-            hooks.want_holds(-1)
+            hooks.want_holds(-1, self._bds)
         if self._nvtx_id is not None:
             _nvtx.end(self._nvtx_id)
         if exc is not None:
