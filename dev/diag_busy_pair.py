@@ -6,10 +6,13 @@ Sequences: one kind of work repeated (spins of 5, 20 and 50 µs; memsets and ``i
 kinds in turn (memset, inc_loop, spin: on 1 MB; on 40 MB; on 40 MB 20 times, `bench_accuracy`'s busy stream), 20 µs
 spins in turn with 40 MB memsets or ``inc_loop`` (which side of a memory-heavy activity costs the pair more: the
 light spin after it, or the heavy work after a spin), memsets and ``inc_loop`` on 4, 16 and 160 MB (does the held
-pair's bias on memory-heavy work grow with the bytes moved, or is it a step?), spins on two streams of the device in
-turn, and a spin on an idle GPU. Against asyncgpu's CUPTI source (an outer scope per round) and torch.profiler (one
+pair's bias on memory-heavy work grow with the bytes moved, or is it a step?), copies between device buffers of 40
+and 4 MB (alone, and each behind a 200 µs spin), spins on two streams of the device in turn, and a spin on an idle
+GPU. Against asyncgpu's CUPTI source (an outer scope per round) and torch.profiler (one
 profile around a sequence's rounds). Each row: a kind, or a kernel by name; activities; events − CUPTI p10 / p50 /
-p90 (µs); the p50 of the first activity behind the lead spin apart from the rest.
+p90 (µs); the p50 of the first activity behind the lead spin apart from the rest; the largest; how many read more
+than 1 µs off; and, for the slowest tenth against CUPTI (its own scope only), the median of their start and of their
+end differences, less the round's median start difference: which side of the pair the tail's excess sits on.
 
     python dev/diag_busy_pair.py [--rounds 5] [--holds always,never] [--reference cupti,torch] [--out FILE]
 """
@@ -39,18 +42,28 @@ N = 20  #: activities per sequence
 def _pairs(inner: asyncgpu.Timeline, outer: asyncgpu.Timeline) -> list[tuple[str, str, int, float]] | str:
     """``(kind, name, position among its stream's activities of that kind, events − CUPTI ns)`` per activity of
     ``inner`` (its name as ``inner`` has it), matched with ``outer``'s by stream and kind in issue order; a string
-    saying why not where the counts differ."""
-    groups: dict[tuple[str, int], list[list[tuple[str, float]]]] = defaultdict(lambda: [[], []])
+    saying why not where the counts differ. Each activity's start and end differences (events − CUPTI, less their
+    round's medians: the two clocks' placements differ by a constant) go to `_SIDES`, for the tail's row."""
+    groups: dict[tuple[str, int], list[list[tuple[str, float, float]]]] = defaultdict(lambda: [[], []])
     for which, tl in enumerate((inner, outer)):
         for r in range(len(tl.start_ns)):
             label = tl.streams[int(tl.stream[r])][1]
-            groups[(label, int(tl.kind[r]))][which].append((tl.names[int(tl.name[r])], float(tl.duration_ns[r])))
+            row = (tl.names[int(tl.name[r])], float(tl.duration_ns[r]), float(tl.start_ns[r]))
+            groups[(label, int(tl.kind[r]))][which].append(row)
     out = []
+    sides = []
     for (label, k), (ev, cu) in groups.items():
         if len(ev) != len(cu):
             return f"{label} {KINDS[k]}: {len(ev)} events rows, {len(cu)} CUPTI rows"
-        out.extend((KINDS[k], n, i, e - c) for i, ((n, e), (_, c)) in enumerate(zip(ev, cu)))
+        out.extend((KINDS[k], n, i, e - c) for i, ((n, e, _), (_, c, _)) in enumerate(zip(ev, cu)))
+        sides.extend((s0 - s1, s0 + e - s1 - c) for (_, e, s0), (_, c, s1) in zip(ev, cu))
+    d = np.array(sides).reshape(-1, 2)
+    d -= np.median(d[:, 0])  # (one offset for the round: the start differences' median)
+    _SIDES.extend(map(tuple, d))
     return out
+
+
+_SIDES: list[tuple[float, float]] = []  #: (start, end) differences of `_pairs`' activities, in its order
 
 
 def _against_torch(timelines: list[asyncgpu.Timeline], path: str) -> list[tuple[str, str, int, float]] | str:
@@ -93,6 +106,7 @@ def main() -> None:
     arr = dev.alloc(250_000, np.float32)  # 1 MB
     big = dev.alloc(10_000_000, np.float32)  # 40 MB, as `bench_accuracy`'s cases
     sized = {mb: dev.alloc(mb * 250_000, np.float32) for mb in (4, 16, 160)}
+    big2, sized2 = dev.alloc(10_000_000, np.float32), dev.alloc(1_000_000, np.float32)  # copies' destinations
     seqs: dict[str, Callable[[], object] | None] = {
         "spin 5 us": lambda: [s.spin_us(5) for _ in range(N)],
         "spin 20 us": lambda: [s.spin_us(20) for _ in range(N)],
@@ -108,6 +122,9 @@ def main() -> None:
         "inc_loop 40MB": lambda: [s.inc_loop(big, 50) for _ in range(N)],
         **{f"memset {mb} MB": (lambda b=b: [s.memset(b, 0) for _ in range(N)]) for mb, b in sized.items()},
         **{f"inc_loop {mb}MB": (lambda b=b: [s.inc_loop(b, 50) for _ in range(N)]) for mb, b in sized.items()},
+        "spin/copy d2d": lambda: [(s.spin_us(200), s.copy(big2, big)) for _ in range(N // 2)],
+        "copy d2d 40MB": lambda: [s.copy(big2, big) for _ in range(N)],
+        "copy d2d 4MB": lambda: [s.copy(sized2, sized[4]) for _ in range(N)],
         "two streams": lambda: [(s.spin_us(50), s2.spin_us(50)) for _ in range(N // 2)],
         "idle spin 50": None,
     }
@@ -116,7 +133,7 @@ def main() -> None:
             fn()
     dev.synchronize()
     head = f"{'against':<7} {'hold':<7} {'sequence':<13} {'kind':<9} {'n':>4}"
-    print(f"{head} {'p10':>6} {'p50':>6} {'p90':>6} {'first':>6}")
+    print(f"{head} {'p10':>6} {'p50':>6} {'p90':>6} {'first':>6} {'max':>6} {'>1us':>5}  tail: start end")
     for ref in a.reference.split(","):  # (CUPTI's own first: torch.profiler keeps CUPTI for the rest of the process)
         for mode in a.holds.split(","):
             _hold(mode)
@@ -125,6 +142,7 @@ def main() -> None:
                     continue
                 rounds = a.rounds if fn is not None else a.rounds * N
                 got: list[tuple[str, str, int, float]] | str = []
+                _SIDES.clear()
                 timelines = []
                 prof = None
                 if ref == "torch":
@@ -162,15 +180,25 @@ def main() -> None:
                 if isinstance(got, str):
                     print(f"{ref:<7} {mode:<7} {name:<13} unmatched: {got}")
                     continue
+                sides = _SIDES if len(_SIDES) == len(got) else [(np.nan, np.nan)] * len(got)
                 if fn is not None:  # each stream's first kernel (the lead spin; on the second stream, an idle start)
-                    got = [(k, n, i - (k == "kernel"), d) for k, n, i, d in got if not (k == "kernel" and i == 0)]
+                    keep = [not (k == "kernel" and i == 0) for k, _, i, _ in got]
+                    got = [(k, n, i - (k == "kernel"), d) for (k, n, i, d), ok in zip(got, keep) if ok]
+                    sides = [x for x, ok in zip(sides, keep) if ok]
                 for kind in sorted({n if k == "kernel" else k for k, n, _, _ in got}):
-                    d = np.array([x for k, n, _, x in got if kind in (k, n)]) / 1e3
+                    mine = [kind in (k, n) for k, n, _, _ in got]
+                    d = np.array([x for (_, _, _, x), m in zip(got, mine) if m]) / 1e3
+                    se = np.array([x for x, m in zip(sides, mine) if m]).reshape(-1, 2) / 1e3
                     first = np.array([x for k, n, i, x in got if kind in (k, n) and i == 0]) / 1e3
                     q = np.percentile(d, [10, 50, 90])
                     f = f"{np.median(first):>6.2f}" if len(first) and fn is not None else f"{'':>6}"
                     row = f"{ref:<7} {mode:<7} {name:<13} {kind:<9} {len(d):>4}"
-                    print(f"{row} {q[0]:>6.2f} {q[1]:>6.2f} {q[2]:>6.2f} {f}")
+                    over = np.abs(d) > 1.0
+                    tail = d >= np.percentile(d, 90)  # where the tail's excess sits: at the start or at the end
+                    sided = ""
+                    if np.isfinite(se).all():
+                        sided = f"  {np.median(se[tail, 0]):>+5.2f} {np.median(se[tail, 1]):>+5.2f}"
+                    print(f"{row} {q[0]:>6.2f} {q[1]:>6.2f} {q[2]:>6.2f} {f} {d.max():>6.2f} {over.sum():>5}{sided}")
     _hold("library")
 
 
