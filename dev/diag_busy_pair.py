@@ -88,6 +88,29 @@ def _against_torch(timelines: list[asyncgpu.Timeline], path: str) -> list[tuple[
     return out
 
 
+def _replace_d2d_primer(dev: asyncgpu.Device, nbytes: int) -> None:
+    """Put a copy of ``nbytes`` between two device buffers (0: nothing) in place of the library's 4-byte primer of
+    copies between device buffers (after the calibration, which keeps the library's)."""
+    import ctypes
+
+    from asyncgpu._backends.cuda.driver import LIBCUDA
+
+    bd = dev._internal.bd
+    bd.prepare("prime")
+    buf = dev.alloc(2 * max(nbytes, 1), np.uint8)
+    _KEEP.append(buf)
+    base = buf.ptr
+    d2d = ctypes.CDLL(LIBCUDA).cuMemcpyDtoDAsync_v2
+    d2d.restype = ctypes.c_int
+    d2d.argtypes = (ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p)
+    call = (lambda stream: d2d(base + nbytes, base, nbytes, stream)) if nbytes else (lambda stream: 0)
+    bd._primer.calls["copy_d2d"] = (call, "cuMemcpyDtoDAsync")
+    print(f"the primer of copies between device buffers: {nbytes} bytes")
+
+
+_KEEP: list = []
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
@@ -96,10 +119,18 @@ def main() -> None:
     p.add_argument("--reference", default="cupti,torch", help="asyncgpu's CUPTI source, torch.profiler, or both")
     p.add_argument("--device", type=int, default=0)
     p.add_argument("--out", help="also write what is printed to this file")
+    p.add_argument(
+        "--d2d-primer",
+        type=int,
+        default=-1,
+        help="bytes of the primer copy ahead of a copy between device buffers (0: none; default: the library's own)",
+    )
     a = p.parse_args()
     tee_stdout_to(a.out)
     dev = asyncgpu.device(a.device, backend="cuda")
     cal = dev.clock()
+    if a.d2d_primer >= 0:
+        _replace_d2d_primer(dev, a.d2d_primer)
     by_kind = {k: round(v) for k, v in cal.bracket_overhead_by_kind_ns.items()}
     print(f"{dev.description}: pair overhead (ns) {by_kind}, {cal.bracket_overhead_source}")
     s, s2 = dev.stream, dev.create_stream()
