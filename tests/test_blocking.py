@@ -232,6 +232,36 @@ def test_turning_the_history_on_sets_up_open_devices_on_their_workers(two_devs, 
         assert not finished.acquire(timeout=4 * setup_s) and not done
 
 
+def test_a_device_opened_while_the_history_times_sets_up_on_its_worker(monkeypatch):
+    """A device opened while the kernel history holds launches queues its set-up on its own worker thread at once
+    (opening does not wait for it); opened with the history off, it queues nothing."""
+    from asyncgpu import kernel_history
+    from asyncgpu._runtime.internal import DeviceInternal
+
+    done: dict[int, str] = {}
+    finished = threading.Semaphore(0)
+
+    def prepare(self):
+        done[id(self)] = threading.current_thread().name
+        finished.release()
+
+    monkeypatch.setattr(DeviceInternal, "timing_unprepared", lambda self: () if id(self) in done else ("hold",))
+    monkeypatch.setattr(DeviceInternal, "prepare_timing", prepare)
+    off = asyncgpu.device("host:0")
+    kernel_history.enabled = True
+    try:
+        assert finished.acquire(timeout=10)  # (host:0, open when the history came on)
+        on = asyncgpu.device("host:1")
+        assert finished.acquire(timeout=10), "the device opened under the history never set up"
+        assert sorted(done.values()) == sorted(f"asyncgpu-{d.name}-worker" for d in (off, on))
+    finally:
+        kernel_history.enabled = False
+        kernel_history.clear()
+    done.clear()
+    asyncgpu.device("host:2")
+    assert not finished.acquire(timeout=0.2) and not done
+
+
 async def test_a_scope_holds_and_primes_only_the_launches_on_its_devices(two_devs, monkeypatch):
     """Holds and engine primers serve event brackets: a scope asks for them on its own devices, and a launch on a
     device no events scope covers pays neither. The kernel history, which times every device, holds all."""

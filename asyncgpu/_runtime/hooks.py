@@ -45,6 +45,7 @@ __all__ = [
     "attach",
     "check_queue",
     "correlate",
+    "holds_everywhere",
     "holds_on",
     "install",
     "launch",
@@ -202,6 +203,12 @@ def want_holds(delta: int, bds: Any = None) -> None:
             else:
                 del on[bd]
         _HOLD_ON = on
+
+
+def holds_everywhere() -> bool:
+    """Whether some feature times launches on every device now (the kernel history): a device opened meanwhile sets
+    up what its held launches need at once (`asyncgpu._runtime.select.device`)."""
+    return _HOLD_ALL != 0
 
 
 def holds_on(bd: Any) -> bool:

@@ -18,6 +18,7 @@ from typing import Any, Iterable
 from asyncgpu._backends import BACKEND_NAMES, load_backend
 from asyncgpu._base.checks import whole
 from asyncgpu._base.errors import NoDeviceError, UnknownDeviceError
+from asyncgpu._runtime import hooks
 from asyncgpu._runtime.device import Device
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "device",
     "devices",
     "opened",
+    "prepare_timing_soon",
     "resolve_devices",
 ]
 
@@ -95,6 +97,8 @@ def device(
                 on_close=_forget,
             )
             _open[(name, index)] = dev
+            if hooks.holds_everywhere():  # (the kernel history times it already: set up its held launches now)
+                prepare_timing_soon(dev)
             return dev
     for key, want in (("streams", streams), ("max_events", max_events)):
         if want is not None and dev.options[key] != want:
@@ -103,6 +107,15 @@ def device(
                 f"opening it with {key}={want}"
             )
     return dev
+
+
+def prepare_timing_soon(dev: Device) -> None:
+    """Queue `DeviceInternal.prepare_timing` (the holds' page, the engine primers) on ``dev``'s worker thread if it
+    lacks it, without waiting: its first held launch then finds it done (or waits for the set-up under way, which
+    takes the same locks) instead of making it on the launching thread. Any thread; never blocks."""
+    internal = dev._internal
+    if internal.timing_unprepared():
+        internal.worker.call_soon(internal.prepare_timing)
 
 
 def opened() -> list[Device]:

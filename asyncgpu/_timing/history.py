@@ -33,8 +33,9 @@ Threads: launches may come from any thread; `kernel_history()` may be called fro
 ``wait=True`` (the default) it blocks the calling thread (GIL released) until the recorded launches have run;
 from async code, await an event recorded after the work first, or pass ``wait=False``. Turning events timing on
 (``enabled = True``, an events ``recording()``) never blocks: it queues what each open device's held launches need
-(the holds' page and the engine primers; compiled once per process) on that device's worker thread, so that the
-first recorded launch does not set it up on its own thread (an event loop's, say).
+(the holds' page and the engine primers; compiled once per process) on that device's worker thread, as does a
+device opened while it is on, so that the first recorded launch does not set it up on its own thread (an event
+loop's, say).
 
 Memory: records wait in a queue until read. Every `COMPACT_AT` pending records, those the devices have finished
 are resolved in the launch path and their events go back to the pools, so a history that is never read holds
@@ -365,15 +366,12 @@ def _update() -> None:
 
 
 def _prepare_open_devices() -> None:
-    """Queue `DeviceInternal.prepare_timing` (the holds' page, the engine primers, compiled once per process) on
-    the worker thread of each open device that lacks it, without waiting: otherwise a device's first recorded
-    launch sets them up on the launching thread, which may be an event loop's (~16 ms, 4× H100). A launch that
-    comes before its device's worker is done waits for the setup under way (it takes the same locks); a device
-    opened later still sets up at its first recorded launch."""
+    """Queue the set-up of held launches (the holds' page, the engine primers, compiled once per process) on the
+    worker thread of each open device that lacks it, without waiting (`select.prepare_timing_soon`): otherwise a
+    device's first recorded launch sets them up on the launching thread, which may be an event loop's (~16 ms,
+    4× H100). A device opened while the history holds launches queues its own (`select.device`)."""
     for d in select.opened():
-        internal = d._internal
-        if internal.timing_unprepared():
-            internal.worker.call_soon(internal.prepare_timing)
+        select.prepare_timing_soon(d)
 
 
 def _collect_cupti() -> str:
