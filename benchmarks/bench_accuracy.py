@@ -190,7 +190,7 @@ def _hold(mode: str) -> None:
         return
 
     def should_hold(bd, raw_stream) -> bool:
-        return hooks.holds_on(bd) and (mode == "always" or (mode == "idle" and bd.stream_idle(raw_stream)))
+        return mode == "always" or (mode == "idle" and bd.stream_idle(raw_stream))
 
     hooks.should_hold = should_hold
 

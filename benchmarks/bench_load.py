@@ -695,7 +695,7 @@ def host_cost(dev, n: int = 300, rounds: int = 15) -> dict:
     res["launch spin_us(0), untimed"] = untimed
     saved = hooks.should_hold
     for hold in ("always", "never"):  # (a comparison the library does not offer: its hold policy patched)
-        hooks.should_hold = (lambda bd, raw: hooks.holds_on(bd)) if hold == "always" else (lambda bd, raw: False)
+        hooks.should_hold = saved if hold == "always" else (lambda bd, raw: False)
         with asyncgpu.gpu_timer(dev):
             res[f"launch, timed in a scope (added), hold {hold}"] = timed(launches) - untimed
     hooks.should_hold = saved

@@ -248,7 +248,8 @@ class Graph:
         taken: list = []
         pairs: list = []
         tokens: list = []
-        held = bd.hold(si.raw, True) if hooks.should_hold(bd, si.raw) else None  # (see `hooks.launch_now`)
+        timed = hooks.holds_on(bd)  # (held as `hooks.launch_now` holds)
+        held = bd.hold(si.raw, True) if timed and hooks.should_hold(bd, si.raw) else None
         try:
             for index, (part_name, kind, i, j) in enumerate(self._parts):
                 if kind in wanted:

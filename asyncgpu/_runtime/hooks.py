@@ -218,11 +218,12 @@ def holds_on(bd: Any) -> bool:
 
 
 def should_hold(bd: Any, raw_stream: Any) -> bool:
-    """Whether a launch onto ``raw_stream`` is to be held now: whenever some feature wants its device's launches
-    held (`holds_on`). Holding only onto an idle stream would spare busy streams the hold's GPU time, but a launch
-    that follows short work may find the stream drained by the time it is enqueued. (``raw_stream``: for a
-    policy that looks at the stream, such as one a benchmark puts in its place.)"""
-    return holds_on(bd)
+    """The hold policy, asked only for a launch on a device some feature times with event pairs (`holds_on`):
+    whether that launch onto ``raw_stream`` is held. Always: holding only onto an idle stream would spare busy
+    streams the hold's GPU time, but a launch that follows short work may find the stream drained by the time it
+    is enqueued. (``bd`` and ``raw_stream``: for a policy that looks at the stream, such as one a benchmark puts in
+    its place.)"""
+    return True
 
 
 def launch(stream: Stream, name: str, kind: str, fn: Callable[..., Any], *args: Any) -> None:
@@ -268,7 +269,7 @@ def launch_now(stream: Stream, name: str, kind: str, fn: Callable[..., Any], arg
             primed = 1
     # Hold the stream until the observers' brackets and the work are all enqueued: on an idle stream the start
     # event would otherwise complete at once and the bracket count the host's submission time (see `hold`).
-    held = bd.hold(si.raw, True) if should_hold(bd, si.raw) else None  # (watched: it spans this launch)
+    held = bd.hold(si.raw, True) if timed and should_hold(bd, si.raw) else None  # (watched: it spans this launch)
     si.held = held is not None
     if timed and engine_of(kind, name) == _ALWAYS_PRIMED:  # behind the hold, so it runs right before the work
         bd.prime(si.raw, _ALWAYS_PRIMED)
