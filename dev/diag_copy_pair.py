@@ -6,12 +6,16 @@ the host issues it all while the first spin runs) over many rounds, per copy pos
 * ``test``: as the test (the CUPTI scopes teach the pair's excess as rounds go: `learn_pair_excess`);
 * ``raw``: the same, the learned excess forgotten before each round (the calibration's overhead applies);
 * ``tail``: a 50 µs spin after the second copy, inside both scopes (is the last copy's excess the scope exit's?);
-* ``lead``: a 3 ms spin first, so that everything is queued before the GPU reaches it (the diag_busy_pair case).
+* ``lead``: a 3 ms spin first, so that everything is queued before the GPU reaches it (the diag_busy_pair case);
+* ``slow``: the host busy-waits 300 µs after each launch, so that the GPU reaches each held launch before the host
+  has released it (every activity starts on an idle stream);
+* ``gil``: as the test, with another Python thread spinning all along (a full suite's leftover threads: the
+  launching thread loses the GIL at the interpreter's switch interval).
 
 Each row: variant, copy position, n, events − CUPTI p10 / p50 / p90 / max (µs), how many over the tolerance, and the
 median, for the slowest tenth, of its start and end differences (less the round's median start difference).
 
-    python dev/diag_copy_pair.py [--rounds 60] [--variants test,raw,tail,lead] [--device 0] [--out FILE]
+    python dev/diag_copy_pair.py [--rounds 60] [--variants test,raw,tail,lead,slow,gil] [--device 0] [--out FILE]
 """
 
 from __future__ import annotations
@@ -19,12 +23,26 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
+import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
 import asyncgpu
 from benchmarks._common import tee_stdout_to
+
+
+def _pause(variant: str) -> None:
+    if variant == "slow":
+        end_ns = time.perf_counter_ns() + 300_000
+        while time.perf_counter_ns() < end_ns:
+            pass
+
+
+def _spin_until(stop: threading.Event) -> None:
+    while not stop.is_set():
+        sum(range(1000))
 
 
 def _round(dev: asyncgpu.Device, a, b, variant: str) -> list[tuple[int, float, float, float, float]]:
@@ -40,7 +58,9 @@ def _round(dev: asyncgpu.Device, a, b, variant: str) -> list[tuple[int, float, f
                 s.spin_us(3000)
             for _ in range(2):
                 s.spin_us(200)
+                _pause(variant)
                 s.copy(b, a)
+                _pause(variant)
             if variant == "tail":
                 s.spin_us(50)
     rows = []
@@ -56,7 +76,7 @@ def _round(dev: asyncgpu.Device, a, b, variant: str) -> list[tuple[int, float, f
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=60)
-    p.add_argument("--variants", default="test,raw,tail,lead")
+    p.add_argument("--variants", default="test,raw,tail,lead,slow,gil")
     p.add_argument("--device", type=int, default=0)
     p.add_argument("--out", help="also write what is printed to this file")
     a = p.parse_args()
@@ -73,7 +93,16 @@ def main() -> None:
     print(f"{head}  tail: start end")
     for variant in a.variants.split(","):
         dev._internal.forget_pair_excess()
-        got = [row for _ in range(a.rounds) for row in _round(dev, src, dst, variant)]
+        stop = threading.Event()
+        other = threading.Thread(target=_spin_until, args=(stop,), daemon=True)
+        if variant == "gil":
+            other.start()
+        try:
+            got = [row for _ in range(a.rounds) for row in _round(dev, src, dst, variant)]
+        finally:
+            stop.set()
+            if other.is_alive():
+                other.join()
         for pos in sorted({r[0] for r in got}):
             mine = np.array([r[1:] for r in got if r[0] == pos]) / 1e3  # µs
             d = mine[:, 0]
