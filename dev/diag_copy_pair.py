@@ -97,8 +97,10 @@ def main() -> None:
         other = threading.Thread(target=_spin_until, args=(stop,), daemon=True)
         if variant == "gil":
             other.start()
+        t0 = time.perf_counter()
         try:
             got = [row for _ in range(a.rounds) for row in _round(dev, src, dst, variant)]
+            print(f"{variant}: {a.rounds} rounds in {time.perf_counter() - t0:.1f} s")
         finally:
             stop.set()
             if other.is_alive():

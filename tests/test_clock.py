@@ -197,3 +197,60 @@ def test_kernel_durations_net_of_the_event_pair_overhead():
     cut_us = cal.bracket_overhead_ns / 1e3
     assert abs(np.median(d[False]) - np.median(d[True]) - cut_us) <= spread, (d, cut_us)
     assert np.all(d[True] > 100 - spread) and np.all(d[False] > 100 + cut_us - spread), (d, cut_us)
+
+
+class _Page:
+    """A calibration page whose device answers each ping the instant it is written, read by a host thread that is
+    descheduled once, for ``sleep_s``, while it waits for ping ``late`` (another Python thread holding the GIL)."""
+
+    def __init__(self, flag: int, ack: int, late: int, sleep_s: float, answer: bool = True) -> None:
+        self.w = [0] * 8
+        self.flag, self.ack, self.late, self.sleep_s, self.answer = flag, ack, late, sleep_s, answer
+        self.pings = 0
+
+    def __setitem__(self, i: int, v: int) -> None:
+        self.w[i] = v
+        if i == self.flag and self.answer:
+            self.w[self.ack] = v
+            self.pings += 1
+
+    def __getitem__(self, i: int) -> int:
+        if i == self.ack and self.pings == self.late + 1 and self.sleep_s:
+            self.sleep_s, s = 0.0, self.sleep_s
+            time.sleep(s)
+        return self.w[i]
+
+
+@pytest.mark.parametrize("form", ["word", "stamps"])
+def test_a_ping_answered_while_the_host_slept_is_kept_not_a_timeout(form):
+    """A calibration thread descheduled past a ping's timeout (5 ms: one GIL switch interval of another busy
+    Python thread) finds the device's answer there when it runs again: that ping reads a long round trip and the
+    calibration goes on. Before, the whole calibration failed as "did not answer" whenever its pings took longer
+    than one timeout in all, which a busy neighbour thread made every calibration do."""
+    from asyncgpu._backends.cuda.calibration import host_pingpong
+
+    page = _Page(flag=2, ack=1, late=3, sleep_s=0.012)
+    first, n = 7, 6
+    if form == "word":
+        out = host_pingpong(page, 2, 1, first, n, 5_000_000, "dev")
+    else:  # the kernel's form: a stamp per ping, non-zero once answered
+
+        class Stamps:
+            def __getitem__(self, k: int) -> int:
+                return page[1] - first >= k and page[1] != 0  # answered up to the latest ping (reads may sleep)
+
+        out = host_pingpong(page, 2, Stamps(), first, n, 5_000_000, "dev")
+    rtt_ms = (out[:, 1] - out[:, 0]) / 1e6
+    assert rtt_ms[3] >= 12 and np.delete(rtt_ms, 3).max() < 5, rtt_ms
+    assert page.w[2] == first + n - 1
+
+
+def test_a_ping_the_device_never_answers_fails_after_one_timeout_and_releases_the_device():
+    from asyncgpu._backends.cuda.calibration import host_pingpong
+
+    page = _Page(flag=2, ack=1, late=-1, sleep_s=0.0, answer=False)
+    t0 = time.perf_counter()
+    with pytest.raises(ClockError, match="did not answer a clock ping within 5.0 ms"):
+        host_pingpong(page, 2, 1, 40, 16, 5_000_000, "dev")
+    assert 0.005 <= time.perf_counter() - t0 < 0.5
+    assert page.w[2] == 40 + 16 - 1  # every ping released: nothing on the device waits for the host

@@ -829,16 +829,16 @@ def test_the_watchdog_ends_a_watched_hold_left_open_and_no_other():
     unheld.GATES[-1] = gates
     before = unheld.RESCUED[0]
     try:
-        unheld.WATCHED[(-1, 0)] = 7  # a watched hold on word 0; word 2's hold (value 3) is not watched
+        unheld.WATCHED[(-1, 0)] = (7, 0)  # a watched hold on word 0; word 2's hold (value 3) is not watched
         unheld.watch()
         unheld.watch()  # (one watchdog)
         assert [t.name for t in threading.enumerate()].count("asyncgpu-holdwatch") == 1
         t0 = time.monotonic()
         while gates.words[0] != 7 and time.monotonic() < t0 + 5:
             time.sleep(0.001)
-        assert time.monotonic() - t0 >= unheld.WATCHDOG_PERIOD_S  # never at its first look
+        assert time.monotonic() - t0 >= (unheld.WATCHDOG_STUCK_LOOKS - 1) * unheld.WATCHDOG_PERIOD_S
         assert gates.words == [7, 9, 0] and unheld.RESCUED[0] == before + 1
-        unheld.WATCHED[(-1, 1)] = 10  # a watched hold that ends in time is not counted
+        unheld.WATCHED[(-1, 1)] = (10, 0)  # a watched hold that ends in time is not counted
         time.sleep(unheld.WATCHDOG_PERIOD_S / 4)
         gates.words[1] = 10
         time.sleep(unheld.WATCHDOG_PERIOD_S * 3)
@@ -850,6 +850,39 @@ def test_the_watchdog_ends_a_watched_hold_left_open_and_no_other():
         unheld.WATCHED.pop((-1, 1), None)
         del unheld.GATES[-1]
     assert "asyncgpu-holdwatch" not in [t.name for t in threading.enumerate()]
+
+
+def test_the_watchdog_leaves_a_hold_whose_thread_goes_on_slowly():
+    """A launching thread behind another Python thread that keeps the GIL waits a switch interval (5 ms) at each
+    driver call, so a bracket's few calls span 10-30 ms: it says after each step that it goes on (`progressed`),
+    and the watchdog leaves its hold alone, however long, until it stops making steps. Ended early, the work
+    would run before its end record was enqueued (+10 ms on a 40 MB copy, one H100). On hold words of our own."""
+    import types
+
+    from asyncgpu._backends.cuda import unheld
+    from asyncgpu._backends.cuda.holds import HoldsMixin
+
+    gates = types.SimpleNamespace(words=[5], next=[6], slots={11: 0})
+    unheld.GATES[-1] = gates
+    token = (gates.words, 0, 6, -1)
+    before = unheld.RESCUED[0]
+    try:
+        unheld.WATCHED[(-1, 0)] = (6, 0)
+        unheld.watch()
+        step_s = 1.5 * unheld.WATCHDOG_PERIOD_S  # slower than the watchdog's looks, a step every look or two
+        for _ in range(8):  # (12 periods open, longer than the watchdog waits for a stuck thread)
+            time.sleep(step_s)
+            HoldsMixin.progressed(None, token)  # type: ignore[arg-type]
+        assert gates.words == [5] and unheld.RESCUED[0] == before
+        t0 = time.monotonic()  # no more steps: stuck
+        while gates.words[0] != 6 and time.monotonic() < t0 + 5:
+            time.sleep(0.001)
+        assert gates.words == [6] and unheld.RESCUED[0] == before + 1
+        assert time.monotonic() - t0 >= (unheld.WATCHDOG_STUCK_LOOKS - 1) * unheld.WATCHDOG_PERIOD_S
+    finally:
+        unheld.unwatch()
+        unheld.WATCHED.pop((-1, 0), None)
+        del unheld.GATES[-1]
 
 
 def test_the_watchdog_stops_when_no_launch_is_held(monkeypatch):

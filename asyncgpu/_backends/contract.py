@@ -119,6 +119,12 @@ class BackendDevice(ABC):
         """Whether everything enqueued on ``raw_stream`` has run (a snapshot). Any thread; never blocks."""
         return True
 
+    def progressed(self, token: Any) -> None:  # noqa: B027 - optional: paired with a watched `hold`
+        """Say that the thread that made the watched hold ``token`` got one step further in enqueuing what the
+        hold spans (a record, the work): a thread that goes on, however slowly (it waits for the GIL behind
+        another Python thread at each driver call), is not stuck, and its hold is not ended early. The launching
+        thread; never blocks."""
+
     def release(self, token: Any) -> None:  # noqa: B027 - optional: paired with `hold`
         """End the wait `hold` enqueued (also any earlier one of that stream). Never raises, never blocks."""
 

@@ -264,9 +264,13 @@ class Graph:
                 start = pool.take()
                 taken.append(start)
                 bd.record(start, si.raw)
+                if held is not None:  # (the hold's watchdog: this thread is not stuck, `progressed`)
+                    bd.progressed(held)
             tokens = hooks.correlate(s)  # CUPTI: the replay's nodes carry the scopes' external id
             try:
                 bd.launch_graph(self._res.raw, si.raw)
+                if held is not None:
+                    bd.progressed(held)
                 si.counted(1 + (held is not None) + whole)  # (its event nodes are part of the graph's launch)
             finally:
                 hooks.uncorrelate(tokens)

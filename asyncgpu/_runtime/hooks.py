@@ -274,13 +274,19 @@ def launch_now(stream: Stream, name: str, kind: str, fn: Callable[..., Any], arg
     if timed and engine_of(kind, name) == _ALWAYS_PRIMED:  # behind the hold, so it runs right before the work
         bd.prime(si.raw, _ALWAYS_PRIMED)
         primed = 1
+        if held is not None:  # (each step tells the hold's watchdog that this thread is not stuck: `progressed`)
+            bd.progressed(held)
     begun: list[tuple[LaunchObserver, Any]] = []
     try:
         for o in observers:
             token = o.launch_begin(stream, name, kind, fn, args)
             if token is not None:
                 begun.append((o, token))
+        if held is not None:
+            bd.progressed(held)
         fn(*args)
+        if held is not None:
+            bd.progressed(held)
     except BaseException:
         for o, token in reversed(begun):
             o.launch_end(token, False)

@@ -44,16 +44,22 @@ class HoldsMixin(CudaDeviceBase):
             _NO_GATES[self.index] = f"cuStreamWaitValue32 failed on {self.name}: stream memory operations unusable"
             return None
         if watched:  # (the watchdog ends it if its thread gets stuck in the launch: `unheld`)
-            WATCHED[(self.index, slot)] = value
+            WATCHED[(self.index, slot)] = (value, 0)
             if WATCH[0] is None:
                 watch()
-        return (gates.words, slot, value)
+        return (gates.words, slot, value, self.index)
 
     def hold_problem(self) -> str | None:
         return _NO_GATES.get(self.index)
 
+    def progressed(self, token: Any) -> None:
+        key = (token[3], token[1])
+        entry = WATCHED.get(key)
+        if entry is not None and entry[0] == token[2]:
+            WATCHED[key] = (entry[0], entry[1] + 1)
+
     def release(self, token: Any) -> None:
-        words, slot, value = token
+        words, slot, value, _ = token
         if (value - words[slot]) & MASK32 < 0x80000000:  # never move a word back (holds may end out of order)
             words[slot] = value
 

@@ -14,11 +14,18 @@ before the call.
 
 Calls that synchronize without asyncgpu knowing are caught by the **watchdog** (``asyncgpu-holdwatch``, one per
 process while holds are made, `watch`): a hold that spans one launch (``watched``: a bracket's, not one a
-benchmark keeps on purpose while it enqueues a whole repeat) still open after one to two `WATCHDOG_PERIOD_S` is
-ended, and counted in `RESCUED`. The case it was built for: a kernel's first launch loads its function lazily
-(``CUDA_MODULE_LOADING=LAZY``, the default), and a load may synchronize the context (CUDA Programming Guide,
-"Lazy Loading"), so a first launch inside its own hold waits for the hold it is inside. A free by another library
-inside one of our hold windows is the other. The bracket of a rescued hold may count the host's time.
+benchmark keeps on purpose while it enqueues a whole repeat) still open, with no step made by its thread, at
+`WATCHDOG_STUCK_LOOKS` looks in a row is ended, and counted in `RESCUED`. The case it was built for: a kernel's
+first launch loads its function lazily (``CUDA_MODULE_LOADING=LAZY``, the default), and a load may synchronize the
+context (CUDA Programming Guide, "Lazy Loading"), so a first launch inside its own hold waits for the hold it is
+inside. A free by another library inside one of our hold windows is the other. The bracket of a rescued hold may
+count the host's time.
+
+A thread that goes on, however slowly, is not stuck: the launching thread says so after each step (`progressed`:
+the primer, the start records, the work). Behind another Python thread that keeps the GIL, every driver call waits
+for the interpreter's switch interval (5 ms) to take the GIL back, so a bracket's few calls span 10-30 ms; ending
+its hold then would let the work run before its end record was enqueued (a 40 MB copy read +10 ms on one H100:
+`dev/diag_copy_pair.py`, variant ``gil``).
 """
 
 from __future__ import annotations
@@ -35,9 +42,12 @@ from asyncgpu._backends.cuda.driver import MASK32
 #: before the call ends within this long; the call itself takes at least as long (a free unpins pages).
 RELEASE_PERIOD_S = 50e-6
 
-#: A hold open longer than one to two of these (s) is ended by the watchdog (`watch`): far beyond the few
-#: microseconds a thread takes to enqueue a bracket, short enough that a stuck launch costs a step, not a hang.
+#: How often the watchdog looks at the watched holds (s) (`watch`).
 WATCHDOG_PERIOD_S = 0.01
+#: Looks in a row that see a watched hold open with no step made (`progressed`) before the watchdog ends it: 20-30
+#: ms without a step, far beyond the few microseconds a thread takes to enqueue a bracket and beyond a GIL switch
+#: interval or two, short enough that a stuck launch costs a step, not a hang.
+WATCHDOG_STUCK_LOOKS = 3
 #: Looks in a row with no watched hold after which the watchdog stops (the next watched hold starts it again).
 WATCHDOG_IDLE_LOOKS = 100
 #: Holds the watchdog ended (one item), process-wide since it started.
@@ -122,16 +132,18 @@ class UnheldFree:
 
 #: (the watchdog thread, its stop event) while it runs; `holds.hold` starts it when the thread is None
 WATCH: list[Any] = [None, None]
-#: (GPU index, hold word) -> the value of its latest watched hold (`holds.hold(..., watched=True)`: a hold that
-#: spans one launch). The latest is enough: a word that reaches it has passed every earlier hold on it.
-WATCHED: dict[tuple[int, int], int] = {}
+#: (GPU index, hold word) -> (the value of its latest watched hold, the steps its thread made since:
+#: `holds.hold(..., watched=True)`, a hold that spans one launch, and `progressed`). The latest is enough: a word
+#: that reaches it has passed every earlier hold on it.
+WATCHED: dict[tuple[int, int], tuple[int, int]] = {}
 
 
 def watch() -> None:
     """Start the watchdog (``asyncgpu-holdwatch``) unless it runs: every `WATCHDOG_PERIOD_S` it looks at the
-    watched holds (`WATCHED`), and ends one it already saw open at its previous look (`RESCUED`). It stops after
-    `WATCHDOG_IDLE_LOOKS` looks without a watched hold (a second), or at `unwatch` (a CUDA device's close); the
-    next watched hold starts it again. Any thread."""
+        watched holds (`WATCHED`), and ends one it saw open with no step made at `WATCHDOG_STUCK_LOOKS` looks in a row
+    (`RESCUED`). It stops after
+        `WATCHDOG_IDLE_LOOKS` looks without a watched hold (a second), or at `unwatch` (a CUDA device's close); the
+        next watched hold starts it again. Any thread."""
     with _lock:
         if WATCH[0] is not None:
             return
@@ -155,7 +167,7 @@ def unwatch() -> None:
 
 
 def _watchdog(stop: threading.Event) -> None:
-    seen: dict[tuple[int, int], int] = {}  # the watched holds open at the previous look
+    seen: dict[tuple[int, int], tuple[tuple[int, int], int]] = {}  # open watched holds: (entry, looks it was seen)
     me, idle = threading.current_thread(), 0
     while not stop.wait(WATCHDOG_PERIOD_S):
         if not WATCHED:  # (a hold registers itself before it looks for a watchdog: no hold goes unwatched)
@@ -168,19 +180,22 @@ def _watchdog(stop: threading.Event) -> None:
             seen = {}
             continue
         idle = 0
-        now: dict[tuple[int, int], int] = {}
-        for key, value in list(WATCHED.items()):
+        now: dict[tuple[int, int], tuple[tuple[int, int], int]] = {}
+        for key, entry in list(WATCHED.items()):
             gates = GATES.get(key[0])
             if gates is None:
                 continue
-            words, slot = gates.words, key[1]
+            words, slot, value = gates.words, key[1], entry[0]
             if 0 < (value - words[slot]) & MASK32 < 0x80000000:  # still open
-                if seen.get(key) != value:
-                    now[key] = value
+                before = seen.get(key)
+                looks = before[1] + 1 if before is not None and before[0] == entry else 1  # (a step: counted anew)
+                if looks < WATCHDOG_STUCK_LOOKS:
+                    now[key] = (entry, looks)
                     continue
-                words[slot] = value  # open at two looks: its thread is stuck
+                words[slot] = value  # open, with no step, at that many looks: its thread is stuck
                 RESCUED[0] += 1
-            if WATCHED.get(key) == value:  # (ended: forgotten, unless a newer hold took its place)
+            latest = WATCHED.get(key)
+            if latest is not None and latest[0] == value:  # (ended: forgotten, unless a newer hold took its place)
                 WATCHED.pop(key, None)
         seen = now
 
