@@ -70,6 +70,28 @@ def test_a_failed_launch_releases_its_hold(dev):
     assert [r.name for r in t.records] == ["spin", "spin"] and t.records[1].complete
 
 
+def test_a_held_launch_tells_the_watchdog_each_step(dev, monkeypatch):
+    """A held launch says after each step (its start records, the work; a copy between device buffers also after its
+    primer) that its thread goes on: a thread slowed down by another Python thread keeping the GIL is not taken for
+    a stuck one, whose hold the watchdog ends (test_the_watchdog_leaves_a_hold_whose_thread_goes_on_slowly)."""
+    bd = dev._internal.bd
+    steps: list = []
+    monkeypatch.setattr(bd, "progressed", steps.append)
+    a, b = dev.alloc(1 << 10), dev.alloc(1 << 10)
+    with gpu_timer(dev) as t:
+        dev.stream.spin_us(10)
+        kernel_steps = len(steps)
+        dev.stream.copy(b, a)
+    dev.synchronize()
+    if not t.records or bd.hold_problem() is not None:
+        pytest.skip(f"{dev.name} does not hold launches: {bd.hold_problem()}")
+    assert kernel_steps == 2 and len(steps) == 5, steps
+    assert all(x is not None for x in steps)
+    monkeypatch.undo()
+    a.free()
+    b.free()
+
+
 def test_a_pinned_free_while_a_launch_is_held_stops_no_thread(dev):
     """Freeing pinned memory waits for the GPU and holds a driver lock meanwhile. A free that starts while a hold
     is open would wait for the hold, and the thread that ends the hold would wait in its next driver call for the

@@ -294,7 +294,11 @@ class ClockMixin(CudaDeviceBase):
                         if kind == "memcpy_d2d":  # every time, behind the hold
                             self.prime(s, "copy_d2d")
                         self.record(a, s)
+                        if held is not None:  # (steps, as `hooks.launch_now` says them: `progressed`)
+                            self.progressed(held)
                         ops[kind](k)
+                        if held is not None:
+                            self.progressed(held)
                         self.record(b, s)
                     finally:
                         if held is not None:
