@@ -42,9 +42,11 @@ def tee_stdout(path: str | None) -> Iterator[None]:
 
 
 def tee_stdout_to(path: str | None) -> None:
-    """From now on, everything printed also goes to the file at ``path`` (nothing when ``path`` is None)."""
+    """From now on, everything printed also goes to the file at ``path`` (nothing when ``path`` is None), a line at
+    a time."""
     if path:
-        f = open(path, "w", encoding="utf-8")  # noqa: SIM115 - open until the process ends
+        # line-buffered: a probe killed by its time limit (or aborted for a traceback) keeps the lines it printed
+        f = open(path, "w", encoding="utf-8", buffering=1)  # noqa: SIM115 - open until the process ends
         terminal = sys.stdout
 
         def end() -> None:  # (the terminal's stdout first: the interpreter flushes sys.stdout after atexit)
