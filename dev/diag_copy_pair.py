@@ -15,13 +15,16 @@ the host issues it all while the first spin runs) over many rounds, per copy pos
 Each row: variant, copy position, n, events − CUPTI p10 / p50 / p90 / max (µs), how many over the tolerance, and the
 median, for the slowest tenth, of its start and end differences (less the round's median start difference).
 
-    python dev/diag_copy_pair.py [--rounds 60] [--variants test,raw,tail,lead,slow,gil] [--device 0] [--out FILE]
+    python dev/diag_copy_pair.py [--rounds 60] [--variants test,raw,tail,lead,slow,gil] [--profile N]
+        [--device 0] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
+import pstats
 import sys
 import threading
 import time
@@ -79,6 +82,7 @@ def main() -> None:
     p.add_argument("--variants", default="test,raw,tail,lead,slow,gil")
     p.add_argument("--device", type=int, default=0)
     p.add_argument("--out", help="also write what is printed to this file")
+    p.add_argument("--profile", type=int, default=0, metavar="N", help="profile each variant: its N costliest calls")
     a = p.parse_args()
     tee_stdout_to(a.out)
     dev = asyncgpu.device(a.device, backend="cuda")
@@ -98,13 +102,20 @@ def main() -> None:
         if variant == "gil":
             other.start()
         t0 = time.perf_counter()
+        prof = cProfile.Profile() if a.profile else None
         try:
+            if prof is not None:
+                prof.enable()
             got = [row for _ in range(a.rounds) for row in _round(dev, src, dst, variant)]
+            if prof is not None:
+                prof.disable()
             print(f"{variant}: {a.rounds} rounds in {time.perf_counter() - t0:.1f} s")
         finally:
             stop.set()
             if other.is_alive():
                 other.join()
+        if prof is not None:  # wall time per call: where a round goes (behind a busy thread: the GIL's waits)
+            pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(a.profile)
         for pos in sorted({r[0] for r in got}):
             mine = np.array([r[1:] for r in got if r[0] == pos]) / 1e3  # µs
             d = mine[:, 0]
