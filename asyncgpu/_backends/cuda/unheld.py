@@ -140,10 +140,9 @@ WATCHED: dict[tuple[int, int], tuple[int, int]] = {}
 
 def watch() -> None:
     """Start the watchdog (``asyncgpu-holdwatch``) unless it runs: every `WATCHDOG_PERIOD_S` it looks at the
-        watched holds (`WATCHED`), and ends one it saw open with no step made at `WATCHDOG_STUCK_LOOKS` looks in a row
-    (`RESCUED`). It stops after
-        `WATCHDOG_IDLE_LOOKS` looks without a watched hold (a second), or at `unwatch` (a CUDA device's close); the
-        next watched hold starts it again. Any thread."""
+    watched holds (`WATCHED`), and ends one it saw open with no step made at `WATCHDOG_STUCK_LOOKS` looks in a row
+    (`RESCUED`). It stops after `WATCHDOG_IDLE_LOOKS` looks without a watched hold (a second), or at `unwatch` (a
+    CUDA device's close); the next watched hold starts it again. Any thread."""
     with _lock:
         if WATCH[0] is not None:
             return
