@@ -886,10 +886,11 @@ def test_the_watchdog_leaves_a_hold_whose_thread_goes_on_slowly():
 
     gates = types.SimpleNamespace(words=[5], next=[6], slots={11: 0})
     unheld.GATES[-1] = gates
-    token = (gates.words, 0, 6, -1)
+    cell = [6, 0]  # the watched hold's [value, steps], as `holds.hold` shares it with its token
+    token = (gates.words, 0, 6, cell)
     before = unheld.RESCUED[0]
     try:
-        unheld.WATCHED[(-1, 0)] = (6, 0)
+        unheld.WATCHED[(-1, 0)] = cell
         unheld.watch()
         step_s = 1.5 * unheld.WATCHDOG_PERIOD_S  # slower than the watchdog's looks, a step every look or two
         for _ in range(8):  # (12 periods open, longer than the watchdog waits for a stuck thread)

@@ -43,20 +43,20 @@ class HoldsMixin(CudaDeviceBase):
         if failed:  # nothing was enqueued: brackets go unheld from now on (`hold_problem` says why)
             _NO_GATES[self.index] = f"cuStreamWaitValue32 failed on {self.name}: stream memory operations unusable"
             return None
+        cell = None
         if watched:  # (the watchdog ends it if its thread gets stuck in the launch: `unheld`)
-            WATCHED[(self.index, slot)] = (value, 0)
+            cell = WATCHED[(self.index, slot)] = [value, 0]
             if WATCH[0] is None:
                 watch()
-        return (gates.words, slot, value, self.index)
+        return (gates.words, slot, value, cell)
 
     def hold_problem(self) -> str | None:
         return _NO_GATES.get(self.index)
 
     def progressed(self, token: Any) -> None:
-        key = (token[3], token[1])
-        entry = WATCHED.get(key)
-        if entry is not None and entry[0] == token[2]:
-            WATCHED[key] = (entry[0], entry[1] + 1)
+        cell = token[3]  # (the watched hold's [value, steps], shared with the watchdog; None: not watched)
+        if cell is not None:
+            cell[1] += 1
 
     def release(self, token: Any) -> None:
         words, slot, value, _ = token

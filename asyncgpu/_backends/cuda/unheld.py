@@ -132,10 +132,11 @@ class UnheldFree:
 
 #: (the watchdog thread, its stop event) while it runs; `holds.hold` starts it when the thread is None
 WATCH: list[Any] = [None, None]
-#: (GPU index, hold word) -> (the value of its latest watched hold, the steps its thread made since:
-#: `holds.hold(..., watched=True)`, a hold that spans one launch, and `progressed`). The latest is enough: a word
-#: that reaches it has passed every earlier hold on it.
-WATCHED: dict[tuple[int, int], tuple[int, int]] = {}
+#: (GPU index, hold word) -> ``[value, steps]``: the value of its latest watched hold (`holds.hold(...,
+#: watched=True)`, a hold that spans one launch) and the steps its thread has made since (`progressed` counts them
+#: in this list, which the hold's token shares). The latest is enough: a word that reaches it has passed every
+#: earlier hold on it.
+WATCHED: dict[tuple[int, int], Any] = {}
 
 
 def watch() -> None:
@@ -186,10 +187,11 @@ def _watchdog(stop: threading.Event) -> None:
                 continue
             words, slot, value = gates.words, key[1], entry[0]
             if 0 < (value - words[slot]) & MASK32 < 0x80000000:  # still open
+                state = (value, entry[1])  # (a snapshot: the launching thread counts steps in ``entry``)
                 before = seen.get(key)
-                looks = before[1] + 1 if before is not None and before[0] == entry else 1  # (a step: counted anew)
+                looks = before[1] + 1 if before is not None and before[0] == state else 1  # (a step: counted anew)
                 if looks < WATCHDOG_STUCK_LOOKS:
-                    now[key] = (entry, looks)
+                    now[key] = (state, looks)
                     continue
                 words[slot] = value  # open, with no step, at that many looks: its thread is stuck
                 RESCUED[0] += 1
