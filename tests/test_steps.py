@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import statistics
 import subprocess
 import sys
 import threading
@@ -190,8 +191,11 @@ async def test_a_slow_host_is_the_straggler(anyio_backend, two_devs):
     s = st.stats()
     assert s.stragglers.get("host", 0) >= 0.8 * s.steps, s.stragglers
     assert s.verdict.startswith("host-bound")
-    rec = st.steps()[-1]
-    assert rec.step_ms >= rec.devices[0].busy_ms * 4  # the host's 2 ms against 50 µs of work: a ratio
+    # the host's 2 ms against 50 µs of work: a ratio, over the kept steps (one step's 50 µs spin on a host device
+    # may run for a millisecond when the machine's CPUs are busy: seen once in CI, 0.95 ms against a 3.1 ms step)
+    kept = st.steps()
+    step_ms = statistics.median(r.step_ms for r in kept)
+    assert step_ms >= statistics.median(r.devices[0].busy_ms for r in kept) * 4, kept
 
 
 async def test_the_harvest_takes_the_finished_steps_with_a_few_queries(anyio_backend):
