@@ -374,7 +374,76 @@ def test_events_time_launches_at_compute_copy_switches_as_cupti_does(dev, backen
     a.free()
 
 
-def test_events_time_copies_between_device_buffers_as_cupti_does(dev, backend):
+def _us(a_ns, b_ns) -> float:
+    return float("nan") if a_ns is None or b_ns is None else (a_ns - b_ns) / 1e3
+
+
+class _CopyWitness:
+    """What the copy test's failure message shows (it fails on some 2-GPU machines inside the full suite only):
+    per copy, its error and which side of the pair moved against CUPTI's record, when the host issued it, whether
+    it was held; per round, the garbage collections, the holds the watchdog ended and the excess CUPTI scopes had
+    taught for copies."""
+
+    def __init__(self, monkeypatch, dev) -> None:
+        import gc
+
+        from asyncgpu._backends.cuda import unheld
+        from asyncgpu._timing.scope import Timer
+
+        self.dev, self.unheld, self.gc = dev, unheld, gc
+        self.held: list[list[tuple[str, bool]]] = []
+        self.rounds: list[dict] = []
+        finish = Timer._finish
+
+        def _finish(timer, fences):
+            if timer.source == "events":
+                self.held.append([(a.kind, a.held) for a in timer._acts])
+            return finish(timer, fences)
+
+        monkeypatch.setattr(Timer, "_finish", _finish)
+
+    def __enter__(self):
+        self.gc.callbacks.append(self._gc)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.gc.callbacks.remove(self._gc)
+
+    def _gc(self, phase, info) -> None:
+        if phase == "start" and self.rounds:
+            self.rounds[-1]["gc"].append((info["generation"], time.perf_counter_ns()))
+
+    def round(self, i: int) -> None:
+        internal = self.dev._internal
+        self.rounds.append(
+            {
+                "gc": [],
+                "t0_ns": time.perf_counter_ns(),
+                "rescued": self.unheld.RESCUED[0],
+                "excess_ns": dict(internal._pair_excess_ns),
+                "threads": sorted(t.name for t in threading.enumerate()),
+            }
+        )
+
+    def report(self, rows) -> str:
+        lines = ["round copy  err µs  start µs  end µs  issued-end µs  held  (events − CUPTI; issued: host)"]
+        pos: dict[int, int] = {}
+        for i, r_e, r_c in rows:
+            k = pos[i] = pos.get(i, -1) + 1
+            held = [h for kind, h in self.held[i] if kind == "memcpy"] if i < len(self.held) else []
+            lines.append(
+                f"{i:5d} {k:4d} {_us(r_e.duration_ms * 1e6, r_c.duration_ms * 1e6):+7.2f}"
+                f" {_us(r_e.start_ns, r_c.start_ns):+9.2f} {_us(r_e.end_ns, r_c.end_ns):+7.2f}"
+                f" {_us(r_e.issued_ns, r_c.end_ns):+14.1f}  {held[k] if k < len(held) else '?'}"
+            )
+        for i, r in enumerate(self.rounds):
+            gcs = [(g, (t - r["t0_ns"]) / 1e6) for g, t in r["gc"]]
+            lines.append(f"round {i}: gc (gen, ms) {gcs}, rescued {r['rescued']}, taught {r['excess_ns']}")
+        lines.append(f"threads: {self.rounds[0]['threads'] if self.rounds else []}")
+        return "\n".join(lines)
+
+
+def test_events_time_copies_between_device_buffers_as_cupti_does(dev, backend, monkeypatch):
     """A kernel then a 40 MB copy between device buffers, twice (the busy-stream case: each copy queued behind a
     kernel). Such a copy runs on a copy engine of its own: its bracket is primed with a copy of its kind every
     time (unprimed it read +2 to +7 µs against CUPTI on H100), and loses the overhead measured for it."""
@@ -385,21 +454,25 @@ def test_events_time_copies_between_device_buffers_as_cupti_does(dev, backend):
     s.copy(b, a)
     dev.synchronize()
     dev.clock()
-    errs, refs = [], []
-    for _ in range(8):
-        dev.synchronize()
-        with gpu_timer(dev, source="cupti") as outer:
-            with gpu_timer(dev, source="events") as inner:
-                for _ in range(2):
-                    s.spin_us(200)
-                    s.copy(b, a)
-        for r_e, r_c in zip(inner.records, outer.records, strict=True):
-            if r_e.kind == "memcpy":
-                errs.append((r_e.duration_ms - r_c.duration_ms) * 1e3)
-                refs.append(r_c.duration_ms * 1e3)
+    errs, refs, rows = [], [], []
+    with _CopyWitness(monkeypatch, dev) as witness:
+        for i in range(8):
+            dev.synchronize()
+            witness.round(i)
+            with gpu_timer(dev, source="cupti") as outer:
+                with gpu_timer(dev, source="events") as inner:
+                    for _ in range(2):
+                        s.spin_us(200)
+                        s.copy(b, a)
+            for r_e, r_c in zip(inner.records, outer.records, strict=True):
+                if r_e.kind == "memcpy":
+                    errs.append((r_e.duration_ms - r_c.duration_ms) * 1e3)
+                    refs.append(r_c.duration_ms * 1e3)
+                    rows.append((i, r_e, r_c))
     errs_a = np.array(errs)
     bound = np.maximum(0.01 * np.array(refs), 1.0)  # the issue's tolerance: max(1 %, 1 µs)
-    assert abs(np.median(errs_a)) <= 0.5 and np.mean(np.abs(errs_a) <= bound) >= 0.9, errs
+    ok = abs(np.median(errs_a)) <= 0.5 and np.mean(np.abs(errs_a) <= bound) >= 0.9
+    assert ok, witness.report(rows)
     a.free()
     b.free()
 
