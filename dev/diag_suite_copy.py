@@ -1,0 +1,112 @@
+"""Why `test_events_time_copies_between_device_buffers_as_cupti_does` fails on 2× H100 inside the full suite only
+(run 41: the second copy of rounds 3, 4, 7 and 8 of 8, its start event ~1.1 µs early against CUPTI, held, no garbage
+collection, no watchdog rescue; the clock re-measured every 4 rounds). The test's pattern, in blocks of 8 rounds on a
+fresh device each (as the test's fixture), per round: copy 2's start against copy 1's (events − CUPTI, µs; the
+clock's placement is common to both), both errors, and the calibration's age at the round's start. Variants:
+
+* ``test``: as the test;
+* ``shiftK``: K extra untimed 1 µs spins before each round's synchronize (moves where each round's commands fall in
+  the stream's command queue, nothing else);
+* ``noage``: the clock measured at the block's start and never again (``max_clock_age_s=inf``);
+* ``everyround``: the clock measured at every scope's exit (``max_clock_age_s=1e-6``).
+
+As a pytest plugin it runs after the session (the suite's state: ``python -m pytest -p dev.diag_suite_copy tests``);
+as a script, in a fresh process.
+
+    python dev/diag_suite_copy.py [--blocks 4] [--variants test,shift1,shift2,shift3,noage,everyround] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
+import asyncgpu
+from asyncgpu._runtime.clock import CLOCK_MAX_AGE_S
+from benchmarks._common import tee_stdout_to
+
+VARIANTS = "test,shift1,shift2,shift3,noage,everyround"
+
+
+def _block(variant: str) -> list[tuple[float, float, float, float]]:
+    """Eight rounds on a fresh device: per round (copy 2's start − copy 1's start, err 1, err 2, clock age ms)."""
+    dev = asyncgpu.device(0, backend="cuda")
+    age_s = {"noage": math.inf, "everyround": 1e-6}.get(variant, CLOCK_MAX_AGE_S)
+    shift = int(variant[5:]) if variant.startswith("shift") else 0
+    n = 10_000_000
+    a, b = dev.alloc(n), dev.alloc(n)
+    s = dev.stream
+    s.copy(b, a)
+    dev.synchronize()
+    dev.clock()
+    out = []
+    for _ in range(8):
+        for _ in range(shift):
+            s.spin_us(1)
+        dev.synchronize()
+        cal = dev._internal.last_clock()
+        age_ms = (time.perf_counter_ns() - cal.taken_ns) / 1e6 if cal is not None else float("nan")
+        with asyncgpu.gpu_timer(dev, source="cupti", max_clock_age_s=age_s) as outer:
+            with asyncgpu.gpu_timer(dev, source="events", max_clock_age_s=age_s) as inner:
+                for _ in range(2):
+                    s.spin_us(200)
+                    s.copy(b, a)
+        pairs = [(e, c) for e, c in zip(inner.records, outer.records, strict=True) if e.kind == "memcpy"]
+        errs = [(e.duration_ms - c.duration_ms) * 1e3 for e, c in pairs]
+        starts = [(e.start_ns - c.start_ns) / 1e3 for e, c in pairs]
+        out.append((starts[1] - starts[0], errs[0], errs[1], age_ms))
+    a.free()
+    b.free()
+    dev.close()
+    return out
+
+
+def run(blocks: int, variants: str, print=print) -> None:
+    print(f"{'variant':<11} copy 2's start − copy 1's (µs) per round, '|' between blocks; then over 1 µs, ages (ms)")
+    for variant in variants.split(","):
+        got = [_block(variant) for _ in range(blocks)]
+        shifts = " | ".join(" ".join(f"{r[0]:+.1f}" for r in blk) for blk in got)
+        marks = " | ".join("".join("X" if max(abs(r[1]), abs(r[2])) > 1.0 else "." for r in blk) for blk in got)
+        ages = [r[3] for blk in got for r in blk]
+        errs = np.array([[r[1], r[2]] for blk in got for r in blk])
+        print(f"{variant:<11} {shifts}")
+        print(
+            f"{'':<11} {marks}   copy 1 p50 {np.median(errs[:, 0]):+.2f}, copy 2 p50 {np.median(errs[:, 1]):+.2f} µs;"
+            f" ages {np.percentile(ages, 10):.0f}-{np.percentile(ages, 90):.0f} ms"
+        )
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:  # (after the suite: its state is this probe's subject)
+    out = os.environ.get("DIAG_OUT")
+
+    def say(line: str) -> None:  # (pytest may still capture sys.stdout here)
+        sys.__stdout__.write(line + "\n")
+        sys.__stdout__.flush()
+        if out:
+            with open(out, "a") as f:
+                f.write(line + "\n")
+
+    say("\n== dev/diag_suite_copy after the session")
+    run(int(os.environ.get("DIAG_BLOCKS", "4")), os.environ.get("DIAG_VARIANTS", VARIANTS), say)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--blocks", type=int, default=4)
+    p.add_argument("--variants", default=VARIANTS)
+    p.add_argument("--out", help="also write what is printed to this file")
+    a = p.parse_args()
+    tee_stdout_to(a.out)
+    print("== dev/diag_suite_copy in a fresh process")
+    run(a.blocks, a.variants)
+    asyncgpu.close_all()
+
+
+if __name__ == "__main__":
+    main()
