@@ -10,10 +10,14 @@ clock's placement is common to both), both errors, and the calibration's age at 
 * ``noage``: the clock measured at the block's start and never again (``max_clock_age_s=inf``);
 * ``everyround``: the clock measured at every scope's exit (``max_clock_age_s=1e-6``).
 
+``--peer`` runs them again after a copy from cuda:1 to cuda:0 and back (each GPU's memory pool then readable by the
+other, as the suite's two-GPU tests leave them: the test fails in 2-GPU suites only).
+
 As a pytest plugin it runs after the session (the suite's state: ``python -m pytest -p dev.diag_suite_copy tests``);
 as a script, in a fresh process.
 
-    python dev/diag_suite_copy.py [--blocks 4] [--variants test,shift1,shift2,shift3,noage,everyround] [--out FILE]
+    python dev/diag_suite_copy.py [--blocks 4] [--variants test,shift1,shift2,shift3,noage,everyround] [--peer]
+        [--out FILE]
 """
 
 from __future__ import annotations
@@ -67,6 +71,19 @@ def _block(variant: str) -> list[tuple[float, float, float, float]]:
     return out
 
 
+def _cross_copies() -> None:
+    d0, d1 = asyncgpu.device(0, backend="cuda"), asyncgpu.device(1, backend="cuda")
+    x0, x1 = d0.alloc(1 << 20), d1.alloc(1 << 20)
+    d1.stream.copy(x1, x0)  # (cuda:1 reads cuda:0's pool: granted)
+    d1.synchronize()
+    d0.stream.copy(x0, x1)
+    d0.synchronize()
+    x0.free()
+    x1.free()
+    d0.close()
+    d1.close()
+
+
 def run(blocks: int, variants: str, print=print) -> None:
     print(f"{'variant':<11} copy 2's start − copy 1's (µs) per round, '|' between blocks; then over 1 µs, ages (ms)")
     for variant in variants.split(","):
@@ -100,11 +117,16 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--blocks", type=int, default=4)
     p.add_argument("--variants", default=VARIANTS)
+    p.add_argument("--peer", action="store_true", help="again, after copies between two GPUs")
     p.add_argument("--out", help="also write what is printed to this file")
     a = p.parse_args()
     tee_stdout_to(a.out)
     print("== dev/diag_suite_copy in a fresh process")
     run(a.blocks, a.variants)
+    if a.peer:
+        _cross_copies()
+        print("== after copies between cuda:0 and cuda:1 (each pool readable by the other)")
+        run(a.blocks, a.variants)
     asyncgpu.close_all()
 
 
