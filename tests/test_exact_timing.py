@@ -375,15 +375,19 @@ def test_events_time_launches_at_compute_copy_switches_as_cupti_does(dev, backen
     a.free()
 
 
+def _handle(raw) -> int:
+    return int(raw[2]) if isinstance(raw, tuple) and len(raw) > 2 else -1
+
+
 def _us(a_ns, b_ns) -> float:
     return float("nan") if a_ns is None or b_ns is None else (a_ns - b_ns) / 1e3
 
 
 class _CopyWitness:
     """What the copy test's failure message shows (it fails on some 2-GPU machines inside the full suite only):
-    per copy, its error and which side of the pair moved against CUPTI's record, when the host issued it, whether
-    it was held; per round, the garbage collections, the holds the watchdog ended and the excess CUPTI scopes had
-    taught for copies."""
+    per activity, events and CUPTI side by side, when the host issued it, whether it was held and which pooled events
+    bracketed it (letters: one per event); per round, the garbage collections, the holds the watchdog ended, the
+    excess CUPTI scopes had taught and the free events in the pool; the copy's buffers."""
 
     def __init__(self, monkeypatch, dev) -> None:
         import gc
@@ -392,13 +396,14 @@ class _CopyWitness:
         from asyncgpu._timing.scope import Timer
 
         self.dev, self.unheld, self.gc = dev, unheld, gc
-        self.held: list[list[tuple[str, bool]]] = []
+        self.held: list[list[tuple[str, bool, int, int]]] = []  # per events scope: (kind, held, start, end event)
         self.rounds: list[dict] = []
+        self.buffers = ""
         finish = Timer._finish
 
         def _finish(timer, fences):
             if timer.source == "events":
-                self.held.append([(a.kind, a.held) for a in timer._acts])
+                self.held.append([(a.kind, a.held, _handle(a.start_raw), _handle(a.end_raw)) for a in timer._acts])
             return finish(timer, fences)
 
         monkeypatch.setattr(Timer, "_finish", _finish)
@@ -423,31 +428,51 @@ class _CopyWitness:
                 "rescued": self.unheld.RESCUED[0],
                 "excess_ns": dict(internal._pair_excess_ns),
                 "threads": sorted(t.name for t in threading.enumerate()),
+                "free_events": len(getattr(getattr(internal, "timing_pool", None), "_free", ())),
             }
         )
+
+    def note_buffers(self, *arrays) -> None:
+        try:  # (what the message shows must never fail the test itself)
+            ptrs = [int(x.live().handle) for x in arrays]
+        except Exception as exc:  # noqa: BLE001
+            self.buffers = f"unknown ({exc!r})"
+            return
+        self.buffers = ", ".join(f"{p:#x} ({p % (2 << 20):#x} into 2 MiB)" for p in ptrs)
 
     def report(self, rows) -> str:
         """``rows``: (round, events record, CUPTI record) for every activity, in order."""
         lines = [
-            "round kind    events start, µs  dur    CUPTI start  dur      err  issued-end  held   (starts from the"
-            " round's first CUPTI start; issued: host)"
+            "round kind    events start, µs  dur    CUPTI start  dur      err  issued-end  held  events  (starts from"
+            " the round's first CUPTI start; issued: host)"
         ]
+        letters: dict[int, str] = {}
+
+        def letter(h: int) -> str:
+            if h < 0:
+                return "?"
+            return letters.setdefault(h, chr(65 + len(letters) % 26) + str(len(letters) // 26 or ""))
+
         pos: dict[int, int] = {}
         first: dict[int, int] = {}
         for i, r_e, r_c in rows:
             first.setdefault(i, r_c.start_ns)
             k = pos[i] = pos.get(i, -1) + 1
-            held = self.held[i][k][1] if i < len(self.held) and k < len(self.held[i]) else "?"
+            got = self.held[i][k] if i < len(self.held) and k < len(self.held[i]) else ("?", "?", -1, -1)
+            held, events = got[1], f"{letter(got[2])}>{letter(got[3])}"
             lines.append(
                 f"{i:5d} {r_e.kind:<7} {_us(r_e.start_ns, first[i]):+16.2f} {r_e.duration_ms * 1e3:6.2f}"
                 f" {_us(r_c.start_ns, first[i]):+12.2f} {r_c.duration_ms * 1e3:6.2f}"
                 f" {_us(r_e.duration_ms * 1e6, r_c.duration_ms * 1e6):+7.2f} {_us(r_e.issued_ns, r_c.end_ns):+11.1f}"
-                f"  {held}"
+                f"  {held!s:<5} {events}"
             )
         for i, r in enumerate(self.rounds):
             gcs = [(g, (t - r["t0_ns"]) / 1e6) for g, t in r["gc"]]
-            lines.append(f"round {i}: gc (gen, ms) {gcs}, rescued {r['rescued']}, taught {r['excess_ns']}")
-        lines.append(f"threads: {self.rounds[0]['threads'] if self.rounds else []}")
+            lines.append(
+                f"round {i}: gc (gen, ms) {gcs}, rescued {r['rescued']}, taught {r['excess_ns']},"
+                f" free events {r['free_events']}"
+            )
+        lines.append(f"threads: {self.rounds[0]['threads'] if self.rounds else []}; buffers {self.buffers}")
         return "\n".join(lines)
 
 
@@ -464,6 +489,7 @@ def test_events_time_copies_between_device_buffers_as_cupti_does(dev, backend, m
     dev.clock()
     errs, refs, rows = [], [], []
     with _CopyWitness(monkeypatch, dev) as witness:
+        witness.note_buffers(a, b)
         for i in range(8):
             dev.synchronize()
             witness.round(i)
