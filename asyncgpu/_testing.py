@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from asyncgpu._backends import cupti
+from asyncgpu._backends import cupti, end_open_holds
 from asyncgpu._runtime import hooks, select
 from asyncgpu._timing import functional
 
@@ -20,7 +20,8 @@ def cupti_users() -> int:
 
 def leftovers() -> dict[str, object]:
     """End what a failed test left open and close every worker (`asyncgpu.close_all`), then say what was left:
-    ``{"threads": [names of asyncgpu's threads still alive], "held-launch users": n, "timing_begin": n
+    ``{"threads": [names of asyncgpu's threads still alive], "open holds": [a line per hold never ended, ended now
+    (`asyncgpu._backends.end_open_holds`)], "held-launch users": n, "timing_begin": n
     (functional scopes that were never ended: ended now), "CUPTI users": n}``. Blocks while the workers join."""
     begun = list(functional._functional)
     for t in begun:
@@ -29,6 +30,7 @@ def leftovers() -> dict[str, object]:
     select.close_all()
     return {
         "threads": [t.name for t in threading.enumerate() if t.name.startswith("asyncgpu-") and t.is_alive()],
+        "open holds": end_open_holds(),  # (ended now: a stream left waiting would hold up every test after it)
         "held-launch users": held,
         "timing_begin": len(begun),
         "CUPTI users": cupti.users(),  # (after the workers are joined: a clock calibration holds CUPTI briefly)
@@ -41,6 +43,7 @@ def assert_quiescent(*, cupti_users_before: int = 0) -> None:
     alone)."""
     left = leftovers()
     assert not left["threads"], f"threads left running: {left['threads']}"
+    assert not left["open holds"], f"holds left open (their streams waited for ever): {left['open holds']}"
     left["CUPTI users"] = max(0, int(left["CUPTI users"]) - cupti_users_before)  # type: ignore[call-overload]
-    scopes = {k: v for k, v in left.items() if k != "threads" and v}
+    scopes = {k: v for k, v in left.items() if k not in ("threads", "open holds") and v}
     assert not scopes, f"scopes left open: {scopes}"

@@ -387,7 +387,7 @@ class _CopyWitness:
     """What the copy test's failure message shows (it fails on some 2-GPU machines inside the full suite only):
     per activity, events and CUPTI side by side, when the host issued it, whether it was held and which pooled events
     bracketed it (letters: one per event); per round, the garbage collections, the holds the watchdog ended, the
-    excess CUPTI scopes had taught and the free events in the pool; the copy's buffers."""
+    excess CUPTI scopes had taught, the free events in the pool and the holds open on any GPU; the copy's buffers."""
 
     def __init__(self, monkeypatch, dev) -> None:
         import gc
@@ -429,6 +429,7 @@ class _CopyWitness:
                 "excess_ns": dict(internal._pair_excess_ns),
                 "threads": sorted(t.name for t in threading.enumerate()),
                 "free_events": len(getattr(getattr(internal, "timing_pool", None), "_free", ())),
+                "open_holds": self.unheld.open_holds(),
             }
         )
 
@@ -470,7 +471,7 @@ class _CopyWitness:
             gcs = [(g, (t - r["t0_ns"]) / 1e6) for g, t in r["gc"]]
             lines.append(
                 f"round {i}: gc (gen, ms) {gcs}, rescued {r['rescued']}, taught {r['excess_ns']},"
-                f" free events {r['free_events']}"
+                f" free events {r['free_events']}, open holds {r['open_holds']}"
             )
         lines.append(f"threads: {self.rounds[0]['threads'] if self.rounds else []}; buffers {self.buffers}")
         return "\n".join(lines)
@@ -942,6 +943,28 @@ def test_synchronizing_calls_end_every_hold_and_skip_new_ones():
         unheld.release_all()
         assert gates.words[2] == 20
         assert not [t for t in threading.enumerate() if t.name == "asyncgpu-unhold"]
+    finally:
+        del unheld.GATES[-1]
+
+
+def test_a_hold_left_open_is_named_after_the_test_and_ended():
+    """A hold never ended leaves its stream waiting for ever, and whatever comes after it on that stream: the check
+    after each test (`asyncgpu._testing.assert_quiescent`, this suite's autouse fixture) names it and ends it, so
+    that the test that leaked it fails, not the tests after it. Here on hold words of our own."""
+    import types
+
+    from asyncgpu._backends import load_backend
+    from asyncgpu._backends.cuda import unheld
+    from asyncgpu._testing import assert_quiescent, leftovers
+
+    load_backend("cuda")  # (the loaded backends' holds are looked at)
+    gates = types.SimpleNamespace(words=[3, 9, 0], next=[4, 9, 1], slots={11: 0, 12: 1})
+    unheld.GATES[-1] = gates
+    try:
+        with pytest.raises(AssertionError, match=r"holds left open .*cuda:-1: hold word 0 at 3, its latest hold 4"):
+            assert_quiescent()
+        assert gates.words == [4, 9, 0]  # (ended; word 2 was never given to a stream)
+        assert leftovers()["open holds"] == []
     finally:
         del unheld.GATES[-1]
 

@@ -13,7 +13,7 @@ import threading
 
 from asyncgpu._backends.contract import Backend, BackendDevice
 
-__all__ = ["BACKEND_NAMES", "Backend", "BackendDevice", "load_backend"]
+__all__ = ["BACKEND_NAMES", "Backend", "BackendDevice", "end_open_holds", "load_backend"]
 
 BACKEND_NAMES = ("cuda", "host")
 
@@ -33,3 +33,10 @@ def load_backend(name: str) -> Backend:
             module = importlib.import_module(f"asyncgpu._backends.{name}")
             backend = _loaded[name] = module.backend_class()
         return backend
+
+
+def end_open_holds() -> list[str]:
+    """`Backend.end_open_holds` of every backend loaded so far (what a test leaked: `asyncgpu._testing`)."""
+    with _lock:
+        loaded = list(_loaded.values())
+    return [line for backend in loaded for line in backend.end_open_holds()]

@@ -294,6 +294,11 @@ class Backend(ABC):
     @abstractmethod
     def open_device(self, index: int) -> BackendDevice: ...
 
+    def end_open_holds(self) -> list[str]:
+        """End every hold still open (a stream left waiting on its host word: every later call on that GPU would
+        wait behind it) and say which, one line each; [] when none. Backends without holds have none. Any thread."""
+        return []
+
 
 class PinnedBlock:
     """The owner of a pinned host block behind the numpy arrays that view it (`pinned_array`). When the last view

@@ -8,6 +8,7 @@ import threading
 import weakref
 
 from asyncgpu._backends.contract import Backend
+from asyncgpu._backends.cuda import unheld
 from asyncgpu._backends.cuda.device import CudaDevice
 from asyncgpu._backends.cuda.driver import _Driver
 from asyncgpu._base.errors import NoDeviceError, UnknownDeviceError
@@ -74,6 +75,12 @@ class CudaBackend(Backend):
             raise UnknownDeviceError(f"no device cuda:{index}: this machine has cuda:0..cuda:{self._count - 1}")
         assert self._drv is not None
         return CudaDevice(self._drv, index)
+
+    def end_open_holds(self) -> list[str]:
+        found = unheld.open_holds()
+        if found:
+            unheld.release_all()
+        return [f"cuda:{i}: hold word {w} at {v}, its latest hold {latest}" for i, w, v, latest in found]
 
 
 backend_class = CudaBackend

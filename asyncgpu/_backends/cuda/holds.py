@@ -42,6 +42,7 @@ class HoldsMixin(CudaDeviceBase):
             failed = res[0] is not drv.SUCCESS
         if failed:  # nothing was enqueued: brackets go unheld from now on (`hold_problem` says why)
             _NO_GATES[self.index] = f"cuStreamWaitValue32 failed on {self.name}: stream memory operations unusable"
+            gates.words[slot] = value  # (no stream waits for this value: the word is not behind a hold)
             return None
         cell = None
         if watched:  # (the watchdog ends it if its thread gets stuck in the launch: `unheld`)

@@ -76,6 +76,19 @@ def release_all() -> None:
                 words[slot] = value
 
 
+def open_holds() -> list[tuple[int, int, int, int]]:
+    """The holds not ended: ``(GPU index, word, its value, its latest hold's value)`` for each hold word behind its
+    latest hold. Reads only; any thread."""
+    out = []
+    for index, gates in list(GATES.items()):
+        words, latest = gates.words, gates.next
+        for slot in range(min(len(gates.slots), len(latest))):
+            value = latest[slot]
+            if 0 < (value - words[slot]) & MASK32 < 0x80000000:
+                out.append((index, slot, int(words[slot]), int(value)))
+    return out
+
+
 @contextmanager
 def releasing_holds() -> Iterator[None]:
     """Run the body (a call that synchronizes a GPU) with no hold open on any GPU of this process: holds are
