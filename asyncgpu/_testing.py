@@ -20,17 +20,18 @@ def cupti_users() -> int:
 
 def leftovers() -> dict[str, object]:
     """End what a failed test left open and close every worker (`asyncgpu.close_all`), then say what was left:
-    ``{"threads": [names of asyncgpu's threads still alive], "open holds": [a line per hold never ended, ended now
-    (`asyncgpu._backends.end_open_holds`)], "held-launch users": n, "timing_begin": n
+    ``{"threads": [names of asyncgpu's threads still alive], "open holds": [a line per hold not ended once the test's
+    work was issued, ended now (`asyncgpu._backends.end_open_holds`)], "held-launch users": n, "timing_begin": n
     (functional scopes that were never ended: ended now), "CUPTI users": n}``. Blocks while the workers join."""
     begun = list(functional._functional)
     for t in begun:
         functional.timing_end(t)
     held = hooks.HOLD_USERS
+    holds = end_open_holds()  # (before the workers close: closing a CUDA device ends every hold of the process)
     select.close_all()
     return {
         "threads": [t.name for t in threading.enumerate() if t.name.startswith("asyncgpu-") and t.is_alive()],
-        "open holds": end_open_holds(),  # (ended now: a stream left waiting would hold up every test after it)
+        "open holds": holds,
         "held-launch users": held,
         "timing_begin": len(begun),
         "CUPTI users": cupti.users(),  # (after the workers are joined: a clock calibration holds CUPTI briefly)
