@@ -13,8 +13,9 @@ clock's placement is common to both), both errors, and the calibration's age at 
 ``--peer`` runs them again after a copy from cuda:1 to cuda:0 and back (each GPU's memory pool then readable by the
 other, as the suite's two-GPU tests leave them: the test fails in 2-GPU suites only).
 
-As a pytest plugin it runs after the session (the suite's state: ``python -m pytest -p dev.diag_suite_copy tests``);
-as a script, in a fresh process.
+As a pytest plugin it runs after the session (the suite's state: ``python -m pytest -p dev.diag_suite_copy tests``;
+``DIAG_VARIANTS=`` runs none, ``DIAG_CUT_AFTER=TEXT`` ends the session after the last test whose id holds TEXT); as a
+script, in a fresh process.
 
     python dev/diag_suite_copy.py [--blocks 4] [--variants test,shift1,shift2,shift3,noage,everyround] [--peer]
         [--out FILE]
@@ -99,6 +100,15 @@ def run(blocks: int, variants: str, print=print) -> None:
         )
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """``DIAG_CUT_AFTER=TEXT``: run the collected tests only up to the last whose id holds TEXT (the whole suite
+    collected, as in the suite; run 41: the copy test failed so, after the suite's first 506 tests)."""
+    cut = os.environ.get("DIAG_CUT_AFTER")
+    if cut:
+        last = max((i for i, item in enumerate(items) if cut in item.nodeid), default=len(items) - 1)
+        del items[last + 1 :]
+
+
 def pytest_sessionfinish(session, exitstatus) -> None:  # (after the suite: its state is this probe's subject)
     out = os.environ.get("DIAG_OUT")
 
@@ -109,8 +119,10 @@ def pytest_sessionfinish(session, exitstatus) -> None:  # (after the suite: its 
             with open(out, "a") as f:
                 f.write(line + "\n")
 
-    say("\n== dev/diag_suite_copy after the session")
-    run(int(os.environ.get("DIAG_BLOCKS", "4")), os.environ.get("DIAG_VARIANTS", VARIANTS), say)
+    variants = os.environ.get("DIAG_VARIANTS", VARIANTS)
+    if variants:  # (DIAG_VARIANTS= : the session only)
+        say("\n== dev/diag_suite_copy after the session")
+        run(int(os.environ.get("DIAG_BLOCKS", "4")), variants, say)
 
 
 def main() -> None:

@@ -89,6 +89,9 @@ for r in $(seq "${REPEAT:-1}"); do  # (REPEAT=3: three runs in a row, each its o
   step "pytest, every GPU$run" 420 6 python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=60 tests "$@"
   step "pytest -m gpu, one GPU$run" 150 2 env CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -p no:cacheprovider -m gpu tests "$@"
 done
+# (2+ GPUs: the suite's first tests, the whole suite collected, up to the copy test that fails in 2-GPU suites; its
+# failure message lists each bracket: benchmarks/HISTORY.md run 41)
+[ "$NGPU" -ge 2 ] && step "pytest up to the copy test, the whole suite collected" 240 70 env DIAG_VARIANTS= DIAG_CUT_AFTER=copies_between_device_buffers python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=60 -p dev.diag_suite_copy tests
 step "dev/diag_placement (reference, per-kind excess, placement)" 240 40 python3 -X faulthandler dev/diag_placement.py --repeats 12 --out "$OUT"
 step "dev/diag_fresh_clock (%globaltimer vs host, a fresh process's first 3 s)" 60 30 python3 -X faulthandler dev/diag_fresh_clock.py --seconds 3 --out "$OUT"
 step "dev/diag_step_cupti (CUPTI step source: harvests by part)" 540 24 python3 -X faulthandler dev/diag_step_cupti.py --steps 600 --pairs 6 --devices "$NGPU" --variants ${CUPTI_VARIANTS:-default,harvest-2s,flush-only,toggle,alternate,no-flush}
