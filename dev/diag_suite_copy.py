@@ -14,8 +14,8 @@ clock's placement is common to both), both errors, and the calibration's age at 
 other, as the suite's two-GPU tests leave them: the test fails in 2-GPU suites only).
 
 As a pytest plugin it runs after the session (the suite's state: ``python -m pytest -p dev.diag_suite_copy tests``;
-``DIAG_VARIANTS=`` runs none, ``DIAG_CUT_AFTER=TEXT`` ends the session after the last test whose id holds TEXT); as a
-script, in a fresh process.
+``DIAG_VARIANTS=`` runs none, ``DIAG_CUT_AFTER=TEXT`` ends the session after the last test whose id holds TEXT,
+``DIAG_PRIMER=generic|none`` changes the copy primer for the whole session); as a script, in a fresh process.
 
     python dev/diag_suite_copy.py [--blocks 4] [--variants test,shift1,shift2,shift3,noage,everyround] [--peer]
         [--out FILE]
@@ -98,6 +98,39 @@ def run(blocks: int, variants: str, print=print) -> None:
             f"{'':<11} {marks}   copy 1 p50 {np.median(errs[:, 0]):+.2f}, copy 2 p50 {np.median(errs[:, 1]):+.2f} µs;"
             f" ages {np.percentile(ages, 10):.0f}-{np.percentile(ages, 90):.0f} ms"
         )
+
+
+def _patch_primer(how: str) -> None:
+    """The copy primer of every device opened from now on: ``generic`` through ``cuMemcpyAsync`` (the call the
+    copies themselves go through) instead of ``cuMemcpyDtoDAsync``; ``none``: no primer ahead of a copy between
+    device buffers."""
+    import ctypes
+
+    from asyncgpu._backends.cuda import compiler
+
+    if how not in ("generic", "none"):
+        raise SystemExit(f"DIAG_PRIMER={how!r}: use generic or none")
+    init = compiler._Primer.__init__
+
+    def patched(self, dev) -> None:
+        init(self, dev)
+        src = int(self._dptr)
+        if how == "none":
+            self.calls["copy_d2d"] = (lambda stream: 0, "none")
+            return
+        generic = ctypes.CDLL(compiler.LIBCUDA).cuMemcpyAsync
+        generic.restype = ctypes.c_int
+        generic.argtypes = (ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p)
+        self.calls["copy_d2d"] = (lambda stream: generic(src + 32, src, 4, stream), "cuMemcpyAsync")
+
+    compiler._Primer.__init__ = patched
+
+
+def pytest_configure(config) -> None:
+    """``DIAG_PRIMER=generic|none``: the copy primer changed for the whole session (`_patch_primer`)."""
+    how = os.environ.get("DIAG_PRIMER")
+    if how:
+        _patch_primer(how)
 
 
 def pytest_collection_modifyitems(config, items) -> None:
