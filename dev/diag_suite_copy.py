@@ -1,8 +1,9 @@
 """Why `test_events_time_copies_between_device_buffers_as_cupti_does` fails on 2× H100 inside the full suite only
-(run 41: the second copy of rounds 3, 4, 7 and 8 of 8, its start event ~1.1 µs early against CUPTI, held, no garbage
-collection, no watchdog rescue; the clock re-measured every 4 rounds). The test's pattern, in blocks of 8 rounds on a
-fresh device each (as the test's fixture), per round: copy 2's start against copy 1's (events − CUPTI, µs; the
-clock's placement is common to both), both errors, and the calibration's age at the round's start. Variants:
+(runs 40-41: the second copy of rounds 2, 3, 6 and 7, counted from 0, in five runs on four machines; its data movement
+starts ~1 µs after its start event, which CUPTI does not count; held, no garbage collection, no watchdog rescue, and
+not the clock's re-measure). The test's pattern, in blocks of 8 rounds on a fresh device each (as the test's
+fixture), per round: copy 2's start against copy 1's (events − CUPTI, µs; the clock's placement is common to both),
+both errors, and the calibration's age at the round's start. Variants:
 
 * ``test``: as the test;
 * ``shiftK``: K extra untimed 1 µs spins before each round's synchronize (moves where each round's commands fall in
@@ -15,7 +16,8 @@ other, as the suite's two-GPU tests leave them: the test fails in 2-GPU suites o
 
 As a pytest plugin it runs after the session (the suite's state: ``python -m pytest -p dev.diag_suite_copy tests``;
 ``DIAG_VARIANTS=`` runs none, ``DIAG_CUT_AFTER=TEXT`` ends the session after the last test whose id holds TEXT,
-``DIAG_PRIMER=generic|none`` changes the copy primer for the whole session); as a script, in a fresh process.
+``DIAG_PRIMER=generic|none`` changes the copy primer for the whole session, ``DIAG_EXTRA_STREAMS=K`` makes K idle
+streams on cuda:0 right before the cut test); as a script, in a fresh process.
 
     python dev/diag_suite_copy.py [--blocks 4] [--variants test,shift1,shift2,shift3,noage,everyround] [--peer]
         [--out FILE]
@@ -30,9 +32,11 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
 import asyncgpu
+from asyncgpu._backends import load_backend
 from asyncgpu._runtime.clock import CLOCK_MAX_AGE_S
 from benchmarks._common import tee_stdout_to
 
@@ -131,6 +135,29 @@ def pytest_configure(config) -> None:
     how = os.environ.get("DIAG_PRIMER")
     if how:
         _patch_primer(how)
+
+
+_EXTRA: list = []  # idle streams made for the cut test (`pytest_runtest_setup`), kept until it ends
+
+
+@pytest.hookimpl(tryfirst=True)  # (before the fixtures: the test's device and streams come after these)
+def pytest_runtest_setup(item) -> None:
+    """``DIAG_EXTRA_STREAMS=K`` (with ``DIAG_CUT_AFTER``): K idle streams made on cuda:0 right before the cut test,
+    alive while it runs. The driver spreads streams over a fixed set of hardware queues in the order they are made,
+    so this moves the test's streams to other queues, and nothing else."""
+    k = int(os.environ.get("DIAG_EXTRA_STREAMS", "0"))
+    cut = os.environ.get("DIAG_CUT_AFTER")
+    if k and cut and cut in item.nodeid and "cuda" in item.nodeid and load_backend("cuda").available()[0]:
+        from cuda.core import Device
+
+        dev = Device(0)
+        dev.set_current()
+        _EXTRA.extend(dev.create_stream() for _ in range(k))
+
+
+def pytest_runtest_teardown(item) -> None:
+    while _EXTRA:
+        _EXTRA.pop().close()
 
 
 def pytest_collection_modifyitems(config, items) -> None:

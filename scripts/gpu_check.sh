@@ -9,6 +9,8 @@
 #   ONLY=REGEX: run only the steps whose name matches (e.g. ONLY='demo|workers|balance')
 #   SKIP=REGEX: leave out the steps whose name matches (e.g. SKIP='waits|timing'; a suite's step names its scripts)
 #   REPEAT=N: the two GPU-suite steps N times in a row (e.g. ONLY='pytest -m gpu' REPEAT=3 for three one-GPU runs)
+#   COPY_VARIANTS=LIST: on 2+ GPUs, the copy test's reproduction per variant (e.g. COPY_VARIANTS='base streams1
+#     streams2 primer-generic'; default base)
 #   CUPTI_VARIANTS=LIST: the variants dev/diag_step_cupti runs (e.g. CUPTI_VARIANTS=default,toggle,alternate)
 #   ASYNCGPU_COMMIT=SHA: the commit the benchmarks' JSON names (set it from your checkout: the device machine's copy
 #     of the tree may carry a stale .git), e.g. command "ASYNCGPU_COMMIT=$(git rev-parse HEAD) bash scripts/gpu_check.sh"
@@ -91,7 +93,14 @@ for r in $(seq "${REPEAT:-1}"); do  # (REPEAT=3: three runs in a row, each its o
 done
 # (2+ GPUs: the suite's first tests, the whole suite collected, up to the copy test that fails in 2-GPU suites; its
 # failure message lists each bracket: benchmarks/HISTORY.md run 41)
-[ "$NGPU" -ge 2 ] && step "pytest up to the copy test, the whole suite collected" 240 70 env DIAG_VARIANTS= DIAG_CUT_AFTER=copies_between_device_buffers python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=60 -p dev.diag_suite_copy tests
+# COPY_VARIANTS: base (as the suite), streamsK (K idle streams made on cuda:0 before the test), primer-generic,
+# primer-none (dev/diag_suite_copy.py's DIAG_EXTRA_STREAMS and DIAG_PRIMER); ~80 s each
+if [ "$NGPU" -ge 2 ]; then
+  for v in ${COPY_VARIANTS:-base}; do
+    extra=(); case $v in streams*) extra=(DIAG_EXTRA_STREAMS="${v#streams}");; primer-*) extra=(DIAG_PRIMER="${v#primer-}");; esac
+    step "pytest up to the copy test, the whole suite collected ($v)" 240 70 env "${extra[@]}" DIAG_VARIANTS= DIAG_CUT_AFTER=copies_between_device_buffers python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=60 -p dev.diag_suite_copy tests
+  done
+fi
 step "dev/diag_placement (reference, per-kind excess, placement)" 240 40 python3 -X faulthandler dev/diag_placement.py --repeats 12 --out "$OUT"
 step "dev/diag_fresh_clock (%globaltimer vs host, a fresh process's first 3 s)" 60 30 python3 -X faulthandler dev/diag_fresh_clock.py --seconds 3 --out "$OUT"
 step "dev/diag_step_cupti (CUPTI step source: harvests by part)" 540 24 python3 -X faulthandler dev/diag_step_cupti.py --steps 600 --pairs 6 --devices "$NGPU" --variants ${CUPTI_VARIANTS:-default,harvest-2s,flush-only,toggle,alternate,no-flush}
