@@ -81,8 +81,12 @@ def test_max_clock_age_refreshes_per_scope():
 def test_cuda_calibration_bounds():
     dev = asyncgpu.device(0, backend="cuda")
     cal = dev.clock(refresh=True, samples=32)
-    assert 0 < cal.bound_ns < 5_000, cal  # half the best PCIe round trip
-    assert cal.globaltimer_offset_ns is not None and 0 < cal.globaltimer_bound_ns < 5_000
+    # %globaltimer pings right after: each one's host bracket is a round trip of this link now
+    stamps, _ = dev._internal.bd.calibrate_globaltimer(8, 5_000_000)
+    trips_ns = float(np.median(stamps[:, 2] - stamps[:, 1]))
+    assert 0 < cal.bound_ns <= cal.rtt_ns / 2 + 1, cal  # the pings' intersection: at most half the best round trip
+    assert cal.rtt_ns < 4 * trips_ns, (cal, trips_ns)  # (events pings take ~2 of those: a slow moment was re-measured)
+    assert cal.globaltimer_offset_ns is not None and 0 < cal.globaltimer_bound_ns < trips_ns, (cal, trips_ns)
     # an event recorded on an idle stream lands within the launch latency of the host's clock
     for _ in range(5):
         h0 = time.perf_counter_ns()
@@ -93,10 +97,36 @@ def test_cuda_calibration_bounds():
         ev.release()
         assert h0 - cal.bound_ns - 1_000 <= placed <= h1 + cal.bound_ns, (h0, placed, h1)
     # a globaltimer stamp taken in a kernel converts to a host time inside its bracket
-    stamps, _ = dev._internal.bd.calibrate_globaltimer(8, 5_000_000)
     host = cal.globaltimer_to_host_ns(stamps[:, 0])
     slack = cal.globaltimer_bound_ns + 1_000
     assert np.all(host >= stamps[:, 1] - slack) and np.all(host <= stamps[:, 2] + slack)
+
+
+def test_slow_pings_are_taken_again_once_and_the_tighter_kept(monkeypatch):
+    """A calibration whose best round trip is over `SLOW_PINGS_RATIO` times its device's best so far (a slow
+    moment of the host or the link) pings once more and keeps the tighter bound; the other's anchor goes back."""
+    import types
+
+    from asyncgpu._runtime import clock
+
+    rounds = iter([(4_700, 2_300, "a"), (13_500, 6_700, "slow"), (4_900, 2_400, "again"), (5_000, 2_500, "b")])
+
+    def fake_pings(device, samples, timeout_ns, previous):
+        rtt, bound, anchor = next(rounds)
+        return clock._Pings(anchor, 0, float(bound), float(rtt), time.perf_counter_ns())
+
+    monkeypatch.setattr(clock, "_pings", fake_pings)
+    monkeypatch.setattr(clock, "_BEST_RTT_NS", {})
+    dev = types.SimpleNamespace(name="cuda:7", clock_events=[])
+    prev = clock.ClockCalibration(
+        device="cuda:7", host_ns=0, bound_ns=1.0, samples=1, rtt_ns=1.0, taken_ns=0, bracket_overhead_ns=2_000.0
+    )  # (its pair overhead is taken over: no CUPTI measurement here)
+    first = clock.calibrate(dev, 16, previous=prev)
+    assert (first.rtt_ns, first.anchor, dev.clock_events) == (4_700, "a", [])
+    slow = clock.calibrate(dev, 16, previous=prev)  # 13.5 µs > 2 × 4.7: pinged again, the tighter kept
+    assert (slow.rtt_ns, slow.bound_ns, slow.anchor, dev.clock_events) == (4_900, 2_400, "again", ["slow"])
+    usual = clock.calibrate(dev, 16, previous=prev)  # 5.0 µs: within the ratio, one round
+    assert (usual.anchor, dev.clock_events) == ("b", ["slow"])
 
 
 def test_a_calibration_whose_drift_is_unknown_is_measured_again_sooner():
