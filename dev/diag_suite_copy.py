@@ -143,8 +143,8 @@ _EXTRA: list = []  # idle streams made for the cut test (`pytest_runtest_setup`)
 @pytest.hookimpl(tryfirst=True)  # (before the fixtures: the test's device and streams come after these)
 def pytest_runtest_setup(item) -> None:
     """``DIAG_EXTRA_STREAMS=K`` (with ``DIAG_CUT_AFTER``): K idle streams made on cuda:0 right before the cut test,
-    alive while it runs. The driver spreads streams over a fixed set of hardware queues in the order they are made,
-    so this moves the test's streams to other queues, and nothing else."""
+    alive while it runs. The driver maps streams onto a fixed set of hardware queues (``CUDA_DEVICE_MAX_CONNECTIONS``),
+    so this may move the test's streams to other queues; it changes nothing else."""
     k = int(os.environ.get("DIAG_EXTRA_STREAMS", "0"))
     cut = os.environ.get("DIAG_CUT_AFTER")
     if k and cut and cut in item.nodeid and "cuda" in item.nodeid and load_backend("cuda").available()[0]:
