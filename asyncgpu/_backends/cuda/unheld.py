@@ -66,27 +66,27 @@ def syncing() -> bool:
     return ACTIVE[0] != 0
 
 
-def release_all() -> None:
-    """Move every hold word forward to its latest hold's value: every held stream may go on. Any thread."""
-    for gates in list(GATES.values()):
+def _behind() -> Iterator[tuple[int, Any, int, int]]:
+    """Each hold word behind its latest hold, as ``(GPU index, words, word, latest value)``, found one at a time
+    (a caller that moves a word does so right after its check). Any thread."""
+    for index, gates in list(GATES.items()):
         words, latest = gates.words, gates.next
         for slot in range(min(len(gates.slots), len(latest))):  # (words are given out in order: 0, 1, 2…)
             value = latest[slot]
-            if (value - words[slot]) & MASK32 < 0x80000000:  # never move a word back
-                words[slot] = value
+            if 0 < (value - words[slot]) & MASK32 < 0x80000000:  # (cyclic: a word ahead of it is never moved back)
+                yield index, words, slot, value
+
+
+def release_all() -> None:
+    """Move every hold word forward to its latest hold's value: every held stream may go on. Any thread."""
+    for _, words, slot, value in _behind():
+        words[slot] = value
 
 
 def open_holds() -> list[tuple[int, int, int, int]]:
     """The holds not ended: ``(GPU index, word, its value, its latest hold's value)`` for each hold word behind its
     latest hold. Reads only; any thread."""
-    out = []
-    for index, gates in list(GATES.items()):
-        words, latest = gates.words, gates.next
-        for slot in range(min(len(gates.slots), len(latest))):
-            value = latest[slot]
-            if 0 < (value - words[slot]) & MASK32 < 0x80000000:
-                out.append((index, slot, int(words[slot]), int(value)))
-    return out
+    return [(index, slot, int(words[slot]), int(value)) for index, words, slot, value in _behind()]
 
 
 @contextmanager
