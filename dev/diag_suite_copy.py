@@ -155,9 +155,92 @@ def pytest_runtest_setup(item) -> None:
         _EXTRA.extend(dev.create_stream() for _ in range(k))
 
 
+@pytest.hookimpl(tryfirst=True)  # (before the fixtures' teardown: the test's device is still open)
 def pytest_runtest_teardown(item) -> None:
+    """``DIAG_AFTER_CUT=1`` (with ``DIAG_CUT_AFTER``): right after the cut test, on its own device and stream (the
+    state in which it failed), `after_test` runs its pattern again in parts."""
+    cut = os.environ.get("DIAG_CUT_AFTER")
+    if os.environ.get("DIAG_AFTER_CUT") and cut and cut in item.nodeid and "cuda" in item.nodeid:
+        dev = item.funcargs.get("dev")
+        if dev is not None:
+            after_test(dev, _say)
     while _EXTRA:
         _EXTRA.pop().close()
+
+
+def _say(line: str) -> None:  # (pytest captures sys.stdout during a test)
+    sys.__stdout__.write(line + "\n")
+    sys.__stdout__.flush()
+
+
+def _busy_streams() -> str:
+    """The process's live cuda.core streams (found by the garbage collector), and those with work not done."""
+    import gc
+
+    from cuda.bindings import driver as d
+    from cuda.core import Stream
+
+    live = [o for o in gc.get_objects() if isinstance(o, Stream)]
+    busy = []
+    for st in live:
+        try:
+            err = d.cuStreamQuery(st.handle)[0]
+        except Exception as exc:  # (a closed stream)
+            busy.append(f"{st!r}: {exc}")
+            continue
+        if err != d.CUresult.CUDA_SUCCESS:
+            busy.append(f"{int(st.handle):#x} on cuda:{st.device.device_id}: {err.name}")
+    return f"{len(live)} live cuda.core streams; not idle: {busy or 'none'}"
+
+
+def after_test(dev, say) -> None:
+    """The copy test's pattern again, on the test's own device and stream, in parts (8 rounds each), to tell where
+    the late start of the second copy comes from: per round, copy 2's events − CUPTI duration error and the gap from
+    the spin's end to the copy's start by each source (µs).
+
+    * ``test``: as the test (events nested in a CUPTI scope);
+    * ``events``: events only (copy 2's duration, and copy 2 − copy 1: the +1 µs without CUPTI running?);
+    * ``cupti``: CUPTI only (the gap from spin 2's end to copy 2's start: late without the events?);
+    * ``stream``: as the test, on a new stream of the same device;
+    * ``long``: as the test, 16 rounds (the period)."""
+    from asyncgpu import gpu_timer
+
+    say(f"\n== after the cut test, its device: {_busy_streams()}")
+    n = 10_000_000
+    a, b = dev.alloc(n), dev.alloc(n)
+    s_new = dev.create_stream()  # (closed with the device)
+    for part in ("test", "events", "cupti", "stream", "long"):
+        s = s_new if part == "stream" else dev.stream
+        s.copy(b, a)
+        dev.synchronize()
+        cells = []
+        for _ in range(16 if part == "long" else 8):
+            dev.synchronize()
+            with gpu_timer(dev, source="events" if part == "events" else "cupti") as outer:
+                if part in ("events", "cupti"):
+                    for _ in range(2):
+                        s.spin_us(200)
+                        s.copy(b, a)
+                    inner = None
+                else:
+                    with gpu_timer(dev, source="events") as inner:
+                        for _ in range(2):
+                            s.spin_us(200)
+                            s.copy(b, a)
+            recs = list(outer.records)
+            gap_o = (recs[3].start_ns - (recs[2].start_ns + recs[2].duration_ms * 1e6)) / 1e3
+            if inner is None:
+                cells.append(f"{recs[3].duration_ms * 1e3:.2f}/{gap_o:.2f}")
+                continue
+            ri = list(inner.records)
+            gap_i = (ri[3].start_ns - (ri[2].start_ns + ri[2].duration_ms * 1e6)) / 1e3
+            err = (ri[3].duration_ms - recs[3].duration_ms) * 1e3
+            cells.append(f"{err:+.2f}/{gap_i:.2f}/{gap_o:.2f}")
+        what = "copy 2 dur/gap" if part in ("events", "cupti") else "copy 2 err/gap events/gap CUPTI"
+        say(f"{part:<7} ({what}): " + "  ".join(cells))
+    a.free()
+    b.free()
+    say(f"after: {_busy_streams()}")
 
 
 def pytest_collection_modifyitems(config, items) -> None:

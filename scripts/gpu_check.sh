@@ -94,10 +94,11 @@ done
 # (2+ GPUs: the suite's first tests, the whole suite collected, up to the copy test that fails in 2-GPU suites; its
 # failure message lists each bracket: benchmarks/HISTORY.md run 41)
 # COPY_VARIANTS: base (as the suite), streamsK (K idle streams made on cuda:0 before the test), primer-generic,
-# primer-none (dev/diag_suite_copy.py's DIAG_EXTRA_STREAMS and DIAG_PRIMER); ~80 s each
+# primer-none (dev/diag_suite_copy.py's DIAG_EXTRA_STREAMS and DIAG_PRIMER); ~80 s each; after the test, its pattern
+# again in parts on its own device (DIAG_AFTER_CUT)
 if [ "$NGPU" -ge 2 ]; then
   for v in ${COPY_VARIANTS:-base}; do
-    extra=(); case $v in streams*) extra=(DIAG_EXTRA_STREAMS="${v#streams}");; primer-*) extra=(DIAG_PRIMER="${v#primer-}");; esac
+    extra=(DIAG_AFTER_CUT=1); case $v in streams*) extra+=(DIAG_EXTRA_STREAMS="${v#streams}");; primer-*) extra+=(DIAG_PRIMER="${v#primer-}");; esac
     step "pytest up to the copy test, the whole suite collected ($v)" 240 70 env "${extra[@]}" DIAG_VARIANTS= DIAG_CUT_AFTER=copies_between_device_buffers python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=60 -p dev.diag_suite_copy tests
   done
 fi
