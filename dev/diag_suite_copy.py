@@ -176,11 +176,14 @@ def _say(line: str) -> None:  # (pytest captures sys.stdout during a test)
 def _busy_streams() -> str:
     """The process's live cuda.core streams (found by the garbage collector), and those with work not done."""
     import gc
+    import warnings
 
     from cuda.bindings import driver as d
     from cuda.core import Stream
 
-    live = [o for o in gc.get_objects() if isinstance(o, Stream)]
+    with warnings.catch_warnings():  # (isinstance reads __class__: some of torch's objects warn on that)
+        warnings.simplefilter("ignore")
+        live = [o for o in gc.get_objects() if isinstance(o, Stream)]
     busy = []
     for st in live:
         try:
