@@ -8,13 +8,14 @@ spins in turn with 40 MB memsets or ``inc_loop`` (which side of a memory-heavy a
 light spin after it, or the heavy work after a spin), memsets and ``inc_loop`` on 4, 16 and 160 MB (does the held
 pair's bias on memory-heavy work grow with the bytes moved, or is it a step?), copies between device buffers of 40
 and 4 MB (alone, and each behind a 200 µs spin), spins on two streams of the device in turn, and a spin on an idle
-GPU. Against asyncgpu's CUPTI source (an outer scope per round) and torch.profiler (one
-profile around a sequence's rounds). Each row: a kind, or a kernel by name; activities; events − CUPTI p10 / p50 /
-p90 (µs); the p50 of the first activity behind the lead spin apart from the rest; the largest; how many read more
-than 1 µs off; and, for the slowest tenth against CUPTI (its own scope only), the median of their start and of their
-end differences, less the round's median start difference: which side of the pair the tail's excess sits on.
+GPU. Against asyncgpu's CUPTI source (an outer scope per round), torch.profiler (one profile around a sequence's
+rounds), or (``apart``) CUPTI in rounds of its own, compared as distributions: CUPTI's instrumentation of an
+activity is then in no event pair. Each row: a kind, or a kernel by name; activities; events − CUPTI p10 / p50 / p90
+(µs); the p50 of the first activity behind the lead spin apart from the rest; the largest; how many read more than 1
+µs off; and, for the slowest tenth against CUPTI (its own scope only), the median of their start and of their end
+differences, less the round's median start difference: which side of the pair the tail's excess sits on.
 
-    python dev/diag_busy_pair.py [--rounds 5] [--holds always,never] [--reference cupti,torch] [--out FILE]
+    python dev/diag_busy_pair.py [--rounds 5] [--holds always,never] [--reference cupti,torch,apart] [--out FILE]
 """
 
 from __future__ import annotations
@@ -88,6 +89,38 @@ def _against_torch(timelines: list[asyncgpu.Timeline], path: str) -> list[tuple[
     return out
 
 
+def _apart(dev, s, fn, rounds: int) -> list[tuple[str, str, int, float]] | str:
+    """The ``apart`` reference: each round twice, once in an events scope and once in a CUPTI-source scope (the
+    order alternating), never nested, so CUPTI's instrumentation of an activity is not inside any event pair. The
+    activities are no longer the same, so the rows compare distributions: per kind and position, the i-th smallest
+    events duration less the i-th smallest CUPTI one (a quantile-quantile difference, ns)."""
+    durs: dict[str, dict[tuple[str, str, int], list[float]]] = {"events": defaultdict(list), "cupti": defaultdict(list)}
+    for r in range(rounds):
+        for source in ("events", "cupti") if r % 2 == 0 else ("cupti", "events"):
+            dev._internal.forget_pair_excess()
+            dev.synchronize()
+            with asyncgpu.gpu_timer(dev, source=source) as t:
+                if fn is None:
+                    s.spin_us(50)
+                else:
+                    s.spin_us(3000)
+                    fn()
+            tl = t.timeline
+            seen: dict[tuple[str, int], int] = defaultdict(int)
+            for i in range(len(tl.start_ns)):
+                label, k = tl.streams[int(tl.stream[i])][1], int(tl.kind[i])
+                pos = seen[(label, k)]
+                seen[(label, k)] += 1
+                durs[source][(KINDS[k], tl.names[int(tl.name[i])], pos)].append(float(tl.duration_ns[i]))
+    out: list[tuple[str, str, int, float]] = []
+    for key, ev in durs["events"].items():
+        cu = durs["cupti"].get(key)
+        if cu is None or len(cu) != len(ev):
+            return f"{key}: {len(ev)} events rows, {0 if cu is None else len(cu)} CUPTI rows"
+        out.extend((key[0], key[1], key[2], e - c) for e, c in zip(sorted(ev), sorted(cu)))
+    return out
+
+
 def _replace_d2d_primer(dev: asyncgpu.Device, nbytes: int) -> None:
     """Put a copy of ``nbytes`` between two device buffers (0: nothing) in place of the library's 4-byte primer of
     copies between device buffers (after the calibration, which keeps the library's)."""
@@ -116,7 +149,12 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--only", help="a regular expression: the sequences whose name matches")
     p.add_argument("--holds", default="always,never")
-    p.add_argument("--reference", default="cupti,torch", help="asyncgpu's CUPTI source, torch.profiler, or both")
+    p.add_argument(
+        "--reference",
+        default="cupti,torch",
+        help="cupti (asyncgpu's CUPTI source, the events scope nested in it), torch (torch.profiler around the "
+        "rounds), apart (events and CUPTI in separate rounds: `_apart`)",
+    )
     p.add_argument("--device", type=int, default=0)
     p.add_argument("--out", help="also write what is printed to this file")
     p.add_argument(
@@ -176,12 +214,15 @@ def main() -> None:
                 _SIDES.clear()
                 timelines = []
                 prof = None
-                if ref == "torch":
+                if ref == "apart":
+                    got = _apart(dev, s, fn, rounds)
+                    _SIDES.clear()
+                elif ref == "torch":
                     from torch.profiler import ProfilerActivity, profile
 
                     prof = profile(activities=[ProfilerActivity.CUDA])
                     prof.__enter__()
-                for _ in range(rounds):
+                for _ in range(rounds if ref != "apart" else 0):
                     dev._internal.forget_pair_excess()
                     dev.synchronize()
                     outer = asyncgpu.gpu_timer(dev, source="cupti") if ref == "cupti" else None

@@ -157,10 +157,10 @@ def pytest_runtest_setup(item) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # (before the fixtures' teardown: the test's device is still open)
 def pytest_runtest_teardown(item) -> None:
-    """``DIAG_AFTER_CUT=1`` (with ``DIAG_CUT_AFTER``): right after the cut test, on its own device and stream (the
-    state in which it failed), `after_test` runs its pattern again in parts."""
-    cut = os.environ.get("DIAG_CUT_AFTER")
-    if os.environ.get("DIAG_AFTER_CUT") and cut and cut in item.nodeid and "cuda" in item.nodeid:
+    """``DIAG_AFTER_TEST=TEXT``: right after the CUDA test whose id holds TEXT, on its own device and stream (the
+    state in which it ran), `after_test` runs the copy test's pattern again in parts."""
+    target = os.environ.get("DIAG_AFTER_TEST")
+    if target and target in item.nodeid and "cuda" in item.nodeid:
         dev = item.funcargs.get("dev")
         if dev is not None:
             try:

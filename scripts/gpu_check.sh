@@ -95,10 +95,10 @@ done
 # failure message lists each bracket: benchmarks/HISTORY.md run 41)
 # COPY_VARIANTS: base (as the suite), streamsK (K idle streams made on cuda:0 before the test), primer-generic,
 # primer-none (dev/diag_suite_copy.py's DIAG_EXTRA_STREAMS and DIAG_PRIMER); ~80 s each; after the test, its pattern
-# again in parts on its own device (DIAG_AFTER_CUT)
+# again in parts on its own device (DIAG_AFTER_TEST)
 if [ "$NGPU" -ge 2 ]; then
   for v in ${COPY_VARIANTS:-base}; do
-    extra=(DIAG_AFTER_CUT=1); case $v in streams*) extra+=(DIAG_EXTRA_STREAMS="${v#streams}");; primer-*) extra+=(DIAG_PRIMER="${v#primer-}");; esac
+    extra=(DIAG_AFTER_TEST=copies_between_device_buffers); case $v in streams*) extra+=(DIAG_EXTRA_STREAMS="${v#streams}");; primer-*) extra+=(DIAG_PRIMER="${v#primer-}");; esac
     step "pytest up to the copy test, the whole suite collected ($v)" 240 70 env "${extra[@]}" DIAG_VARIANTS= DIAG_CUT_AFTER=copies_between_device_buffers python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=60 -p dev.diag_suite_copy tests
   done
 fi
@@ -107,7 +107,7 @@ step "dev/diag_fresh_clock (%globaltimer vs host, a fresh process's first 3 s)" 
 step "dev/diag_step_cupti (CUPTI step source: harvests by part)" 540 24 python3 -X faulthandler dev/diag_step_cupti.py --steps 600 --pairs 6 --devices "$NGPU" --variants ${CUPTI_VARIANTS:-default,harvest-2s,flush-only,toggle,alternate,no-flush}
 step "dev/diag_step_events (events step source: where the cost is)" 240 10 python3 -X faulthandler dev/diag_step_events.py --devices "$NGPU" --steps 150 --pairs 10 --variants alternate,toggle,default
 step "dev/diag_outliers (events vs CUPTI vs in-kernel stamps, back to back)" 240 30 python3 -X faulthandler dev/diag_outliers.py --rounds 5 --out "$OUT/outliers.txt"
-step "dev/diag_busy_pair (events vs CUPTI per busy sequence and hold)" 180 40 python3 -X faulthandler dev/diag_busy_pair.py --rounds 5 --reference cupti,torch --out "$OUT/busy_pair.txt"
+step "dev/diag_busy_pair (events vs CUPTI per busy sequence and hold)" 180 40 python3 -X faulthandler dev/diag_busy_pair.py --rounds 5 --reference cupti,torch,apart --out "$OUT/busy_pair.txt"
 step "dev/diag_copy_pair (copies between device buffers: the copy test's pattern, per position)" 150 20 python3 -X faulthandler dev/diag_copy_pair.py --rounds 60 --variants test,raw,tail,lead,slow --out "$OUT/copy_pair.txt"
 step "dev/diag_copy_pair gil (the same behind a busy Python thread: ~3 s a round)" 90 4 python3 -X faulthandler dev/diag_copy_pair.py --rounds 8 --variants gil --profile 25 --out "$OUT/copy_pair_gil.txt"
 step "dev/diag_gil_convoy (a busy Python thread: each call's cost)" 150 18 bash -c "python3 dev/diag_gil_convoy.py --calls 100 --seconds 5 && python3 dev/diag_gil_convoy.py --calls 100 --seconds 5 --switch-ms 0.5"

@@ -384,10 +384,10 @@ def _us(a_ns, b_ns) -> float:
 
 
 class _CopyWitness:
-    """What the copy test's failure message shows (it fails on some 2-GPU machines inside the full suite only):
-    per activity, events and CUPTI side by side, when the host issued it, whether it was held and which pooled events
-    bracketed it (letters: one per event); per round, the garbage collections, the holds the watchdog ended, the
-    excess CUPTI scopes had taught, the free events in the pool and the holds open on any GPU; the copy's buffers."""
+    """What the copy test's failure message shows: per activity, its round and source, start and duration, when the
+    host issued it, and for the events rounds whether it was held and which pooled events bracketed it (letters: one
+    per event); per round, the garbage collections, the holds the watchdog ended, the excess CUPTI scopes had taught,
+    the free events in the pool and the holds open on any GPU; the copy's buffers."""
 
     def __init__(self, monkeypatch, dev) -> None:
         import gc
@@ -442,11 +442,8 @@ class _CopyWitness:
         self.buffers = ", ".join(f"{p:#x} ({p % (2 << 20):#x} into 2 MiB)" for p in ptrs)
 
     def report(self, rows) -> str:
-        """``rows``: (round, events record, CUPTI record) for every activity, in order."""
-        lines = [
-            "round kind    events start, µs  dur    CUPTI start  dur      err  issued-end  held  events  (starts from"
-            " the round's first CUPTI start; issued: host)"
-        ]
+        """``rows``: (round, source, record) for every activity, in order."""
+        lines = ["round source kind     start, µs    dur  issued-end  held  events  (starts from the round's first)"]
         letters: dict[int, str] = {}
 
         def letter(h: int) -> str:
@@ -454,18 +451,21 @@ class _CopyWitness:
                 return "?"
             return letters.setdefault(h, chr(65 + len(letters) % 26) + str(len(letters) // 26 or ""))
 
-        pos: dict[int, int] = {}
         first: dict[int, int] = {}
-        for i, r_e, r_c in rows:
-            first.setdefault(i, r_c.start_ns)
-            k = pos[i] = pos.get(i, -1) + 1
-            got = self.held[i][k] if i < len(self.held) and k < len(self.held[i]) else ("?", "?", -1, -1)
-            held, events = got[1], f"{letter(got[2])}>{letter(got[3])}"
+        scope, pos, last = -1, 0, -1
+        for i, source, r in rows:
+            first.setdefault(i, r.start_ns)
+            if i != last:
+                last, pos = i, 0
+                scope += source == "events"
+            got = ("?", "?", -1, -1)
+            if source == "events" and 0 <= scope < len(self.held) and pos < len(self.held[scope]):
+                got = self.held[scope][pos]
+            pos += 1
+            events = f"{letter(got[2])}>{letter(got[3])}" if source == "events" else ""
             lines.append(
-                f"{i:5d} {r_e.kind:<7} {_us(r_e.start_ns, first[i]):+16.2f} {r_e.duration_ms * 1e3:6.2f}"
-                f" {_us(r_c.start_ns, first[i]):+12.2f} {r_c.duration_ms * 1e3:6.2f}"
-                f" {_us(r_e.duration_ms * 1e6, r_c.duration_ms * 1e6):+7.2f} {_us(r_e.issued_ns, r_c.end_ns):+11.1f}"
-                f"  {held!s:<5} {events}"
+                f"{i:5d} {source:<6} {r.kind:<7} {_us(r.start_ns, first[i]):+11.2f} {r.duration_ms * 1e3:6.2f}"
+                f" {_us(r.issued_ns, r.end_ns):+11.1f}  {got[1]!s:<5} {events}"
             )
         for i, r in enumerate(self.rounds):
             gcs = [(g, (t - r["t0_ns"]) / 1e6) for g, t in r["gc"]]
@@ -480,7 +480,13 @@ class _CopyWitness:
 def test_events_time_copies_between_device_buffers_as_cupti_does(dev, backend, monkeypatch):
     """A kernel then a 40 MB copy between device buffers, twice (the busy-stream case: each copy queued behind a
     kernel). Such a copy runs on a copy engine of its own: its bracket is primed with a copy of its kind every
-    time (unprimed it read +2 to +7 µs against CUPTI on H100), and loses the overhead measured for it."""
+    time (unprimed it read +2 to +7 µs against CUPTI on H100), and loses the overhead measured for it.
+
+    Events and CUPTI time rounds of their own, in turn, and the copies' durations are compared as distributions
+    (the i-th shortest of each). Nested in a CUPTI scope, the pair would count CUPTI's own instrumentation: on some
+    streams (2× H100, run 42: the test's stream, in 2-GPU suites) a copy recorded by CUPTI starts ~1 µs after the
+    event just before it, in two rounds of every four, where the same stream timed by events alone, or a new stream
+    timed nested, shows no such delay (`dev/diag_suite_copy.py`, ``DIAG_AFTER_TEST``)."""
     _cupti_or_skip(backend)
     n = 10_000_000
     a, b = dev.alloc(n), dev.alloc(n)
@@ -488,26 +494,27 @@ def test_events_time_copies_between_device_buffers_as_cupti_does(dev, backend, m
     s.copy(b, a)
     dev.synchronize()
     dev.clock()
-    errs, refs, rows = [], [], []
+    durs_us: dict[str, list[float]] = {"events": [], "cupti": []}
+    rows = []
     with _CopyWitness(monkeypatch, dev) as witness:
         witness.note_buffers(a, b)
-        for i in range(8):
+        for i in range(16):
             dev.synchronize()
             witness.round(i)
-            with gpu_timer(dev, source="cupti") as outer:
-                with gpu_timer(dev, source="events") as inner:
-                    for _ in range(2):
-                        s.spin_us(200)
-                        s.copy(b, a)
-            for r_e, r_c in zip(inner.records, outer.records, strict=True):
-                rows.append((i, r_e, r_c))
-                if r_e.kind == "memcpy":
-                    errs.append((r_e.duration_ms - r_c.duration_ms) * 1e3)
-                    refs.append(r_c.duration_ms * 1e3)
-    errs_a = np.array(errs)
-    bound = np.maximum(0.01 * np.array(refs), 1.0)  # the issue's tolerance: max(1 %, 1 µs)
-    ok = abs(np.median(errs_a)) <= 0.5 and np.mean(np.abs(errs_a) <= bound) >= 0.9
-    assert ok, witness.report(rows)
+            source = ("events", "cupti")[i % 2]
+            with gpu_timer(dev, source=source) as t:
+                for _ in range(2):
+                    s.spin_us(200)
+                    s.copy(b, a)
+            assert t.timeline.source == source, t.timeline.source_note
+            for r in t.records:
+                rows.append((i, source, r))
+                if r.kind == "memcpy":
+                    durs_us[source].append(r.duration_ms * 1e3)
+    ev, cu = np.sort(durs_us["events"]), np.sort(durs_us["cupti"])
+    bound = np.maximum(0.01 * cu, 1.0)  # the issue's tolerance: max(1 %, 1 µs)
+    ok = abs(np.median(ev) - np.median(cu)) <= 0.5 and np.mean(np.abs(ev - cu) <= bound) >= 0.9
+    assert ok, f"events {np.round(ev, 2)}\nCUPTI  {np.round(cu, 2)}\n" + witness.report(rows)
     a.free()
     b.free()
 
