@@ -630,6 +630,38 @@ def test_records_are_attributed_to_steps_by_their_union():
     assert list(r._end) == [12 * MS]
 
 
+def test_records_of_asyncgpus_own_streams_are_not_the_users(monkeypatch):
+    """The clock's calibration runs kernels, copies and sets on a stream of asyncgpu's own, inside a CUPTI step
+    timer's life (one H100, run 42: its ping kernel was the top kernel of a user's steps). Such records count in
+    neither the busy time nor the names; the same stream id on another device is that device's user's."""
+    from asyncgpu._backends import cupti
+    from asyncgpu._timing.step_cupti import StepRecords
+
+    batch = cupti.RecordBatch.from_tuples(
+        [
+            ("kernel", 0, 10, 1, 0, 5, "asyncgpu_clock_pingpong"),  # cuda:0, its clock's stream (CUPTI id 5)
+            ("memcpy", 10, 12, 2, 0, 5, "memcpy"),
+            ("kernel", 20, 25, 3, 0, 7, "users_kernel"),
+            ("kernel", 30, 34, 4, 1, 5, "other_gpus_kernel"),  # cuda:1's stream 5 is not asyncgpu's
+        ]
+    )
+    monkeypatch.setattr(cupti, "flush_batch", lambda channel: (batch, {}))
+    monkeypatch.setattr(cupti, "host_offset_ns", lambda samples=16: 0)
+    asked = []
+
+    def stream_id(context, handle):
+        asked.append((context, handle))
+        return {(11, 22): 5}.get((context, handle))
+
+    monkeypatch.setattr(cupti, "stream_id", stream_id)
+    r = StepRecords([0, 1], own=lambda: [(0, 11, 22), (1, 11, 99)])
+    assert r.take() == 4
+    assert sorted(zip(r._start.tolist(), r._end.tolist())) == [(20.0, 25.0), (30.0, 34.0)]
+    assert r.names == [{"users_kernel": [1, 5.0]}, {"other_gpus_kernel": [1, 4.0]}]
+    r.take()
+    assert asked == [(11, 22), (11, 99)]  # (each stream's id asked once)
+
+
 def _covered_by_hand(intervals, lo, hi):
     """How much of ``[lo, hi]`` the union of ``intervals`` covers, one interval at a time."""
     merged = []

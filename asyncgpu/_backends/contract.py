@@ -119,6 +119,12 @@ class BackendDevice(ABC):
         """Whether everything enqueued on ``raw_stream`` has run (a snapshot). Any thread; never blocks."""
         return True
 
+    def own_streams(self) -> list[tuple[int, int]]:
+        """The streams only asyncgpu's own work runs on (the clock's calibration, the marks), as ``(context
+        handle, stream handle)``: a profiler's records of work on them are not the user's. Any thread; never
+        blocks."""
+        return []
+
     def progressed(self, token: Any) -> None:  # noqa: B027 - optional: paired with a watched `hold`
         """Say that the thread that made the watched hold ``token`` got one step further in enqueuing what the
         hold spans (a record, the work): a thread that goes on, however slowly (it waits for the GIL behind

@@ -434,6 +434,18 @@ def pop(channel: int) -> None:
     _api.activity_pop_external_correlation_id(_ext_kinds[channel])
 
 
+def stream_id(context: int, handle: int) -> int | None:
+    """CUPTI's id of the stream whose driver handle is ``handle``, of context ``context`` (the ``stream`` of its
+    records), or None where CUPTI cannot tell (a closed stream). Needs the CUPTI session (`acquire`); any thread;
+    never blocks."""
+    from cupti import cupti
+
+    try:
+        return int(cupti.get_stream_id_ex(context, handle, 0))
+    except cupti.cuptiError:
+        return None
+
+
 def host_offset_ns(samples: int = 16) -> int:
     """CUPTI's timestamp minus ``time.perf_counter_ns()`` (ns): CUPTI puts every device's times on one clock of
     its own (not the devices' ``%globaltimer``, which may be ~0.1 ms off it), so this one offset places them on

@@ -6,7 +6,8 @@ launch costs the loop nothing beyond CUPTI's own instrumentation, and no API rec
 is open. The harvest thread flushes the channel at its own cadence (never the loop's thread), converts the records
 to host time in bulk (numpy), and for each finished step and device gives the time the device was busy inside its
 step window (the union of the records' intervals between the step's two events) and the part of it before the host
-had issued the step. Records are kept until the steps they may belong to are harvested, at most `MAX_RECORDS`.
+had issued the step. Records of asyncgpu's own streams (the clock's calibration: `own`) are not the user's work and
+are dropped. Records are kept until the steps they may belong to are harvested, at most `MAX_RECORDS`.
 Kernel names are counted per device (the `MAX_NAMES` busiest, the rest as ``"(other)"``).
 
 Threads: the harvest thread only; the name totals are read from any thread under `StepRecords.names_lock`.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -36,8 +38,12 @@ class StepRecords:
     then takes it back from the loop's threads (4 H100s, run 35: the harvests' parse and attribution cost the loop
     ~2 % of its time), so their number, not the records', is what a harvest costs the loop."""
 
-    def __init__(self, ordinals: list[int]) -> None:
+    def __init__(self, ordinals: list[int], own: Callable[[], list[tuple[int, int, int]]] | None = None) -> None:
+        """``own``: the ``(CUDA ordinal, context handle, stream handle)`` of each stream asyncgpu's own work runs on
+        now (called at each `take`: the clock's stream may be made after the timer starts)."""
         self._ordinals = np.asarray(ordinals, np.int64)
+        self._own = own
+        self._own_ids: dict[tuple[int, int, int], int | None] = {}  # `own`'s triple -> ordinal << 32 | CUPTI's id
         self._order = np.argsort(self._ordinals)  # (to find a record's column by its device's ordinal)
         self._ncols = len(ordinals)
         self._start = np.empty(0)  # host ns
@@ -63,6 +69,9 @@ class StepRecords:
         at = np.searchsorted(self._ordinals, batch.device, sorter=self._order)
         cols = self._order[np.minimum(at, self._ncols - 1)]
         mine = self._ordinals[cols] == batch.device  # (records of devices the timer does not time: dropped)
+        own = self._own_keys()
+        if len(own):
+            mine &= ~np.isin((batch.device.astype(np.int64) << 32) | batch.stream, own)
         cols = cols[mine]
         start = batch.start_ns[mine].astype(np.float64) - self._offset_ns
         end = batch.end_ns[mine].astype(np.float64) - self._offset_ns
@@ -89,6 +98,21 @@ class StepRecords:
             self.lost += extra
             self._start, self._end, self._col = self._start[extra:], self._end[extra:], self._col[extra:]
         return n
+
+    def _own_keys(self) -> np.ndarray:
+        """``ordinal << 32 | CUPTI's stream id`` of asyncgpu's own streams (`own`), as the records key them."""
+        if self._own is None:
+            return np.empty(0, np.int64)
+        keys = []
+        for key in self._own():
+            if key not in self._own_ids:
+                ordinal, context, handle = key
+                sid = cupti.stream_id(context, handle)
+                self._own_ids[key] = None if sid is None else (ordinal << 32) | sid
+            k = self._own_ids[key]
+            if k is not None:
+                keys.append(k)
+        return np.array(keys, np.int64)
 
     def measured(
         self, start_ns: np.ndarray, end_ns: np.ndarray, issued_ns: np.ndarray

@@ -509,7 +509,11 @@ class StepTimer:
         tens of ms; async entries run it in a worker thread)."""
         self.source, self.source_note = cupti.choose(self._source_arg, self.devices, cupti.STEPS, "this step timer")
         if self.source == "cupti":
-            self._cupti = StepRecords([d.index for d in self.devices])
+            devs = self.devices
+            self._cupti = StepRecords(
+                [d.index for d in devs],
+                own=lambda: [(d.index, c, h) for d in devs for c, h in d._internal.bd.own_streams()],
+            )
             self._names = self._cupti.names, self._cupti.names_lock  # (kept after the timer ends)
 
     def _start(self) -> None:

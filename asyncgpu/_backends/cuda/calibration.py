@@ -90,6 +90,16 @@ def host_pingpong(words: Any, flag: int, acks: Any, first: int, n: int, timeout_
 class ClockMixin(CudaDeviceBase):
     """`CudaDevice`'s clock calibration."""
 
+    def own_streams(self) -> list[tuple[int, int]]:
+        cal, marker = self._cal, self._marker
+        out = []
+        for s in (cal.stream if cal is not None else None, marker):
+            if s is not None:
+                err, ctx = self._drv.d.cuStreamGetCtx(s[1])
+                if err is self._drv.SUCCESS:
+                    out.append((int(ctx), s[2]))
+        return out
+
     def _calibration(self) -> _Calibration:
         if self._cal is None:
             with self._kernel_lock:
