@@ -1,11 +1,12 @@
-"""Why `test_events_time_copies_between_device_buffers_as_cupti_does` fails on 2× H100 inside the full suite only
-(runs 40-41: the second copy of rounds 2, 3, 6 and 7, counted from 0, in five runs on four machines; its data movement
-starts ~1 µs after its start event, which CUPTI does not count; held, no garbage collection, no watchdog rescue, and
-not the clock's re-measure). The test's pattern, in blocks of 8 rounds on a fresh device each (as the test's
-fixture), per round: copy 2's start against copy 1's (events − CUPTI, µs; the clock's placement is common to both),
-both errors, and the calibration's age at the round's start. Variants:
+"""Why `test_events_time_copies_between_device_buffers_as_cupti_does` failed on 2× H100 inside the full suite only
+(runs 39-42, while it nested events inside a CUPTI scope: the second copy of rounds 2, 3, 6 and 7, counted from 0; its
+data movement started ~1 µs after its start event). Found in run 42 with ``DIAG_AFTER_TEST`` (`after_test`): CUPTI's
+instrumentation of the copy, on some streams only, which the pair around it counted; events alone show no delay. The
+test's pattern, in blocks of 8 rounds on a fresh device each (as the test's fixture), per round: copy 2's start
+against copy 1's (events − CUPTI, µs; the clock's placement is common to both), both errors, and the calibration's
+age at the round's start. Variants:Variants:
 
-* ``test``: as the test;
+* ``test``: the pattern, nested;
 * ``shiftK``: K extra untimed 1 µs spins before each round's synchronize (moves where each round's commands fall in
   the stream's command queue, nothing else);
 * ``noage``: the clock measured at the block's start and never again (``max_clock_age_s=inf``);
@@ -171,51 +172,37 @@ def pytest_runtest_teardown(item) -> None:
         _EXTRA.pop().close()
 
 
-def _say(line: str) -> None:  # (pytest captures sys.stdout during a test)
+def _say(line: str) -> None:
+    """Print (pytest shows it only with a failing test's output: it captures the process's stdout during a test), and
+    append to ``DIAG_OUT`` where set."""
     sys.__stdout__.write(line + "\n")
     sys.__stdout__.flush()
-
-
-def _busy_streams() -> str:
-    """The process's live cuda.core streams (found by the garbage collector), and those with work not done."""
-    import gc
-    import warnings
-
-    from cuda.bindings import driver as d
-    from cuda.core import Stream
-
-    with warnings.catch_warnings():  # (isinstance reads __class__: some of torch's objects warn on that)
-        warnings.simplefilter("ignore")
-        live = [o for o in gc.get_objects() if isinstance(o, Stream)]
-    busy = []
-    for st in live:
-        try:
-            err = d.cuStreamQuery(st.handle)[0]
-        except Exception as exc:  # (a closed stream)
-            busy.append(f"{st!r}: {exc}")
-            continue
-        if err != d.CUresult.CUDA_SUCCESS:
-            busy.append(f"{int(st.handle):#x} on cuda:{st.device.device_id}: {err.name}")
-    return f"{len(live)} live cuda.core streams; not idle: {busy or 'none'}"
+    out = os.environ.get("DIAG_OUT")
+    if out:
+        with open(out, "a") as f:
+            f.write(line + "\n")
 
 
 def after_test(dev, say) -> None:
-    """The copy test's pattern again, on the test's own device and stream, in parts (8 rounds each), to tell where
-    the late start of the second copy comes from: per round, copy 2's events − CUPTI duration error and the gap from
-    the spin's end to the copy's start by each source (µs).
+    """The copy test's pattern again, on the test's own device and stream, in parts (8 rounds each): per round, copy
+    2's events − CUPTI duration error and the gap from the spin's end to the copy's start by each source (µs).
 
-    * ``test``: as the test (events nested in a CUPTI scope);
-    * ``events``: events only (copy 2's duration, and copy 2 − copy 1: the +1 µs without CUPTI running?);
-    * ``cupti``: CUPTI only (the gap from spin 2's end to copy 2's start: late without the events?);
-    * ``stream``: as the test, on a new stream of the same device;
-    * ``long``: as the test, 16 rounds (the period)."""
+    * ``nested``: events nested in a CUPTI scope (the copy test until run 42);
+    * ``events``: events only (copy 2's duration and gap);
+    * ``cupti``: CUPTI only (copy 2's duration and gap);
+    * ``stream``: nested, on a new stream of the same device;
+    * ``long``: nested, 16 rounds (the period).
+
+    Run 42 (2× H100, where the test failed): nested, copy 2 of rounds 2, 3, 6, 7 of every 8 starts ~1 µs after its
+    start event; events alone, no such delay; a new stream, none: CUPTI's instrumentation of the copy, counted by a
+    pair around it, on some streams only."""
     from asyncgpu import gpu_timer
 
-    say(f"\n== after the cut test, its device: {_busy_streams()}")
+    say("\n== the copy test's pattern again, on its device, right after it")
     n = 10_000_000
     a, b = dev.alloc(n), dev.alloc(n)
     s_new = dev.create_stream()  # (closed with the device)
-    for part in ("test", "events", "cupti", "stream", "long"):
+    for part in ("nested", "events", "cupti", "stream", "long"):
         s = s_new if part == "stream" else dev.stream
         s.copy(b, a)
         dev.synchronize()
@@ -246,7 +233,6 @@ def after_test(dev, say) -> None:
         say(f"{part:<7} ({what}): " + "  ".join(cells))
     a.free()
     b.free()
-    say(f"after: {_busy_streams()}")
 
 
 def pytest_collection_modifyitems(config, items) -> None:
@@ -259,19 +245,10 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:  # (after the suite: its state is this probe's subject)
-    out = os.environ.get("DIAG_OUT")
-
-    def say(line: str) -> None:  # (pytest may still capture sys.stdout here)
-        sys.__stdout__.write(line + "\n")
-        sys.__stdout__.flush()
-        if out:
-            with open(out, "a") as f:
-                f.write(line + "\n")
-
     variants = os.environ.get("DIAG_VARIANTS", VARIANTS)
     if variants:  # (DIAG_VARIANTS= : the session only)
-        say("\n== dev/diag_suite_copy after the session")
-        run(int(os.environ.get("DIAG_BLOCKS", "4")), variants, say)
+        _say("\n== dev/diag_suite_copy after the session")
+        run(int(os.environ.get("DIAG_BLOCKS", "4")), variants, _say)
 
 
 def main() -> None:
