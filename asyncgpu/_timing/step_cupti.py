@@ -100,19 +100,15 @@ class StepRecords:
         return n
 
     def _own_keys(self) -> np.ndarray:
-        """``ordinal << 32 | CUPTI's stream id`` of asyncgpu's own streams (`own`), as the records key them."""
-        if self._own is None:
-            return np.empty(0, np.int64)
-        keys = []
-        for key in self._own():
-            if key not in self._own_ids:
-                ordinal, context, handle = key
-                sid = cupti.stream_id(context, handle)
-                self._own_ids[key] = None if sid is None else (ordinal << 32) | sid
-            k = self._own_ids[key]
-            if k is not None:
-                keys.append(k)
-        return np.array(keys, np.int64)
+        """``ordinal << 32 | CUPTI's stream id`` of asyncgpu's own streams (`own`), as the records key them: every
+        one seen while the timer ran (a flush after a device closed still holds its calibration's records)."""
+        if self._own is not None:
+            for key in self._own():
+                if key not in self._own_ids:
+                    ordinal, context, handle = key
+                    sid = cupti.stream_id(context, handle)
+                    self._own_ids[key] = None if sid is None else (ordinal << 32) | sid
+        return np.array([k for k in self._own_ids.values() if k is not None], np.int64)
 
     def measured(
         self, start_ns: np.ndarray, end_ns: np.ndarray, issued_ns: np.ndarray
