@@ -32,19 +32,23 @@ def _hold(dev, s):
     return lambda: dev._internal.bd.release(token)
 
 
-async def _ticking(producer, release, after_s: float = 0.3, limit_s: float | None = None) -> np.ndarray:
+async def _ticking(
+    producer, release, after_s: float = 0.3, limit_s: float | None = None, ticks_ns: list[int] | None = None
+) -> np.ndarray:
     """Run ``producer()`` beside a 1 ms ticker (each tick 1 ms after the last: one stall makes one late tick),
     with the holds ``release`` released from another thread after ``after_s``; returns how late each tick ran
-    (ms, the first left out). The collector is off meanwhile: its pauses are not asyncgpu's (a full collection in
-    a young process took ~20 ms on a GPU host)."""
+    (ms, the first left out), and appends to ``ticks_ns`` when each ran (``perf_counter_ns``). The collector is off
+    meanwhile: its pauses are not asyncgpu's (a full collection in a young process took ~20 ms on a GPU host)."""
     late_ns: list[int] = []
+    at_ns = ticks_ns if ticks_ns is not None else []
     stop = threading.Event()
 
     async def ticker():
         while not stop.is_set():
             nxt = time.perf_counter_ns() + 1_000_000
             await anyio.sleep(0.001)
-            late_ns.append(time.perf_counter_ns() - nxt)
+            at_ns.append(time.perf_counter_ns())
+            late_ns.append(at_ns[-1] - nxt)
 
     async def produce():
         try:
@@ -170,23 +174,35 @@ async def test_launches_wait_for_room_and_the_loop_keeps_ticking(backend):
     release = [_hold(dev, s) for s in dev.streams]
     most_queued = [0]
     events = []
+    long_ns: list[tuple[int, int, int]] = []  # the producer's stretches on the loop over 0.5 ms: (ns, launch, at)
+    t0_ns = time.perf_counter_ns()
 
     async def producer():
         for i in range(10_000):
             s = dev.streams[i % 8]
             await s.room()
+            a = time.perf_counter_ns()
             s.spin_us(0)
             most_queued[0] = max(most_queued[0], s._internal.queued())
             if i % 10 == 0:
                 events.append(s.record(timing=False))
+            if time.perf_counter_ns() - a > 500_000:
+                long_ns.append((time.perf_counter_ns() - a, i, a))
         for ev in events:
             await ev.wait()
             ev.release()
 
-    late_ms = await _ticking(producer, release)
+    ticks_ns: list[int] = []
+    late_ms = await _ticking(producer, release, ticks_ns=ticks_ns)
     assert most_queued[0] <= stream_mod.QUEUE_BOUND
     assert len(late_ms) > 100
-    worst = f"{late_ms.max():.1f} ms; ticks 2 ms late or more: {np.round(late_ms[late_ms >= 2.0], 1).tolist()}"
+    at_ms = (np.asarray(ticks_ns[1:]) - t0_ns) / 1e6
+    late = [(round(float(x), 1), round(float(t))) for x, t in zip(late_ms, at_ms) if x >= 2.0]
+    worst = (
+        f"{late_ms.max():.1f} ms; ticks 2 ms late or more (ms late, at ms from the start; the holds end at 300):"
+        f" {late}; the producer's launches and records over 0.5 ms (ms, launch, at ms):"
+        f" {[(n / 1e6, i, (a - t0_ns) / 1e6) for n, i, a in long_ns]}"
+    )
     if backend == "host":
         # Host streams are 8 Python threads that contend for the GIL once released (stalls of tens of ms): the
         # bound only says the loop never froze for the hold (300 ms).
