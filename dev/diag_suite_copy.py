@@ -13,7 +13,7 @@ age at the round's start. Variants:Variants:
 * ``everyround``: the clock measured at every scope's exit (``max_clock_age_s=1e-6``).
 
 ``--peer`` runs them again after a copy from cuda:1 to cuda:0 and back (each GPU's memory pool then readable by the
-other, as the suite's two-GPU tests leave them: the test fails in 2-GPU suites only).
+other, as the suite's two-GPU tests leave them: the nested test failed in 2-GPU suites only).
 
 As a pytest plugin it runs after the session (the suite's state: ``python -m pytest -p dev.diag_suite_copy tests``;
 ``DIAG_VARIANTS=`` runs none, ``DIAG_CUT_AFTER=TEXT`` ends the session after the last test whose id holds TEXT,

@@ -91,8 +91,8 @@ for r in $(seq "${REPEAT:-1}"); do  # (REPEAT=3: three runs in a row, each its o
   step "pytest, every GPU$run" 420 6 python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=60 tests "$@"
   step "pytest -m gpu, one GPU$run" 150 2 env CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -p no:cacheprovider -m gpu tests "$@"
 done
-# (2+ GPUs: the suite's first tests, the whole suite collected, up to the copy test that fails in 2-GPU suites; its
-# failure message lists each bracket: benchmarks/HISTORY.md run 41)
+# (2+ GPUs: the suite's first tests, the whole suite collected, up to the copy test, which failed in 2-GPU suites
+# while it nested events inside CUPTI: benchmarks/HISTORY.md runs 41-42)
 # COPY_VARIANTS: base (as the suite), streamsK (K idle streams made on cuda:0 before the test), primer-generic,
 # primer-none (dev/diag_suite_copy.py's DIAG_EXTRA_STREAMS and DIAG_PRIMER); ~80 s each; after the test, its pattern
 # again in parts on its own device (DIAG_AFTER_TEST)
