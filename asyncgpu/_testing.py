@@ -22,10 +22,13 @@ def leftovers() -> dict[str, object]:
     """End what a failed test left open and close every worker (`asyncgpu.close_all`), then say what was left:
     ``{"threads": [names of asyncgpu's threads still alive], "open holds": [a line per hold not ended once the test's
     work was issued, ended now (`asyncgpu._backends.end_open_holds`)], "held-launch users": n, "timing_begin": n
-    (functional scopes that were never ended: ended now), "CUPTI users": n}``. Blocks while the workers join."""
+    (functional scopes that were never ended: ended now), "CUPTI users": n}``. The holds are read once the calls
+    queued on the workers' threads have run (a clock refresh the test queued holds its calibration stream while it
+    runs: open then, but not left open), at most `SETTLE_TIMEOUT_S` per worker. Blocks while the workers join."""
     begun = list(functional._functional)
     for t in begun:
         functional.timing_end(t)
+    _settle_workers(SETTLE_TIMEOUT_S)
     held = hooks.HOLD_USERS
     holds = end_open_holds()  # (before the workers close: closing a CUDA device ends every hold of the process)
     select.close_all()
@@ -36,6 +39,23 @@ def leftovers() -> dict[str, object]:
         "timing_begin": len(begun),
         "CUPTI users": cupti.users(),  # (after the workers are joined: a clock calibration holds CUPTI briefly)
     }
+
+
+#: (seconds) how long `leftovers` waits for each worker's queued calls before it reads the holds
+SETTLE_TIMEOUT_S = 5.0
+
+
+def _settle_workers(timeout_s: float) -> None:
+    """Wait until each open device's worker thread has run what was queued on it before now (at most ``timeout_s``
+    each; a worker whose thread never started has nothing queued)."""
+    for dev in select.opened():
+        worker = dev._internal.worker
+        thread = worker.thread
+        if thread is None or not thread.is_alive():
+            continue
+        done = threading.Event()
+        if worker.call_soon(done.set):
+            done.wait(timeout_s)
 
 
 def assert_quiescent(*, cupti_users_before: int = 0) -> None:

@@ -83,7 +83,8 @@ class Worker:
         return self._thread
 
     def busy(self) -> bool:
-        """Whether a job runs or waits to (a snapshot). Never blocks."""
+        """Whether a job or a library call (`call_soon`, `give`) runs or waits to (a snapshot; one taken from the
+        queue but not begun yet may read as not busy). Never blocks."""
         return self._running or not self._queue.empty()
 
     def start(self) -> None:
@@ -240,10 +241,13 @@ class Worker:
             self._make_current()  # (a driver call, a free too, runs in the device's context)
         except Exception:  # noqa: BLE001 - a failed device: the call runs all the same (a free must happen)
             pass
+        self._running = True  # (`busy`: a library call, a clock refresh say, runs as long as a job may)
         try:
             item.fn()
         except Exception as exc:  # noqa: BLE001 - reported; the worker goes on
             report_unraisable(exc, "asyncgpu: a worker thread's job failed", item.fn)
+        finally:
+            self._running = False
 
     def _drain(self) -> None:
         """After the stop: jobs still queued fail with `ClosedError`; objects to drop are dropped here."""
