@@ -101,10 +101,12 @@ class StepRecords:
 
     def _own_keys(self) -> np.ndarray:
         """``ordinal << 32 | CUPTI's stream id`` of asyncgpu's own streams (`own`), as the records key them: every
-        one seen while the timer ran (a flush after a device closed still holds its calibration's records)."""
+        one seen while the timer ran (a flush after a device closed still holds its calibration's records). A
+        stream CUPTI cannot name yet is asked again at the next flush (its id is not known before CUPTI has seen
+        work on it: a stream made before the session)."""
         if self._own is not None:
             for key in self._own():
-                if key not in self._own_ids:
+                if self._own_ids.get(key) is None:
                     ordinal, context, handle = key
                     sid = cupti.stream_id(context, handle)
                     self._own_ids[key] = None if sid is None else (ordinal << 32) | sid
