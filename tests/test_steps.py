@@ -820,6 +820,7 @@ def test_the_cupti_source_times_the_kernels_inside_each_step_on_a_gpu():
             dev.synchronize()
             if i == 3:
                 dev.clock(refresh=True)
+        own = st._cupti._own_ids  # (asyncgpu's own streams: their CUPTI ids, None where CUPTI could not name one)
     assert st.source == "cupti"
     busy = np.array([r.devices[0].busy_ms for r in st.steps()])
     # the spins' own time plus their launch and exit, less what the two clocks' placements (CUPTI's and the step
@@ -827,7 +828,6 @@ def test_the_cupti_source_times_the_kernels_inside_each_step_on_a_gpu():
     assert np.all((busy >= 0.4 - 0.004) & (busy < 0.4 + 0.02)), busy
     top = st.kernels()[dev.name]
     assert top[0][0] == "asyncgpu_spin" and top[0][1] >= 16, top
-    own = st._cupti._own_ids  # (asyncgpu's own streams: their CUPTI ids, None where CUPTI could not name one)
     assert not any(name.startswith("asyncgpu_clock") for name, _, _ in top), (top, own)
     assert cupti.available()[0]  # released at the exit
     _quiet([dev])
