@@ -7,6 +7,8 @@ needs NVRTC too: the built-in kernels it launches are compiled at run time.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import importlib.util
 
 import pytest
@@ -43,6 +45,22 @@ def pytest_collection_modifyitems(config, items):
 
 
 BACKENDS = ["host", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@contextlib.contextmanager
+def collector_off():
+    """Collect, then keep Python's cyclic collector off for the body: a test that asserts the host did not stall
+    (a balance verdict, a wake-up) must not time a full collection. In this suite a generation-2 collection takes
+    ~30 ms after one test file and 120-160 ms late in a full GPU suite, and a report rightly calls that time
+    host-bound (run 43: a stagger test on the host backend, a balance test on 2x H200 and 4x H100)."""
+    gc.collect()
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
 
 
 @pytest.fixture(autouse=True)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import gc
 import threading
 import time
 import warnings
@@ -15,6 +14,8 @@ import pytest
 import asyncgpu
 from asyncgpu import gpu_timer, kernel
 from asyncgpu.errors import BlockingCallWarning
+
+from .conftest import collector_off
 
 pytestmark = pytest.mark.anyio
 
@@ -181,9 +182,7 @@ async def test_an_events_scopes_entry_sets_up_its_launches_on_the_workers_not_th
             ticks.append(time.perf_counter())
             await anyio.sleep(setup_s / 10)
 
-    gc.collect()  # a full collection late in the suite holds the loop 0.2-0.26 s: not the library's stall
-    gc.disable()
-    try:
+    with collector_off():  # (a full collection late in the suite held the loop 0.2-0.26 s: not the library's stall)
         async with anyio.create_task_group() as tg:
             tg.start_soon(ticker)
             await anyio.sleep(setup_s / 5)
@@ -192,8 +191,6 @@ async def test_an_events_scopes_entry_sets_up_its_launches_on_the_workers_not_th
                 entry_s = time.perf_counter() - t0
                 two_devs[0].stream.spin_us(10)
             tg.cancel_scope.cancel()
-    finally:
-        gc.enable()
     assert sorted(done.values()) == sorted(f"asyncgpu-{d.name}-worker" for d in two_devs)
     assert entry_s < 1.8 * setup_s, f"the devices were set up one after the other: {entry_s * 1e3:.0f} ms"
     during = [b - a for a, b in zip(ticks, ticks[1:]) if b > t0 and a < t0 + entry_s]

@@ -16,6 +16,8 @@ from asyncgpu._runtime import engine as engine_mod
 from asyncgpu._runtime.stream import SEQ_BITS
 from asyncgpu.errors import BlockingCallWarning, NotReadyError, NotRecordedError, PoolExhaustedError
 
+from .conftest import collector_off
+
 pytestmark = pytest.mark.anyio
 
 
@@ -65,17 +67,11 @@ async def test_wait_on_a_done_event_is_a_checkpoint(dev):
 async def test_cancelled_wait_returns_promptly_and_leaks_nothing(dev):
     dev.stream.spin_us(300_000)
     ev = dev.record()
-    # The collector is off for the timed window: late in one full GPU suite (trio, cuda) the window read 158 ms,
-    # not seen in 12 runs of this file alone; a full collection in a process that ran the suite is the suspect.
-    gc.collect()
-    gc.disable()
-    try:
+    with collector_off():  # (late in one full GPU suite, trio, cuda: the window read 158 ms)
         t0 = time.perf_counter()
         with anyio.move_on_after(0.02):
             await ev.wait()
         took_s = time.perf_counter() - t0
-    finally:
-        gc.enable()
     assert took_s < 0.15
     assert dev._internal.engine.pending == 0
     assert not ev.query()

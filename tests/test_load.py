@@ -8,7 +8,6 @@ left behind, the loop keeps running while launches wait for room.
 from __future__ import annotations
 
 import contextlib
-import gc
 import threading
 import time
 
@@ -21,6 +20,8 @@ from asyncgpu._runtime import engine as engine_mod
 from asyncgpu._runtime import internal as device_internal
 from asyncgpu._runtime import stream as stream_mod
 from asyncgpu.errors import BlockingCallWarning, QueueFullError
+
+from .conftest import collector_off
 
 pytestmark = pytest.mark.anyio
 
@@ -57,16 +58,10 @@ async def _ticking(
             stop.set()
 
     threading.Timer(after_s, lambda: [r() for r in release]).start()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        with anyio.fail_after(limit_s) if limit_s is not None else contextlib.nullcontext():
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(ticker)
-                tg.start_soon(produce)
-    finally:
-        if was_enabled:
-            gc.enable()
+    with collector_off(), anyio.fail_after(limit_s) if limit_s is not None else contextlib.nullcontext():
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ticker)
+            tg.start_soon(produce)
     return np.asarray(late_ns[1:]) / 1e6
 
 
