@@ -50,9 +50,10 @@ BACKENDS = ["host", pytest.param("cuda", marks=pytest.mark.gpu)]
 @contextlib.contextmanager
 def collector_off():
     """Collect, then keep Python's cyclic collector off for the body: a test that asserts the host did not stall
-    (a balance verdict, a wake-up) must not time a full collection. In this suite a generation-2 collection takes
-    ~30 ms after one test file and 120-160 ms late in a full GPU suite, and a report rightly calls that time
-    host-bound (run 43: a stagger test on the host backend, a balance test on 2x H200 and 4x H100)."""
+    (a balance verdict, a wake-up) must not time a full collection, which a report rightly calls host-bound time.
+    Measured: a generation-2 collection takes ~30 ms after test_report.py alone, and there failed a stagger test
+    on the host backend (run 43). Stalls of 120-260 ms late in full GPU suites (a balance test on 2x H200 and
+    4x H100, run 43; a wake-up and a set-up test before) are thought to be the same, on the suite's larger heap."""
     gc.collect()
     was_on = gc.isenabled()
     gc.disable()
