@@ -478,13 +478,50 @@ class _CopyWitness:
         return "\n".join(lines)
 
 
+def _median_difference_interval(a, b, level: float = 0.95, resamples: int = 4000) -> tuple[float, float]:
+    """The bootstrap interval (percentile, seeded) of median(a) − median(b), each sample resampled on its own."""
+    rng = np.random.default_rng(0)
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    da = np.median(rng.choice(a, (resamples, len(a))), axis=1)
+    db = np.median(rng.choice(b, (resamples, len(b))), axis=1)
+    tail = 100 * (1 - level) / 2
+    lo, hi = np.percentile(da - db, [tail, 100 - tail])
+    return float(lo), float(hi)
+
+
+def test_the_copy_tests_judge_sees_a_bias_and_not_a_draw_of_clusters():
+    """The copy test's judge (the interval of the medians' difference against ±0.3 µs), on run 43's one-H100
+    copies as the population: a shift of 1 µs is seen in most draws and two draws of the same copies in none,
+    where a fixed 0.5 µs bound on 16 copies of each failed about one draw in eight (the failures seen)."""
+    pop = np.array(
+        [29.57, 29.6, 29.7, 29.79, 29.89, 29.89, 29.89, 29.92, 29.92, 30.11, 30.31, 30.46, 30.46, 30.72, 30.82]
+        + [30.94, 29.73, 29.76, 29.79, 29.95, 29.98, 30.24, 30.27, 30.46, 30.5, 30.59, 30.66, 30.69, 30.88]
+        + [31.17, 31.65, 31.78]
+    )
+    rng = np.random.default_rng(1)
+
+    def biased(a, b) -> bool:
+        lo, hi = _median_difference_interval(a, b, resamples=500)
+        return not (lo <= 0.3 and hi >= -0.3)
+
+    draws = [(rng.choice(pop, 32), rng.choice(pop, 32)) for _ in range(40)]
+    assert sum(biased(a, b) for a, b in draws) <= 1
+    assert sum(biased(a + 1.0, b) for a, b in draws) >= 30
+
+
 def test_events_time_copies_between_device_buffers_as_cupti_does(dev, backend, monkeypatch):
     """A kernel then a 40 MB copy between device buffers, twice (the busy-stream case: each copy queued behind a
     kernel). Such a copy runs on a copy engine of its own: its bracket is primed with a copy of its kind every
     time (unprimed it read +2 to +7 µs against CUPTI on H100), and loses the overhead measured for it.
 
     Events and CUPTI time rounds of their own, in turn, and the copies' durations are compared as distributions
-    (the i-th shortest of each). Nested in a CUPTI scope, the pair would count CUPTI's own instrumentation: on some
+    (the i-th shortest of each): ≥ 90 % within max(1 %, 1 µs), the issue's tolerance. The copies themselves differ
+    from round to round by more than the p50 bias the issue allows (on H100 and H200 alike: 22.2 to 25.0 µs in one
+    run, in clusters), so the medians' difference is judged against its own noise: the test fails when the 95 %
+    bootstrap interval of events' median − CUPTI's lies wholly outside ±0.3 µs (a bias shown beyond the bound),
+    not on a draw of clusters (run 43: −0.56 and −0.59 µs, one run in three on one H100 and on 2× H200, where a
+    fixed 0.5 µs bound on 16 copies of each failed). It sees a 1 µs bias in ~9 runs of 10, 0.8 µs in half.
+    Nested in a CUPTI scope, the pair would count CUPTI's own instrumentation: on some
     streams (2× H100, run 42: the test's stream, in 2-GPU suites) a copy recorded by CUPTI starts ~1 µs after the
     event just before it, in two rounds of every four, where the same stream timed by events alone, or a new stream
     timed nested, shows no such delay (`dev/diag_suite_copy.py`, ``DIAG_AFTER_TEST``)."""
@@ -499,7 +536,7 @@ def test_events_time_copies_between_device_buffers_as_cupti_does(dev, backend, m
     rows = []
     with _CopyWitness(monkeypatch, dev) as witness:
         witness.note_buffers(a, b)
-        for i in range(16):
+        for i in range(32):
             dev.synchronize()
             witness.round(i)
             source = ("events", "cupti")[i % 2]
@@ -514,8 +551,13 @@ def test_events_time_copies_between_device_buffers_as_cupti_does(dev, backend, m
                     durs_us[source].append(r.duration_ms * 1e3)
     ev, cu = np.sort(durs_us["events"]), np.sort(durs_us["cupti"])
     bound = np.maximum(0.01 * cu, 1.0)  # the issue's tolerance: max(1 %, 1 µs)
-    ok = abs(np.median(ev) - np.median(cu)) <= 0.5 and np.mean(np.abs(ev - cu) <= bound) >= 0.9
-    assert ok, f"events {np.round(ev, 2)}\nCUPTI  {np.round(cu, 2)}\n" + witness.report(rows)
+    within = np.mean(np.abs(ev - cu) <= bound)
+    lo, hi = _median_difference_interval(ev, cu)
+    ok = within >= 0.9 and lo <= 0.3 and hi >= -0.3
+    assert ok, (
+        f"within max(1 %, 1 µs): {within:.0%}; events − CUPTI median {np.median(ev) - np.median(cu):+.2f} µs, 95 % "
+        f"interval [{lo:+.2f}, {hi:+.2f}]\nevents {np.round(ev, 2)}\nCUPTI  {np.round(cu, 2)}\n" + witness.report(rows)
+    )
     a.free()
     b.free()
 
