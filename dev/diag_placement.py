@@ -281,8 +281,9 @@ def part_d(devs: list, repeats: int, n: int) -> dict:
         for i, r in enumerate(rows):
             if abs(r["start_minus_ref_ns"]) > 2000 or abs(r["end_minus_ref_ns"]) > 2000:
                 print(
-                    f"        repeat {i}: start {r['start_minus_ref_ns'] / 1e3:+.2f} end {r['end_minus_ref_ns'] / 1e3:+.2f} "
-                    f"µs; a synchronizing call around the launch: {r['synchronizing_call_around_the_launch']}"
+                    f"        repeat {i}: start {r['start_minus_ref_ns'] / 1e3:+.2f} end "
+                    f"{r['end_minus_ref_ns'] / 1e3:+.2f} µs; a synchronizing call around the launch: "
+                    f"{r['synchronizing_call_around_the_launch']}"
                 )
         out[d.name] = rows
     return out
