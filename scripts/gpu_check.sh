@@ -109,6 +109,7 @@ step "dev/diag_step_events (events step source: where the cost is)" 240 10 pytho
 step "dev/diag_outliers (events vs CUPTI vs in-kernel stamps, back to back)" 240 30 python3 -X faulthandler dev/diag_outliers.py --rounds 5 --out "$OUT/outliers.txt"
 step "dev/diag_busy_pair (events vs CUPTI per busy sequence and hold)" 180 40 python3 -X faulthandler dev/diag_busy_pair.py --rounds 5 --reference cupti,apart,torch --out "$OUT/busy_pair.txt"
 step "dev/diag_copy_pair (copies between device buffers: the copy test's pattern, per position)" 150 20 python3 -X faulthandler dev/diag_copy_pair.py --rounds 60 --variants test,raw,tail,lead,slow --out "$OUT/copy_pair.txt"
+step "dev/diag_copy_stamps (copies bracketed by %globaltimer stamps: no scope, events, CUPTI)" 60 8 python3 -X faulthandler dev/diag_copy_stamps.py --rounds 24 --out "$OUT/copy_stamps.txt"
 step "dev/diag_copy_pair gil (the same behind a busy Python thread: ~3 s a round)" 90 4 python3 -X faulthandler dev/diag_copy_pair.py --rounds 8 --variants gil --profile 25 --out "$OUT/copy_pair_gil.txt"
 step "dev/diag_gil_convoy (a busy Python thread: each call's cost)" 150 18 bash -c "python3 dev/diag_gil_convoy.py --calls 100 --seconds 5 && python3 dev/diag_gil_convoy.py --calls 100 --seconds 5 --switch-ms 0.5"
 step "dev/diag_mark_cost (a step mark's cost by method, all GPUs and one)" 180 16 bash -c "python3 -X faulthandler dev/diag_mark_cost.py --devices $NGPU --steps 150 && python3 -X faulthandler dev/diag_mark_cost.py --devices 1 --steps 150"
