@@ -665,9 +665,9 @@ def test_records_of_asyncgpus_own_streams_are_not_the_users(monkeypatch):
 
 
 def test_an_own_stream_cupti_cannot_name_yet_is_asked_again_at_the_next_flush(monkeypatch):
-    """CUPTI names a stream only once it has seen work on it: asyncgpu's clock stream, made before the step timer's
-    session, may have no id at a first flush. It is asked again at each flush until it has one (4× H100, run 43:
-    the clock's ping kernel counted as a user's once its missing id was kept)."""
+    """CUPTI may give no id for asyncgpu's clock stream at a first flush (a stream made before the step timer's
+    session is the likeliest case). It is asked again at each flush until it has one (4× H100, run 43: the clock's
+    ping kernel counted as a user's, as when a missing id is kept)."""
     from asyncgpu._backends import cupti
     from asyncgpu._timing.step_cupti import StepRecords
 

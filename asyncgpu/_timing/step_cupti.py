@@ -102,8 +102,8 @@ class StepRecords:
     def _own_keys(self) -> np.ndarray:
         """``ordinal << 32 | CUPTI's stream id`` of asyncgpu's own streams (`own`), as the records key them: every
         one seen while the timer ran (a flush after a device closed still holds its calibration's records). A
-        stream CUPTI cannot name yet is asked again at the next flush (its id is not known before CUPTI has seen
-        work on it: a stream made before the session)."""
+        stream CUPTI cannot name yet is asked again at the next flush (a missing id was once kept for good and the
+        clock's records counted as the user's: a stream made before the session may have none at first)."""
         if self._own is not None:
             for key in self._own():
                 if self._own_ids.get(key) is None:
