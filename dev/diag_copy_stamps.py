@@ -26,19 +26,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
 import asyncgpu
 from benchmarks._common import tee_stdout_to
+from dev.diag_outliers import SPIN  # (a spin that stamps %globaltimer at its first and last instant)
 
-SPIN = r"""
-__device__ __forceinline__ unsigned long long gt() {
-    unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t;
-}
-extern "C" __global__ void stamped_spin(unsigned long long ns, unsigned long long* out) {
-    const unsigned long long t0 = gt();
-    unsigned long long t = t0;
-    while (t - t0 < ns) t = gt();
-    out[0] = t0;
-    out[1] = t;
-}
-"""
 SETTINGS = ("none", "events", "cupti")
 
 
