@@ -4,6 +4,7 @@ shutdown, and the rank exchange on gloo (spawned ranks, no per-step barrier)."""
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import os
@@ -28,6 +29,8 @@ from asyncgpu._timing.step_stats import Quantiles, StepRing
 from asyncgpu._timing.steps import CUPTI_HARVEST_S, EVENTS_HARVEST_S
 from asyncgpu._trace.perfetto import packet_bounds
 from asyncgpu.errors import ScopeError
+
+from .conftest import collector_off
 
 pytestmark = pytest.mark.anyio
 MS = 1e6
@@ -138,6 +141,72 @@ def test_ring_keeps_the_last_steps_and_aggregates_all():
     assert recent[-1].devices[1].busy_ms == pytest.approx(5.0)
 
 
+def test_collector_time_inside_windows_by_hand(monkeypatch):
+    """`collector.pauses_in`: each window's overlap with the kept collections (ns), and how many touched it."""
+    from asyncgpu._base import collector
+
+    ring = np.zeros((collector.KEEP, 2), np.int64)
+    ring[:3] = [(100, 200), (250, 260), (900, 1000)]
+    monkeypatch.setattr(collector, "_ring", ring)
+    monkeypatch.setattr(collector, "_count", [3])
+    took, touched = collector.pauses_in(np.array([0, 150, 300, 950]), np.array([1000, 255, 800, 2000]))
+    assert took.tolist() == [210.0, 55.0, 0.0, 50.0]
+    assert touched.tolist() == [3, 2, 0, 1]
+
+
+def test_collector_records_a_real_collection_while_held_and_only_then():
+    from asyncgpu._base import collector
+
+    users = collector.users()
+    junk = [[i] for i in range(200_000)]  # (a heap that a full collection takes a few ms to walk)
+    collector.acquire()
+    try:
+        assert gc_callback_installed(collector)
+        t0 = time.perf_counter_ns()
+        gc.collect()
+        t1 = time.perf_counter_ns()
+        took, touched = collector.pauses_in(np.array([t0]), np.array([t1]))
+        assert touched[0] >= 1 and 0.5 * (t1 - t0) <= took[0] <= t1 - t0
+    finally:
+        collector.release()
+    del junk
+    assert collector.users() == users and gc_callback_installed(collector) == (users > 0)
+
+
+def gc_callback_installed(collector) -> bool:
+    return collector._callback in gc.callbacks
+
+
+def test_the_ring_and_the_verdict_say_what_the_collector_took():
+    """Host-bound steps whose time went to Python's garbage collection: the verdict says so from 5 % of their time
+    on, and the aggregates count it."""
+    from asyncgpu._timing.step_stats import render_stats
+
+    ring = StepRing(("host:0",), keep=8)
+    n = 4
+    begin = np.arange(n) * 10 * MS
+    exit_ = begin + 5 * MS  # the host issues for 5 ms; the device runs 1 ms of it: host-bound
+    start, end = (begin + 4 * MS)[:, None], (begin + 5 * MS)[:, None]
+    split = step_split(begin, exit_, start, end, start.copy())
+    collected = np.array([0.0, 2 * MS, 0.0, 1 * MS])
+    ring.add(np.arange(n), begin.astype(np.int64), exit_.astype(np.int64), start, end, start.copy(), split, collected)
+    s = ring.stats("t", 0, 0, 0, n)
+    assert [r.collector_ms for r in s.recent] == [0.0, 2.0, 0.0, 1.0]
+    assert s.collector_ms == pytest.approx(3.0) and s.collector_steps == 2
+    assert (
+        s.verdict.startswith("host-bound") and "garbage collection took 15% of their time (3.000 ms in 2" in s.verdict
+    )
+    text = "".join(
+        Console(file=io.StringIO(), width=120).render_str(str(x)).plain + "\n"
+        for x in render_stats(s, 120)
+        if not hasattr(x, "columns")
+    )
+    assert "garbage collection: 3.000 ms of the host's time in 2 steps" in text
+    ring2 = StepRing(("host:0",), keep=8)
+    ring2.add(np.arange(n), begin.astype(np.int64), exit_.astype(np.int64), start, end, start.copy(), split)
+    assert "garbage" not in ring2.stats("t", 0, 0, 0, n).verdict  # (none: no note)
+
+
 # -- on host devices --------------------------------------------------------------------------------------------------
 async def _loop(st, devs, n, work_us, host_us=0.0, first=0):
     """``n`` steps: each device spins ``work_us[d]`` on its stream; the host spends ``host_us`` inside the step after
@@ -196,6 +265,35 @@ async def test_a_slow_host_is_the_straggler(anyio_backend, two_devs):
     kept = st.steps()
     step_ms = statistics.median(r.step_ms for r in kept)
     assert step_ms >= statistics.median(r.devices[0].busy_ms for r in kept) * 4, kept
+
+
+async def test_a_step_in_which_the_collector_ran_says_how_long(anyio_backend, two_devs):
+    """A full collection inside one step (of a heap made for it): that step's host time in garbage collection is
+    the collection's, less only the calls around it; no other step has any (the automatic collector is off here, so
+    that it cannot run in them); the aggregates count it."""
+    devs = two_devs
+    junk = [[i] for i in range(300_000)]
+    took_ns = 0
+    with collector_off():
+        async with asyncgpu.step_timer(devs) as st:
+            for i in range(6):
+                with st.step(i):
+                    for d in devs:
+                        d.stream.spin_us(50)
+                    if i == 3:
+                        t0 = time.perf_counter_ns()
+                        gc.collect()
+                        took_ns = time.perf_counter_ns() - t0
+                for d in devs:
+                    with d.record() as done:
+                        await done.wait()
+    del junk
+    rec = {r.index: r for r in st.steps()}
+    assert 0.8 * took_ns / 1e6 <= rec[3].collector_ms <= took_ns / 1e6, (rec[3].collector_ms, took_ns)
+    assert [rec[i].collector_ms for i in (0, 1, 2, 4, 5)] == [0.0] * 5
+    s = st.stats()
+    assert s.collector_steps == 1 and s.collector_ms == pytest.approx(rec[3].collector_ms)
+    await _aquiet(devs)
 
 
 async def test_the_harvest_takes_the_finished_steps_with_a_few_queries(anyio_backend):

@@ -98,6 +98,7 @@ class StepRecord(Plain):
     step_ms: float  #: begin to the later of the host's exit and the last device end
     straggler: str  #: the device that bounds the step, or ``"host"``
     devices: tuple[DeviceStep, ...]
+    collector_ms: float = 0.0  #: the host's time in Python's garbage collection between entry and exit
 
 
 @final
@@ -118,6 +119,8 @@ class StepStats(Plain):
     recent: tuple[StepRecord, ...]  #: the last steps kept (at most ``keep``), oldest first
     quantile_error: float
     trace_dropped: int = 0  #: steps the trace writer could not take (its queue was full)
+    collector_ms: float = 0.0  #: over every step so far, the host's time in Python's garbage collection
+    collector_steps: int = 0  #: steps in which the garbage collector ran
 
     def __rich_console__(self, console: Any, options: Any) -> Iterator[Any]:
         yield from render_stats(self, options.max_width)
@@ -140,6 +143,8 @@ class StepRing:
         self.count = 0
         self.quantiles = Quantiles(1 + nd, rel_error)
         self.straggler_counts = np.zeros(nd + 1, np.int64)  # devices, then the host
+        self.collector_ns = np.zeros(keep)
+        self.collector_total_ns, self.collector_steps = 0.0, 0
 
     def add(
         self,
@@ -150,11 +155,16 @@ class StepRing:
         end_ns: np.ndarray,
         issued_ns: np.ndarray,
         split: StepSplit,
+        collector_ns: np.ndarray | None = None,
     ) -> None:
-        """Steps harvested together (rows in step order)."""
+        """Steps harvested together (rows in step order); ``collector_ns``: each one's host time in Python's garbage
+        collection (none: 0)."""
         n = len(index)
         if not n:
             return
+        collected = np.zeros(n) if collector_ns is None else np.asarray(collector_ns, np.float64)
+        self.collector_total_ns += float(collected.sum())
+        self.collector_steps += int(np.count_nonzero(collected))
         self.quantiles.add(np.column_stack((split.step_ns, split.busy_ns)))
         codes = np.where(split.straggler < 0, len(self.devices), split.straggler)
         self.straggler_counts += np.bincount(codes, minlength=len(self.devices) + 1)
@@ -162,6 +172,7 @@ class StepRing:
         slots = (self.count + np.arange(n)[take]) % self.keep
         self.index[slots], self.begin_ns[slots], self.exit_ns[slots] = index[take], begin_ns[take], exit_ns[take]
         self.step_ns[slots], self.straggler[slots] = split.step_ns[take], split.straggler[take]
+        self.collector_ns[slots] = collected[take]
         for k, v in (
             ("start", start_ns),
             ("end", end_ns),
@@ -205,6 +216,7 @@ class StepRing:
                     float(self.step_ns[s]) / 1e6,
                     HOST if code < 0 else self.devices[code],
                     devs,
+                    float(self.collector_ns[s]) / 1e6,
                 )
             )
         return out
@@ -229,6 +241,8 @@ class StepRing:
             tuple(rec),
             self.quantiles.rel_error,
             trace_dropped,
+            self.collector_total_ns / 1e6,
+            self.collector_steps,
         )
 
 
@@ -250,8 +264,27 @@ def verdict(recent: list[StepRecord]) -> str:
         return (
             f"host-bound: the host bounded {share} (the devices waited for work to be issued); launch from a "
             "thread per device (await device.run(step)), capture CUDA graphs, or launch fewer, larger kernels"
+            + _collector_note([r for r in recent if r.straggler == HOST])
         )
     return f"device-bound: {who} bounded {share}"
+
+
+def _collector_note(steps: list[StepRecord]) -> str:
+    """What Python's garbage collection took of ``steps`` (host-bound ones), when that is at least
+    `COLLECTOR_NOTE_SHARE` of their time: "" otherwise."""
+    took = sum(r.collector_ms for r in steps)
+    total = sum(r.step_ms for r in steps)
+    if total <= 0 or took < COLLECTOR_NOTE_SHARE * total:
+        return ""
+    n = sum(1 for r in steps if r.collector_ms > 0)
+    return (
+        f". Python's garbage collection took {took / total:.0%} of their time ({ms(took)} ms in {n} of them): "
+        "gc.freeze() after start-up, a higher gc.set_threshold(), or fewer objects made per step"
+    )
+
+
+#: the share of host-bound steps' time in garbage collection from which the verdict names it
+COLLECTOR_NOTE_SHARE = 0.05
 
 
 # -- drawn ------------------------------------------------------------------------------------------------------
@@ -308,4 +341,6 @@ def render_stats(s: StepStats, max_width: int) -> Iterator[Any]:
     n = s.stragglers.get(HOST, 0)
     table.add_row("host", "", "", "", f"{n:,} ({n / total:.0%})", "◀ straggler" if last == HOST else "")
     yield table
+    if s.collector_steps:
+        yield Text(f"garbage collection: {ms(s.collector_ms)} ms of the host's time in {s.collector_steps:,} steps")
     yield Text(f"verdict: {s.verdict}")

@@ -49,6 +49,7 @@ import numpy as np
 from asyncgpu._analysis.balance import BalanceReport, balance
 from asyncgpu._analysis.steps import step_split
 from asyncgpu._backends import cupti
+from asyncgpu._base import collector
 from asyncgpu._base.checks import number, whole
 from asyncgpu._base.errors import AsyncGPUError, ClockError, ScopeError
 from asyncgpu._base.records import Timeline
@@ -176,6 +177,7 @@ class StepTimer:
         self._tail: _Pending | None = None  # the newest closed step, while the next may take its end events
         self._tail_ops: list[int] = []  # its streams' counts of work (`Step._ops`)
         self._ring = StepRing(tuple(d.name for d in devices), keep)
+        self._collecting = False  # holds `collector` (from the harvest thread's start to `_finish`)
         self._listeners: list[Listener] = []
         self._closers: list[Callable[[], None]] = []
         self._stop = threading.Event()
@@ -437,8 +439,9 @@ class StepTimer:
         """Balance of placed steps (host ns; ``measured``: CUPTI's busy time per step and device, `StepRecords`),
         into the ring, the trace and the listeners (the harvest thread)."""
         split = step_split(begin.astype(np.float64), exit_.astype(np.float64), start, end, issued, measured)
+        collected_ns, _ = collector.pauses_in(begin, exit_)  # (the host's issuing time that the collector took)
         with self._lock:
-            self._ring.add(index, begin, exit_, start, end, issued, split)
+            self._ring.add(index, begin, exit_, start, end, issued, split, collected_ns)
         if self._trace is not None:
             self._trace.put(index, begin, exit_, start, end)
         for fn in self._listeners:
@@ -537,6 +540,8 @@ class StepTimer:
             self._harvest_s = CUPTI_HARVEST_S if self.source == "cupti" else EVENTS_HARVEST_S
         self._thread = threading.Thread(target=self._run, name="asyncgpu-steps", daemon=True)
         self._thread.start()
+        collector.acquire()  # (each step's host time in Python's garbage collection: `_publish`)
+        self._collecting = True
 
     def _finish(self, drop: bool) -> None:
         """Stop the harvest thread, take what finished (everything, unless ``drop``), close the live view, the
@@ -558,6 +563,9 @@ class StepTimer:
                 self._give_back(item.starts, [] if item.lent else item.ends)
             self._give_back([], kept)
         finally:
+            if self._collecting:
+                self._collecting = False
+                collector.release()
             self._drop_source()
             for close in [*self._closers, *(c.close for c in (self._live, self._trace) if c is not None)]:
                 close()

@@ -1,0 +1,93 @@
+"""Python's garbage collections on the host clock: a process-wide recorder that step timers hold while they run
+(`acquire`, `release`), so that a step can say how much of its host time the collector took (`pauses_in`).
+
+A collection holds the GIL, so its pause is host time for every thread of the process that runs Python: a loop
+that issues a step's work stops issuing, and the step reads launch-bound. The recorder is one entry of
+``gc.callbacks``, installed while some user holds it. Per collection it reads ``time.perf_counter_ns`` twice and
+keeps the collections of generations 1 and 2, and those of generation 0 that took `MIN_YOUNG_NS` or more (the many
+short young ones would only churn the ring), in a ring of the newest `KEEP` (numpy, preallocated: the callback
+allocates nothing that could start another collection).
+
+Threads: the callback runs in whichever thread triggered the collection, with the GIL held. `pauses_in` reads the
+count before it copies the ring, so a collection during the copy (which allocates) is left out, never half-read.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+
+import numpy as np
+
+__all__ = ["KEEP", "MIN_YOUNG_NS", "acquire", "pauses_in", "release", "users"]
+
+KEEP = 4096  #: collections kept (the newest): minutes of a loop's full and middle collections
+MIN_YOUNG_NS = 100_000  #: a generation-0 collection is kept when it took this long (ns) or longer
+
+_lock = threading.Lock()  # acquire and release
+_users = [0]
+_ring = np.zeros((KEEP, 2), np.int64)  # (start ns, end ns) on `time.perf_counter_ns`
+_count = [0]  # collections written so far (slot = count % KEEP)
+_began = [0]
+_clock = time.perf_counter_ns
+
+
+def _callback(phase: str, info: dict) -> None:
+    if phase == "start":
+        _began[0] = _clock()
+        return
+    end = _clock()
+    begin = _began[0]
+    if info["generation"] or end - begin >= MIN_YOUNG_NS:
+        k = _count[0]
+        _ring[k % KEEP, 0] = begin
+        _ring[k % KEEP, 1] = end
+        _count[0] = k + 1
+
+
+def acquire() -> None:
+    """Record collections from now until the matching `release` (shared: the first user installs the callback).
+    Any thread."""
+    with _lock:
+        if not _users[0]:
+            gc.callbacks.append(_callback)
+        _users[0] += 1
+
+
+def release() -> None:
+    """The end of one `acquire` (the last user removes the callback; the kept collections stay readable). Any
+    thread."""
+    with _lock:
+        if not _users[0]:
+            return
+        _users[0] -= 1
+        if not _users[0] and _callback in gc.callbacks:
+            gc.callbacks.remove(_callback)
+
+
+def users() -> int:
+    """How many `acquire` s are not released."""
+    return _users[0]
+
+
+def pauses_in(begin_ns: np.ndarray, end_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each window ``[begin_ns[i], end_ns[i]]`` (host ns, `time.perf_counter_ns`): the collector's time inside
+    it (ns, float64) and how many kept collections touched it. Collections older than the newest `KEEP` are gone.
+    Any thread; O(windows · collections near them)."""
+    begin = np.asarray(begin_ns, np.float64)
+    end = np.asarray(end_ns, np.float64)
+    took, touched = np.zeros(len(begin)), np.zeros(len(begin), np.int64)
+    n = _count[0]  # (before the copy: a collection that the copy's allocation starts is not in it)
+    if not n or not len(begin):
+        return took, touched
+    ring = _ring.copy()
+    slots = np.arange(max(0, n - KEEP), n) % KEEP
+    pauses = ring[slots].astype(np.float64)
+    pauses = pauses[(pauses[:, 1] > begin.min()) & (pauses[:, 0] < end.max())]
+    if not len(pauses):
+        return took, touched
+    overlap = np.minimum(end[:, None], pauses[None, :, 1]) - np.maximum(begin[:, None], pauses[None, :, 0])
+    took = np.clip(overlap, 0.0, None).sum(axis=1)
+    touched = (overlap > 0).sum(axis=1)
+    return took, touched
