@@ -154,6 +154,30 @@ def test_collector_time_inside_windows_by_hand(monkeypatch):
     assert touched.tolist() == [3, 2, 0, 1]
 
 
+def test_collector_time_agrees_with_a_brute_force_overlap_through_the_rings_wrap(monkeypatch):
+    """Random collections (never overlapping, in time order) written through a ring of 8 past its wrap, random
+    windows (empty ones too): the running-total answer equals the overlap summed pause by pause over the kept ones."""
+    from asyncgpu._base import collector
+
+    rng = np.random.default_rng(3)
+    monkeypatch.setattr(collector, "KEEP", 8)
+    for _ in range(300):
+        m = int(rng.integers(1, 20))
+        pauses = rng.integers(1, 100, 2 * m).cumsum().reshape(m, 2)
+        ring = np.zeros((8, 2), np.int64)
+        for k, p in enumerate(pauses):
+            ring[k % 8] = p
+        monkeypatch.setattr(collector, "_ring", ring)
+        monkeypatch.setattr(collector, "_count", [m])
+        kept = pauses[-8:]
+        b = rng.integers(0, int(pauses[-1, 1]) + 50, 30)
+        e = b + rng.integers(0, 300, 30)
+        took, touched = collector.pauses_in(b, e)
+        overlap = np.minimum(e[:, None], kept[None, :, 1]) - np.maximum(b[:, None], kept[None, :, 0])
+        assert np.allclose(took, np.clip(overlap, 0, None).sum(axis=1))
+        assert touched.tolist() == (overlap > 0).sum(axis=1).tolist()
+
+
 def test_collector_records_a_real_collection_while_held_and_only_then():
     from asyncgpu._base import collector
 

@@ -74,20 +74,24 @@ def users() -> int:
 def pauses_in(begin_ns: np.ndarray, end_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For each window ``[begin_ns[i], end_ns[i]]`` (host ns, `time.perf_counter_ns`): the collector's time inside
     it (ns, float64) and how many kept collections touched it. Collections older than the newest `KEEP` are gone.
-    Any thread; O(windows · collections near them)."""
+    Any thread; O((windows + collections) · log collections): collections never overlap and are kept in time order,
+    so a window's share is the difference of the collector's running total at its two ends."""
     begin = np.asarray(begin_ns, np.float64)
     end = np.asarray(end_ns, np.float64)
-    took, touched = np.zeros(len(begin)), np.zeros(len(begin), np.int64)
     n = _count[0]  # (before the copy: a collection that the copy's allocation starts is not in it)
     if not n or not len(begin):
-        return took, touched
+        return np.zeros(len(begin)), np.zeros(len(begin), np.int64)
     ring = _ring.copy()
-    slots = np.arange(max(0, n - KEEP), n) % KEEP
-    pauses = ring[slots].astype(np.float64)
-    pauses = pauses[(pauses[:, 1] > begin.min()) & (pauses[:, 0] < end.max())]
-    if not len(pauses):
-        return took, touched
-    overlap = np.minimum(end[:, None], pauses[None, :, 1]) - np.maximum(begin[:, None], pauses[None, :, 0])
-    took = np.clip(overlap, 0.0, None).sum(axis=1)
-    touched = (overlap > 0).sum(axis=1)
-    return took, touched
+    pauses = ring[np.arange(max(0, n - KEEP), n) % KEEP].astype(np.float64)
+    starts, ends = pauses[:, 0], pauses[:, 1]
+    before = np.concatenate(([0.0], np.cumsum(ends - starts)))  # the collector's total before each collection
+
+    def total(t: np.ndarray) -> np.ndarray:  # the collector's time before instant t
+        k = np.searchsorted(starts, t, side="right")  # collections begun by t
+        last = np.maximum(k - 1, 0)
+        inside = np.clip(t - starts[last], 0.0, ends[last] - starts[last])
+        return np.where(k > 0, before[last] + inside, 0.0)
+
+    took = np.maximum(total(end) - total(begin), 0.0)
+    touched = np.searchsorted(starts, end, side="left") - np.searchsorted(ends, begin, side="right")
+    return took, np.where(took > 0, touched, 0).astype(np.int64)  # (an empty window touches none)
