@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import importlib.util
 import io
 import json
@@ -17,6 +18,7 @@ import pytest
 from rich.console import Console
 from rich.segment import Segment
 
+import asyncgpu
 from asyncgpu import gpu_timer
 from asyncgpu._analysis import report as _report
 from asyncgpu._analysis import table as _table
@@ -485,6 +487,65 @@ async def test_rich_print_of_a_balance_draws_the_table_and_report_takes_work_uni
             t.balance(work_units=bad)
         with pytest.raises(ValueError, match=match):
             t.report(work_units=bad)
+
+
+@pytest.mark.anyio
+async def test_a_collection_in_a_scope_is_a_host_range_and_a_host_bound_verdict_names_it(two_devs, tmp_path):
+    """A full collection (of a heap made for it) between two launches per device: the timeline holds it as a host
+    range on the collector's own track, its device summary counts it, on GPUs the host bounds the makespan and the
+    verdict says what the collector took; the range survives a trace's round trip. The automatic collector is off,
+    so that the one collection is the test's."""
+    from asyncgpu._base.records import GC_KIND, GC_THREAD
+
+    junk = [[i] for i in range(400_000)]
+    with collector_off():
+        async with gpu_timer(two_devs, label="collected") as t:
+            for d in two_devs:
+                d.stream.spin_us(100)
+            t0 = time.perf_counter_ns()
+            gc.collect()
+            took_ms = (time.perf_counter_ns() - t0) / MS
+            for d in two_devs:
+                d.stream.spin_us(100)
+    del junk
+    tl = t.timeline
+    (gcr,) = [r for r in tl.host_ranges if r.kind == GC_KIND]
+    assert gcr.name == "garbage collection (generation 2)" and gcr.thread == GC_THREAD
+    assert 0.8 * took_ms <= (gcr.end_ns - gcr.start_ns) / MS <= took_ms
+    assert t.device_summary().collector_ms == pytest.approx((gcr.end_ns - gcr.start_ns) / MS)
+    if two_devs[0].backend == "cuda":  # a GPU runs its first spins during the collection, then waits for the host
+        rep = t.balance()
+        assert rep.straggler == "host" and "Python's garbage collection took" in rep.verdict, rep.verdict
+    # (host devices are Python threads, which the collection stops too: there it is their wait, not the host's
+    # alone; the synthetic test below checks the verdict's rule)
+    path = tmp_path / "gc.pftrace"
+    asyncgpu.write_trace(t, path)
+    assert [r for r in asyncgpu.read_trace(path).host_ranges if r.kind == GC_KIND] == [gcr]
+
+
+def test_a_host_bound_verdict_names_the_collector_from_a_twentieth_of_the_makespan():
+    """Synthetic: one device idle 9 ms for the host, then busy 1 ms; the collector took 0.4 ms (not named) or
+    0.6 ms (named: ≥ 5 % of the 10 ms makespan) of the scope."""
+    from asyncgpu._base.records import GC_KIND, GC_THREAD, HostRange
+
+    def verdict(collected_ms: float) -> str:
+        tl = Timeline.from_arrays(
+            devices=["cuda:0"],
+            device=[0],
+            start_ns=[T0 + 9 * MS],
+            end_ns=[T0 + 10 * MS],
+            issued_ns=[T0 + 9 * MS],
+            scope_start_ns=T0,
+            host_ranges=(
+                HostRange("garbage collection (generation 2)", GC_KIND, T0, T0 + int(collected_ms * MS), GC_THREAD),
+            ),
+        )
+        rep = balance(tl)
+        assert rep.straggler == "host", rep.verdict
+        return rep.verdict
+
+    assert "garbage collection" not in verdict(0.4)
+    assert "Python's garbage collection took 0.60 ms of the host's time in the scope" in verdict(0.6)
 
 
 @pytest.mark.parametrize("width", [50, 60, 80, 100, 140])

@@ -145,8 +145,8 @@ def test_collector_time_inside_windows_by_hand(monkeypatch):
     """`collector.pauses_in`: each window's overlap with the kept collections (ns), and how many touched it."""
     from asyncgpu._base import collector
 
-    ring = np.zeros((collector.KEEP, 2), np.int64)
-    ring[:3] = [(100, 200), (250, 260), (900, 1000)]
+    ring = np.zeros((collector.KEEP, 3), np.int64)
+    ring[:3, :2] = [(100, 200), (250, 260), (900, 1000)]
     monkeypatch.setattr(collector, "_ring", ring)
     monkeypatch.setattr(collector, "_count", [3])
     took, touched = collector.pauses_in(np.array([0, 150, 300, 950]), np.array([1000, 255, 800, 2000]))
@@ -164,9 +164,9 @@ def test_collector_time_agrees_with_a_brute_force_overlap_through_the_rings_wrap
     for _ in range(300):
         m = int(rng.integers(1, 20))
         pauses = rng.integers(1, 100, 2 * m).cumsum().reshape(m, 2)
-        ring = np.zeros((8, 2), np.int64)
+        ring = np.zeros((8, 3), np.int64)
         for k, p in enumerate(pauses):
-            ring[k % 8] = p
+            ring[k % 8, :2] = p
         monkeypatch.setattr(collector, "_ring", ring)
         monkeypatch.setattr(collector, "_count", [m])
         kept = pauses[-8:]

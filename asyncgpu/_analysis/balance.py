@@ -138,7 +138,7 @@ def balance(source: Timeline | DeviceSummary, work_units: Any = None) -> Balance
     return BalanceReport(
         ds.label,
         tuple(out),
-        wall.verdict,
+        wall.verdict + (_collector_note(ds.collector_ms, wall.makespan_ms) if wall.straggler == HOST else ""),
         wall.straggler,
         wall.critical,
         wall.path,
@@ -336,6 +336,22 @@ class _Model:
         if integral:
             u[m] = round_whole(u[m], total)
         return u
+
+
+def _collector_note(collected_ms: float, makespan_ms: float) -> str:
+    """What Python's garbage collection took of a host-bound scope, from `COLLECTOR_NOTE_SHARE` of its makespan."""
+    if makespan_ms <= 0 or collected_ms < COLLECTOR_NOTE_SHARE * makespan_ms:
+        return ""
+    return (
+        f" Python's garbage collection took {_short(collected_ms)} ms of the host's time in the scope (it stops "
+        f"every thread): {COLLECTOR_FIX}."
+    )
+
+
+#: the share of host-bound time spent in garbage collection from which a verdict names it (here and in steps)
+COLLECTOR_NOTE_SHARE = 0.05
+#: what helps when the collector holds the host up
+COLLECTOR_FIX = "gc.freeze() after start-up, a higher gc.set_threshold(), or fewer objects made per step"
 
 
 def _bound(rows: tuple[DeviceStats, ...], c: int, runner: int | None, makespan: float) -> str:

@@ -35,7 +35,7 @@ from typing import Any, NamedTuple, final
 
 import numpy as np
 
-from asyncgpu._base.records import KINDS, Timeline
+from asyncgpu._base.records import GC_KIND, KINDS, Timeline
 
 __all__ = [
     "ActivityStats",
@@ -172,6 +172,8 @@ class DeviceSummary(Plain):
     window_ms: float  #: scope start to the later of scope end and the last end on an aligned device
     rows: tuple[DeviceStats, ...]
     error: str | None  #: what the scope's body raised, if anything
+    #: the host's time in Python's garbage collection during the window (its `GC_KIND` host ranges), ms
+    collector_ms: float = 0.0
 
 
 def device_summary(tl: Timeline) -> DeviceSummary:
@@ -225,7 +227,12 @@ def device_summary(tl: Timeline) -> DeviceSummary:
                 int(known.size),
             )
         )
-    return DeviceSummary(tl.label, window_ns / 1e6, tuple(rows), tl.error)
+    collected_ns = sum(
+        max(0, min(r.end_ns, tl.scope_start_ns + window_ns) - max(r.start_ns, tl.scope_start_ns))
+        for r in tl.host_ranges
+        if r.kind == GC_KIND
+    )
+    return DeviceSummary(tl.label, window_ns / 1e6, tuple(rows), tl.error, collected_ns / 1e6)
 
 
 class _Gaps(NamedTuple):

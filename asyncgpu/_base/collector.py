@@ -20,14 +20,14 @@ import time
 
 import numpy as np
 
-__all__ = ["KEEP", "MIN_YOUNG_NS", "acquire", "pauses_in", "release", "users"]
+__all__ = ["KEEP", "MIN_YOUNG_NS", "acquire", "pauses_between", "pauses_in", "release", "users"]
 
 KEEP = 4096  #: collections kept (the newest): minutes of a loop's full and middle collections
 MIN_YOUNG_NS = 100_000  #: a generation-0 collection is kept when it took this long (ns) or longer
 
 _lock = threading.Lock()  # acquire and release
 _users = [0]
-_ring = np.zeros((KEEP, 2), np.int64)  # (start ns, end ns) on `time.perf_counter_ns`
+_ring = np.zeros((KEEP, 3), np.int64)  # (start ns, end ns on `time.perf_counter_ns`, generation)
 _count = [0]  # collections written so far (slot = count % KEEP)
 _began = [0]
 _clock = time.perf_counter_ns
@@ -39,10 +39,12 @@ def _callback(phase: str, info: dict) -> None:
         return
     end = _clock()
     begin = _began[0]
-    if info["generation"] or end - begin >= MIN_YOUNG_NS:
+    generation = info["generation"]
+    if generation or end - begin >= MIN_YOUNG_NS:
         k = _count[0]
         _ring[k % KEEP, 0] = begin
         _ring[k % KEEP, 1] = end
+        _ring[k % KEEP, 2] = generation
         _count[0] = k + 1
 
 
@@ -71,6 +73,21 @@ def users() -> int:
     return _users[0]
 
 
+def _kept() -> np.ndarray:
+    """The kept collections, oldest first: int64 ``(start ns, end ns, generation)`` rows."""
+    n = _count[0]  # (before the copy: a collection that the copy's allocation starts is not in it)
+    ring = _ring.copy()
+    return ring[np.arange(max(0, n - KEEP), n) % KEEP]
+
+
+def pauses_between(begin_ns: int, end_ns: int) -> list[tuple[int, int, int]]:
+    """The kept collections that overlap ``[begin_ns, end_ns]`` (host ns), oldest first: ``(start ns, end ns,
+    generation)``, not clipped. Any thread."""
+    kept = _kept()
+    hit = kept[(kept[:, 1] > begin_ns) & (kept[:, 0] < end_ns)]
+    return [(int(a), int(b), int(g)) for a, b, g in hit.tolist()]
+
+
 def pauses_in(begin_ns: np.ndarray, end_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For each window ``[begin_ns[i], end_ns[i]]`` (host ns, `time.perf_counter_ns`): the collector's time inside
     it (ns, float64) and how many kept collections touched it. Collections older than the newest `KEEP` are gone.
@@ -78,11 +95,9 @@ def pauses_in(begin_ns: np.ndarray, end_ns: np.ndarray) -> tuple[np.ndarray, np.
     so a window's share is the difference of the collector's running total at its two ends."""
     begin = np.asarray(begin_ns, np.float64)
     end = np.asarray(end_ns, np.float64)
-    n = _count[0]  # (before the copy: a collection that the copy's allocation starts is not in it)
-    if not n or not len(begin):
+    pauses = _kept().astype(np.float64)
+    if not len(pauses) or not len(begin):
         return np.zeros(len(begin)), np.zeros(len(begin), np.int64)
-    ring = _ring.copy()
-    pauses = ring[np.arange(max(0, n - KEEP), n) % KEEP].astype(np.float64)
     starts, ends = pauses[:, 0], pauses[:, 1]
     before = np.concatenate(([0.0], np.cumsum(ends - starts)))  # the collector's total before each collection
 

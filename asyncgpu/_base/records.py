@@ -27,6 +27,8 @@ __all__ = ["KINDS", "ActivityRecord", "CollectiveMark", "DeviceClock", "HostRang
 
 KINDS = ("kernel", "memcpy", "memset", "graph", "user")
 KIND_CODES = {k: i for i, k in enumerate(KINDS)}
+GC_KIND = "gc"  #: `HostRange.kind` of a garbage collection of Python's inside a scope's body
+GC_THREAD = "Python's garbage collector"  #: the `HostRange.thread` of those ranges (their own track)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,10 +94,11 @@ class ScopeInfo:
 
 @dataclass(frozen=True, slots=True)
 class HostRange:
-    """A range on the host track: the scope itself, or a ``t.activity()`` block as the host issued it."""
+    """A range on the host track: the scope itself, a ``t.activity()`` block as the host issued it, or a garbage
+    collection of Python's during the scope's body (`GC_KIND`, on the thread `GC_THREAD`: it stops every thread)."""
 
     name: str
-    kind: str  #: ``"scope"`` or an activity kind
+    kind: str  #: ``"scope"``, an activity kind, or `GC_KIND`
     start_ns: int
     end_ns: int
     thread: str

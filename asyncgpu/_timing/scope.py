@@ -30,9 +30,10 @@ from typing import Any, Callable, Iterable, final
 import numpy as np
 
 from asyncgpu._backends import cupti
+from asyncgpu._base import collector
 from asyncgpu._base.checks import number, whole
 from asyncgpu._base.errors import AsyncGPUError, ScopeError
-from asyncgpu._base.records import ActivityRecord, CollectiveMark, HostRange, Timeline
+from asyncgpu._base.records import GC_KIND, GC_THREAD, ActivityRecord, CollectiveMark, HostRange, Timeline
 from asyncgpu._runtime import hooks, loops
 from asyncgpu._runtime.clock import CLOCK_MAX_AGE_S, Placement, placement
 from asyncgpu._runtime.device import Device
@@ -77,6 +78,10 @@ class _Records(list[ActivityRecord]):
 
     def __call__(self) -> list[ActivityRecord]:
         return list(self)
+
+
+#: the shortest garbage collection inside a scope's body that its timeline keeps as a host range (ns)
+GC_RANGE_MIN_NS = 500_000
 
 
 @final
@@ -138,6 +143,7 @@ class Timer:
         self._start_marks: dict[Device, Any] = {}  # Device -> Event on its marker stream
         self._token: Any = None
         self._nvtx_id: Any = None
+        self._collecting = False  # holds `collector` from the start to `_stop`: the body's garbage collections
         self._depth = 0
         self._t0_ns = self._t1_ns = self._c0_ns = 0
         self._timeline: Timeline | None = None
@@ -318,6 +324,8 @@ class Timer:
         _observer.opened(self, self._all_threads)
         if self._nvtx:
             self._nvtx_id = _nvtx.start(self.label, "scope")
+        collector.acquire()
+        self._collecting = True
         self._t0_ns, self._c0_ns = time.perf_counter_ns(), time.process_time_ns()
 
     def _stop(self, exc: BaseException | None) -> None:
@@ -338,6 +346,9 @@ class Timer:
             hooks.want_holds(-1, self._bds)
         if self._nvtx_id is not None:
             _nvtx.end(self._nvtx_id)
+        if self._collecting:
+            self._collecting = False
+            collector.release()
         if exc is not None:
             self.error = f"{type(exc).__name__}: {exc}"
             self.cancelled = loops.is_cancellation(exc)
@@ -404,6 +415,11 @@ class Timer:
             marks, self._marks = tuple(self._marks), []
         finished = tuple(ly for ly in (layer.finish() for layer in live) if ly is not None)
         scope_range = HostRange(self.label, "scope", self._t0_ns, self._t1_ns, threading.current_thread().name)
+        collections = tuple(  # (they stop every thread that runs Python: the host's time, on a track of their own)
+            HostRange(f"garbage collection (generation {g})", GC_KIND, a, b, GC_THREAD)
+            for a, b, g in collector.pauses_between(self._t0_ns, self._t1_ns)
+            if b - a >= GC_RANGE_MIN_NS  # (the many short ones would only clutter the host's track)
+        )
         return Timeline(
             label=self.label,
             devices=tuple(d.name for d in self.devices),
@@ -419,7 +435,7 @@ class Timer:
             scope_start_ns=self._t0_ns,
             scope_end_ns=self._t1_ns,
             clocks=tuple(placements[d].clock for d in self.devices),
-            host_ranges=host_ranges(self._host_ranges) + (scope_range,),
+            host_ranges=host_ranges(self._host_ranges) + collections + (scope_range,),
             descriptions=tuple(d.description for d in self.devices),
             error=self.error,
             cancelled=self.cancelled,

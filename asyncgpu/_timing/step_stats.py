@@ -14,7 +14,7 @@ from typing import Any, Iterator, final
 
 import numpy as np
 
-from asyncgpu._analysis.balance import HOST
+from asyncgpu._analysis.balance import COLLECTOR_FIX, COLLECTOR_NOTE_SHARE, HOST
 from asyncgpu._analysis.steps import StepSplit
 from asyncgpu._analysis.summary import Plain
 from asyncgpu._analysis.text import ms
@@ -279,12 +279,8 @@ def _collector_note(steps: list[StepRecord]) -> str:
     n = sum(1 for r in steps if r.collector_ms > 0)
     return (
         f". Python's garbage collection took {took / total:.0%} of their time ({ms(took)} ms in {n} of them): "
-        "gc.freeze() after start-up, a higher gc.set_threshold(), or fewer objects made per step"
+        + COLLECTOR_FIX
     )
-
-
-#: the share of host-bound steps' time in garbage collection from which the verdict names it
-COLLECTOR_NOTE_SHARE = 0.05
 
 
 # -- drawn ------------------------------------------------------------------------------------------------------
