@@ -82,10 +82,20 @@ def _kept() -> np.ndarray:
 
 def pauses_between(begin_ns: int, end_ns: int) -> list[tuple[int, int, int]]:
     """The kept collections that overlap ``[begin_ns, end_ns]`` (host ns), oldest first: ``(start ns, end ns,
-    generation)``, not clipped. Any thread."""
-    kept = _kept()
-    hit = kept[(kept[:, 1] > begin_ns) & (kept[:, 0] < end_ns)]
-    return [(int(a), int(b), int(g)) for a, b, g in hit.tolist()]
+    generation)``, not clipped. Walks back from the newest (collections are kept in time order): O(those after
+    ``begin_ns``), nothing copied. Any thread."""
+    n, item = _count[0], _ring.item
+    out = []
+    for k in range(n - 1, max(0, n - KEEP) - 1, -1):
+        slot = k % KEEP
+        end = item(slot, 1)
+        if end <= begin_ns:
+            break
+        start = item(slot, 0)
+        if start < end_ns:
+            out.append((start, end, item(slot, 2)))
+    out.reverse()
+    return out
 
 
 def pauses_in(begin_ns: np.ndarray, end_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
