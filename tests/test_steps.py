@@ -178,6 +178,20 @@ def test_collector_time_agrees_with_a_brute_force_overlap_through_the_rings_wrap
         assert touched.tolist() == (overlap > 0).sum(axis=1).tolist()
 
 
+def test_collector_pauses_between_a_window_oldest_first_through_the_wrap(monkeypatch):
+    from asyncgpu._base import collector
+
+    monkeypatch.setattr(collector, "KEEP", 4)
+    ring = np.zeros((4, 3), np.int64)
+    for k, p in enumerate([(10, 20, 0), (30, 40, 1), (50, 60, 2), (70, 80, 1), (90, 95, 2)]):  # (the first is gone)
+        ring[k % 4] = p
+    monkeypatch.setattr(collector, "_ring", ring)
+    monkeypatch.setattr(collector, "_count", [5])
+    assert collector.pauses_between(35, 75) == [(30, 40, 1), (50, 60, 2), (70, 80, 1)]
+    assert collector.pauses_between(0, 100) == [(30, 40, 1), (50, 60, 2), (70, 80, 1), (90, 95, 2)]
+    assert collector.pauses_between(41, 49) == [] and collector.pauses_between(96, 200) == []
+
+
 def test_collector_records_a_real_collection_while_held_and_only_then():
     from asyncgpu._base import collector
 
