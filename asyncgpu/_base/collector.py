@@ -1,5 +1,6 @@
-"""Python's garbage collections on the host clock: a process-wide recorder that step timers hold while they run
-(`acquire`, `release`), so that a step can say how much of its host time the collector took (`pauses_in`).
+"""Python's garbage collections on the host clock: a process-wide recorder that step timers and scopes hold while
+they run (`acquire`, `release`), so that a step can say how much of its host time the collector took (`pauses_in`)
+and a scope can show its body's collections (`pauses_between`).
 
 A collection holds the GIL, so its pause is host time for every thread of the process that runs Python: a loop
 that issues a step's work stops issuing, and the step reads launch-bound. The recorder is one entry of
@@ -8,8 +9,9 @@ keeps the collections of generations 1 and 2, and those of generation 0 that too
 short young ones would only churn the ring), in a ring of the newest `KEEP` (numpy, preallocated: the callback
 allocates nothing that could start another collection).
 
-Threads: the callback runs in whichever thread triggered the collection, with the GIL held. `pauses_in` reads the
-count before it copies the ring, so a collection during the copy (which allocates) is left out, never half-read.
+Threads: the callback runs in whichever thread triggered the collection, with the GIL held (a collection's start
+and stop are never interleaved with another's). A reader takes the count before it reads the ring, so a collection
+that its own allocations start is left out, never half-read.
 """
 
 from __future__ import annotations
