@@ -807,7 +807,7 @@ def test_an_own_stream_cupti_cannot_name_yet_is_asked_again_at_the_next_flush(mo
     from asyncgpu._backends import cupti
     from asyncgpu._timing.step_cupti import StepRecords
 
-    batch = cupti.RecordBatch.from_tuples([("kernel", 0, 10, 1, 0, 5, "asyncgpu_clock_pingpong")])
+    batch = cupti.RecordBatch.from_tuples([("memcpy", 0, 10, 1, 0, 5, "memcpy")])  # (a copy: no clock kernel)
     monkeypatch.setattr(cupti, "flush_batch", lambda channel: (batch, {}))
     monkeypatch.setattr(cupti, "host_offset_ns", lambda samples=16: 0)
     ids: dict = {}
@@ -816,7 +816,36 @@ def test_an_own_stream_cupti_cannot_name_yet_is_asked_again_at_the_next_flush(mo
     r.take()  # (no id yet: the record cannot be told from a user's)
     ids[(11, 22)] = 5
     r.take()
-    assert r.names == [{"asyncgpu_clock_pingpong": [1, 10.0]}]  # the first flush's only
+    assert r.names == [{"memcpy": [1, 10.0]}]  # the first flush's only
+
+
+def test_the_stream_a_clock_kernel_ran_on_is_asyncgpus_whatever_id_cupti_gave(monkeypatch):
+    """CUPTI named the clock's stream and its ping kernel still came through as the user's (4× H100, run 44): the
+    id CUPTI gives for a stream and the one its records carry can differ. The stream a clock kernel ran on is
+    asyncgpu's from that flush on, its copies too, also those before the kernel in the same flush; the same id on
+    another device stays that device's user's."""
+    from asyncgpu._backends import cupti
+    from asyncgpu._timing.step_cupti import StepRecords
+
+    batches = [
+        cupti.RecordBatch.from_tuples(
+            [
+                ("memcpy", 0, 2, 1, 0, 5, "memcpy"),
+                ("kernel", 2, 12, 2, 0, 5, "asyncgpu_clock_pingpong"),
+                ("kernel", 20, 25, 3, 0, 7, "users_kernel"),
+                ("kernel", 30, 34, 4, 1, 5, "other_gpus_kernel"),
+            ]
+        ),
+        cupti.RecordBatch.from_tuples([("memcpy", 40, 41, 5, 0, 5, "memcpy"), ("memset", 50, 52, 6, 0, 7, "memset")]),
+    ]
+    monkeypatch.setattr(cupti, "flush_batch", lambda channel: (batches.pop(0), {}))
+    monkeypatch.setattr(cupti, "host_offset_ns", lambda samples=16: 0)
+    monkeypatch.setattr(cupti, "stream_id", lambda context, handle: 6)  # (not the id the records carry)
+    r = StepRecords([0, 1], own=lambda: [(0, 11, 22)])
+    r.take()
+    r.take()
+    assert r.names == [{"users_kernel": [1, 5.0], "memset": [1, 2.0]}, {"other_gpus_kernel": [1, 4.0]}]
+    assert r.seen_own == {5}
 
 
 def _covered_by_hand(intervals, lo, hi):
@@ -956,7 +985,8 @@ def test_the_cupti_source_times_the_kernels_inside_each_step_on_a_gpu():
             dev.synchronize()
             if i == 3:
                 dev.clock(refresh=True)
-        own = st._cupti._own_ids  # (asyncgpu's own streams: their CUPTI ids, None where CUPTI could not name one)
+        # (asyncgpu's own streams: the ids CUPTI gave, None where it gave none; the streams clock kernels ran on)
+        own = (dict(st._cupti._own_ids), set(st._cupti.seen_own))
     assert st.source == "cupti"
     busy = np.array([r.devices[0].busy_ms for r in st.steps()])
     # the spins' own time plus their launch and exit, less what the two clocks' placements (CUPTI's and the step

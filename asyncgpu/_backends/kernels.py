@@ -24,6 +24,7 @@ from asyncgpu._base.checks import whole
 __all__ = ["FORMAT", "HostLane", "format_path", "kernels_dir", "parse_format", "words_of"]
 
 _KERNEL_SOURCE = "workloads.cu"  # a file every kernels directory has
+CLOCK_KERNEL_PREFIX = "asyncgpu_clock_"  #: the clock calibration's kernels (kernels/clock.cu): asyncgpu's own work
 
 _DEFINE = re.compile(r"^\s*#\s*define\s+(AGK_[A-Z0-9_]+)\s+(\S+)\s*$")
 

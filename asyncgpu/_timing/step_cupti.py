@@ -22,6 +22,8 @@ from collections.abc import Callable
 import numpy as np
 
 from asyncgpu._backends import cupti
+from asyncgpu._backends.cupti_buffers import RecordBatch
+from asyncgpu._backends.kernels import CLOCK_KERNEL_PREFIX
 
 __all__ = ["StepRecords"]
 
@@ -44,6 +46,7 @@ class StepRecords:
         self._ordinals = np.asarray(ordinals, np.int64)
         self._own = own
         self._own_ids: dict[tuple[int, int, int], int | None] = {}  # `own`'s triple -> ordinal << 32 | CUPTI's id
+        self.seen_own: set[int] = set()  #: ``ordinal << 32 | stream id`` of the streams clock kernels were seen on
         self._order = np.argsort(self._ordinals)  # (to find a record's column by its device's ordinal)
         self._ncols = len(ordinals)
         self._start = np.empty(0)  # host ns
@@ -69,7 +72,7 @@ class StepRecords:
         at = np.searchsorted(self._ordinals, batch.device, sorter=self._order)
         cols = self._order[np.minimum(at, self._ncols - 1)]
         mine = self._ordinals[cols] == batch.device  # (records of devices the timer does not time: dropped)
-        own = self._own_keys()
+        own = self._own_keys(batch)
         if len(own):
             mine &= ~np.isin((batch.device.astype(np.int64) << 32) | batch.stream, own)
         cols = cols[mine]
@@ -99,18 +102,27 @@ class StepRecords:
             self._start, self._end, self._col = self._start[extra:], self._end[extra:], self._col[extra:]
         return n
 
-    def _own_keys(self) -> np.ndarray:
-        """``ordinal << 32 | CUPTI's stream id`` of asyncgpu's own streams (`own`), as the records key them: every
-        one seen while the timer ran (a flush after a device closed still holds its calibration's records). A
-        stream CUPTI cannot name yet is asked again at the next flush (a missing id was once kept for good and the
-        clock's records counted as the user's: a stream made before the session may have none at first)."""
+    def _own_keys(self, batch: RecordBatch) -> np.ndarray:
+        """``ordinal << 32 | CUPTI's stream id`` of asyncgpu's own streams, as the records key them: every one seen
+        while the timer ran (a flush after a device closed still holds its calibration's records). Two ways, as
+        neither alone is enough:
+
+        - CUPTI's id of each stream `own` names, asked at each flush until CUPTI gives one (a stream made before
+          the session may have none at first);
+        - the streams that ``batch``'s clock kernels (`CLOCK_KERNEL_PREFIX`) ran on: only the calibration's stream
+          runs them. On 4 H100s (run 44) CUPTI named one own stream and the clock's ping kernel still came
+          through as the user's, so the id CUPTI gave and the one its records carry can differ."""
         if self._own is not None:
             for key in self._own():
                 if self._own_ids.get(key) is None:
                     ordinal, context, handle = key
                     sid = cupti.stream_id(context, handle)
                     self._own_ids[key] = None if sid is None else (ordinal << 32) | sid
-        return np.array([k for k in self._own_ids.values() if k is not None], np.int64)
+        clock = [i for i, name in enumerate(batch.names) if name.startswith(CLOCK_KERNEL_PREFIX)]
+        if clock:
+            hit = np.isin(batch.name, clock)
+            self.seen_own.update(np.unique((batch.device[hit].astype(np.int64) << 32) | batch.stream[hit]).tolist())
+        return np.array(sorted({k for k in self._own_ids.values() if k is not None} | self.seen_own), np.int64)
 
     def measured(
         self, start_ns: np.ndarray, end_ns: np.ndarray, issued_ns: np.ndarray
