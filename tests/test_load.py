@@ -34,12 +34,19 @@ def _hold(dev, s):
 
 
 async def _ticking(
-    producer, release, after_s: float = 0.3, limit_s: float | None = None, ticks_ns: list[int] | None = None
+    producer,
+    release,
+    after_s: float = 0.3,
+    limit_s: float | None = None,
+    ticks_ns: list[int] | None = None,
+    release_when: threading.Event | None = None,
 ) -> np.ndarray:
     """Run ``producer()`` beside a 1 ms ticker (each tick 1 ms after the last: one stall makes one late tick),
-    with the holds ``release`` released from another thread after ``after_s``; returns how late each tick ran
-    (ms, the first left out), and appends to ``ticks_ns`` when each ran (``perf_counter_ns``). The collector is off
-    meanwhile: its pauses are not asyncgpu's (a full collection in a young process took ~20 ms on a GPU host)."""
+    with the holds ``release`` released from another thread after ``after_s``, counted from when ``release_when``
+    is set if one is given (at most 10 s later: a loop blocked in the driver, the failure under test, is released
+    too); returns how late each tick ran (ms, the first left out), and appends to ``ticks_ns`` when each ran
+    (``perf_counter_ns``). The collector is off meanwhile: its pauses are not asyncgpu's (a full collection in a
+    young process took ~20 ms on a GPU host)."""
     late_ns: list[int] = []
     at_ns = ticks_ns if ticks_ns is not None else []
     stop = threading.Event()
@@ -57,7 +64,14 @@ async def _ticking(
         finally:
             stop.set()
 
-    threading.Timer(after_s, lambda: [r() for r in release]).start()
+    def releaser():
+        if release_when is not None:
+            release_when.wait(10.0)
+        time.sleep(after_s)
+        for r in release:
+            r()
+
+    threading.Thread(target=releaser, daemon=True).start()
     with collector_off(), anyio.fail_after(limit_s) if limit_s is not None else contextlib.nullcontext():
         async with anyio.create_task_group() as tg:
             tg.start_soon(ticker)
@@ -289,6 +303,11 @@ async def test_ten_thousand_records_behind_held_streams_never_hang_and_lose_noth
     release = [_hold(dev, s) for s in dev.streams]
     refused = [0]
     events = []
+    # The holds end 0.3 s after the first refusal, not 0.3 s after the start: a producer slowed past 0.3 s before
+    # the streams filled saw no refusal (one H100, run 44: 10,000 records, none refused). Records done when
+    # refused first: (records, ms from the start).
+    full, first = threading.Event(), []
+    t0_ns = time.perf_counter_ns()
 
     async def producer():  # lets the loop run every 50 records (~0.5 ms of its own on a GPU host), not at each
         for i in range(10_000):
@@ -302,13 +321,19 @@ async def test_ten_thousand_records_behind_held_streams_never_hang_and_lose_noth
                 except QueueFullError as exc:
                     assert "await stream.room()" in str(exc)
                     refused[0] += 1
+                    if not full.is_set():
+                        first.append((len(events), (time.perf_counter_ns() - t0_ns) / 1e6))
+                        full.set()
                     await s.room()
+        full.set()  # (none refused: the holds end too, and the assertion below says so)
         for ev in events:
             await ev.wait()
             ev.release()
 
-    late_ms = await _ticking(producer, release, limit_s=30)
-    assert refused[0] >= 1  # the streams did fill: 10,000 records behind the hold are more than 8 bounds
+    late_ms = await _ticking(producer, release, limit_s=30, release_when=full)
+    # the streams did fill: 10,000 records behind the hold are more than 8 bounds
+    assert refused[0] >= 1, f"none refused; the loop's ticks were at most {late_ms.max():.1f} ms late"
+    assert first[0][0] >= 8 * (stream_mod.QUEUE_LIMIT - stream_mod.CHECK_EVERY), first  # (each stream near its bound)
     assert len(events) == 10_000
     assert dev.pool_stats().in_use == in_use_before
     assert len(late_ms) > 50
