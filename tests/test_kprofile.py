@@ -4,6 +4,7 @@ gather, decode, place, trace), and the GPU (marked)."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -95,7 +96,9 @@ def placement_slack_ns(dev) -> float:
     event pair's overhead) may disagree: both placements' bounds, the overhead, a µs of clock resolution."""
     if dev.backend == "host":
         return 0.0  # one clock
-    cal = dev.clock()
+    # the calibration that placed them, never a new one: a re-measure blocks the loop of an async test, and warns
+    # (2× H100, run 44: the calibration had aged past `CLOCK_MAX_AGE_S` by then)
+    cal = dev.clock(max_age_s=math.inf)
     return cal.bound_ns + cal.globaltimer_bound_ns + cal.bracket_overhead_ns + 1_000
 
 
