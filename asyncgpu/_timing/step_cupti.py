@@ -111,7 +111,8 @@ class StepRecords:
           the session may have none at first);
         - the streams that ``batch``'s clock kernels (`CLOCK_KERNEL_PREFIX`) ran on: only the calibration's stream
           runs them. On 4 H100s (run 44) CUPTI named one own stream and the clock's ping kernel still came
-          through as the user's, so the id CUPTI gave and the one its records carry can differ."""
+          through as the user's: either the id CUPTI gave and the one its records carry differ, or the kernel ran
+          on a calibration stream `own` did not name (not shown which)."""
         if self._own is not None:
             for key in self._own():
                 if self._own_ids.get(key) is None:
