@@ -299,23 +299,31 @@ def test_another_cupti_subscriber_makes_auto_fall_back_and_cupti_raise(dev, back
 
 
 def test_events_time_a_memset_on_an_idle_gpu_as_cupti_does(dev, backend):
-    """The idle-start case: each memset launched on an idle GPU; the events' duration against CUPTI's (an outer
-    scope reads CUPTI, the inner one events, for the same activities). Unheld, the pair read +36 µs p50 here
-    (H200); held and net of the pair's own latency, within a microsecond."""
+    """The idle-start case: each 40 MB memset launched on an idle GPU. Unheld, the pair read +36 µs p50 here
+    (H200); held and net of the pair's own latency, within a microsecond.
+
+    Events and CUPTI time rounds of their own, in turn, compared as distributions (the i-th shortest of each):
+    nested in a CUPTI scope, the pair would also count CUPTI's own instrumentation of the memset, which on some
+    2× H100 streams lands inside it (runs 42 and 45: one memset of ten 3.1-5.2 µs over CUPTI, nested, in 2-GPU
+    suites only; the same as run 42 showed for copies between device buffers: the copy test below).
+    An events-side outlier still fails: it leaves the events' longest memset apart from CUPTI's."""
     _cupti_or_skip(backend)
     a = dev.alloc(10_000_000)
     dev.stream.memset(a, 0)
-    errs = []
-    for _ in range(10):
+    durs_us: dict[str, list[float]] = {"events": [], "cupti": []}
+    for i in range(24):
         dev.synchronize()
         time.sleep(0.002)
-        with gpu_timer(dev, source="cupti") as outer:
-            with gpu_timer(dev, source="events") as inner:
-                dev.stream.memset(a, 0)
-        assert outer.timeline.source == "cupti" and inner.timeline.source == "events"
-        errs.append((inner.records[0].duration_ms - outer.records[0].duration_ms) * 1e3)
-    errs.sort()
-    assert abs(errs[len(errs) // 2]) <= 1.0 and max(abs(e) for e in errs) < 2.0, errs
+        source = ("events", "cupti")[i % 2]
+        with gpu_timer(dev, source=source) as t:
+            dev.stream.memset(a, 0)
+        assert t.timeline.source == source, t.timeline.source_note
+        durs_us[source].append(t.records[0].duration_ms * 1e3)
+    ev, cu = np.sort(durs_us["events"]), np.sort(durs_us["cupti"])
+    errs = ev - cu
+    assert abs(np.median(ev) - np.median(cu)) <= 1.0 and np.abs(errs).max() < 2.0, (
+        f"events {np.round(ev, 2)}\nCUPTI  {np.round(cu, 2)}"
+    )
     a.free()
 
 
