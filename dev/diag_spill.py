@@ -8,6 +8,8 @@ the previous spin's last) is the stream's time from one spin's last instant to t
 launch and exit, and whatever the stream does in between (an event record, a write-back the work leaves). Rounds of
 four settings in turn: no scope, an events scope, a CUPTI-source scope, and an events scope nested in a CUPTI-source
 scope (both sources on the same activities). Per setting and work: the bracket and each source's duration, p50.
+Runs of ten memsets or copies back to back are works too (one bracket, the durations summed): the busy sequences
+of `dev/diag_busy_pair.py`, where one work's write-back may overlap the next.
 
 What decides it: how ``bracket − duration`` moves from a work that fits the L2 to the same work that spills it.
 The bracket's launch and exit parts do not depend on the bytes, so a source whose ``bracket − duration`` stays flat
@@ -28,6 +30,7 @@ import argparse
 import contextlib
 import os
 import sys
+from collections.abc import Callable
 
 import numpy as np
 
@@ -40,6 +43,7 @@ from dev.diag_outliers import SPIN  # (a spin that stamps %globaltimer at its fi
 SETTINGS = ("none", "events", "cupti", "nested")
 SIZES_MB = (8, 16, 160)  #: fits the L2 (50 MB on H100 and H200), fits, spills
 GAP_NS = 20_000  #: the stamped spins between the works
+RUN = 10  #: works back to back in a run (one bracket, their durations summed)
 LEAD_NS = 3_000_000
 
 
@@ -89,23 +93,31 @@ def _run(a: argparse.Namespace) -> int:
     one = LaunchConfig(grid=1, block=1)
     s = dev.stream
     bufs = {mb: (dev.alloc(mb * 250_000, np.float32), dev.alloc(mb * 250_000, np.float32)) for mb in SIZES_MB}
-    works = []
+    works: list[tuple[str, Callable[[], object], int]] = []  # (label, launches, activities it makes)
     for mb in SIZES_MB:
         x, y = bufs[mb]
-        works.append((f"memset {mb} MB", lambda x=x: s.memset(x, 0)))
-        works.append((f"inc_loop {mb} MB", lambda x=x: s.inc_loop(x, 1)))
-        works.append((f"copy d2d {mb} MB", lambda x=x, y=y: s.copy(y, x)))
+        works.append((f"memset {mb} MB", lambda x=x: s.memset(x, 0), 1))
+        works.append((f"inc_loop {mb} MB", lambda x=x: s.inc_loop(x, 1), 1))
+        works.append((f"copy d2d {mb} MB", lambda x=x, y=y: s.copy(y, x), 1))
+    for mb in (SIZES_MB[0], SIZES_MB[-1]):  # back to back, as diag_busy_pair's busy sequences
+        x, y = bufs[mb]
+        works.append((f"{RUN}× memset {mb} MB", lambda x=x: [s.memset(x, 0) for _ in range(RUN)], RUN))
+        works.append((f"{RUN}× copy d2d {mb} MB", lambda x=x, y=y: [s.copy(y, x) for _ in range(RUN)], RUN))
     n = len(works)
+    acts = sum(w[2] for w in works)
     stamps = dev.alloc(2 * (n + 1), np.uint64)
     host = dev.alloc_pinned(2 * (n + 1), np.uint64)
     cal = dev.clock()
     by_kind = {k: round(v) for k, v in cal.bracket_overhead_by_kind_ns.items()}
     print(f"{dev.description}: pair overhead (ns) {by_kind}, {cal.bracket_overhead_source}")
-    print(f"{n} works a round, each between two stamped {GAP_NS / 1e3:.0f} µs spins, behind a 3 ms spin")
+    print(
+        f"{n} works a round, each between two stamped {GAP_NS / 1e3:.0f} µs spins, behind a 3 ms spin; a run of "
+        f"{RUN} back to back is one work (its durations summed; its change by size per activity)"
+    )
 
     def one_round() -> None:
         s.launch(kernel, one, np.uint64(LEAD_NS), np.uint64(stamps.ptr), name="stamped_spin")
-        for j, (_, fn) in enumerate(works):
+        for j, (_, fn, _) in enumerate(works):
             fn()
             s.launch(kernel, one, np.uint64(GAP_NS), np.uint64(stamps.ptr + 16 * (j + 1)), name="stamped_spin")
 
@@ -135,14 +147,16 @@ def _run(a: argparse.Namespace) -> int:
         s.sync()
         if rnd < len(SETTINGS):
             continue
-        durs = _sources(te, tc, n)
+        durs = _sources(te, tc, acts)
         st = host.astype(np.int64)
-        ev, cu = durs.get("events", np.full(n, np.nan)), durs.get("cupti", np.full(n, np.nan))
+        ev, cu = durs.get("events", np.full(acts, np.nan)), durs.get("cupti", np.full(acts, np.nan))
+        bounds = np.cumsum([0] + [w[2] for w in works])  # each work's activities, summed
+        ev, cu = np.add.reduceat(ev, bounds[:-1]), np.add.reduceat(cu, bounds[:-1])
         for j in range(n):
             bracket = float(st[2 * (j + 1)] - st[2 * j + 1])
             got.setdefault((setting, j), []).append((bracket, float(ev[j]), float(cu[j])))
     print(
-        f"{'setting':<7} {'work':<18} {'n':>3} {'bracket':>8} {'source':<6} {'dur':>8} {'br−dur':>7} "
+        f"{'setting':<7} {'work':<22} {'n':>3} {'bracket':>8} {'source':<6} {'dur':>8} {'br−dur':>7} "
         f"{'p10':>6} {'p90':>6} {'ev−cu':>6}"
     )
     gaps: dict[tuple[str, str], float] = {}  # (source as set, work) -> bracket − duration p50, ns
@@ -154,13 +168,13 @@ def _run(a: argparse.Namespace) -> int:
         evcu = f"{np.median(cols['events'] - cols['cupti']) / 1e3:>+6.2f}" if len(timed) == 2 else f"{'':>6}"
         for src in timed or ["-"]:
             if src == "-":
-                print(f"{setting:<7} {works[j][0]:<18} {len(br):>3} {np.median(br) / 1e3:>8.2f}")
+                print(f"{setting:<7} {works[j][0]:<22} {len(br):>3} {np.median(br) / 1e3:>8.2f}")
                 continue
             g = br - cols[src]
             q = np.percentile(g, [50, 10, 90]) / 1e3
             gaps[(f"{src} ({setting})", works[j][0])] = float(q[0])
             print(
-                f"{setting:<7} {works[j][0]:<18} {len(br):>3} {np.median(br) / 1e3:>8.2f} {src:<6} "
+                f"{setting:<7} {works[j][0]:<22} {len(br):>3} {np.median(br) / 1e3:>8.2f} {src:<6} "
                 f"{np.median(cols[src]) / 1e3:>8.2f} {q[0]:>+7.2f} {q[1]:>+6.2f} {q[2]:>+6.2f} {evcu}"
             )
     print(
@@ -169,12 +183,13 @@ def _run(a: argparse.Namespace) -> int:
     )
     for src in sorted({k for k, _ in gaps}):
         cells = []
-        for kind in ("memset", "inc_loop", "copy d2d"):
+        for kind in ("memset", "inc_loop", "copy d2d", f"{RUN}× memset", f"{RUN}× copy d2d"):
             base = gaps.get((src, f"{kind} {SIZES_MB[0]} MB"))
             for mb in SIZES_MB[1:]:
                 v = gaps.get((src, f"{kind} {mb} MB"))
                 if base is not None and v is not None:
-                    cells.append(f"{kind} {mb} MB {v - base:+.2f}")
+                    per = RUN if kind.startswith(f"{RUN}×") else 1
+                    cells.append(f"{kind} {mb} MB {(v - base) / per:+.2f}")
         print(f"  {src:<16} " + "; ".join(cells))
     brackets = {
         setting: {works[j][0]: float(np.median(np.asarray(got[(setting, j)])[:, 0])) for j in range(n)}
@@ -182,7 +197,7 @@ def _run(a: argparse.Namespace) -> int:
     }
     print("\nthe bracket, p50, against no scope (µs: what each setting adds to the stream's time for the work)")
     for setting in SETTINGS[1:]:
-        cells = [f"{w} {brackets[setting][w] - brackets['none'][w]:+.2f}" for w, _ in works]
+        cells = [f"{w} {(brackets[setting][w] - brackets['none'][w]) / 1e3:+.2f}" for w, _, _ in works]
         print(f"  {setting:<7} " + "; ".join(cells))
     dev.close()
     return 0
