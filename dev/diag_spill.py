@@ -9,7 +9,8 @@ launch and exit, and whatever the stream does in between (an event record, a wri
 four settings in turn: no scope, an events scope, a CUPTI-source scope, and an events scope nested in a CUPTI-source
 scope (both sources on the same activities). Per setting and work: the bracket and each source's duration, p50.
 Runs of ten memsets or copies back to back are works too (one bracket, the durations summed): the busy sequences
-of `dev/diag_busy_pair.py`, where one work's write-back may overlap the next.
+of `dev/diag_busy_pair.py`, where one work's write-back may overlap the next. Last in each round, memsets and
+copies launched onto the drained stream (idle starts: durations only, no bracket).
 
 What decides it: how ``bracket − duration`` moves from a work that fits the L2 to the same work that spills it.
 The bracket's launch and exit parts do not depend on the bytes, so a source whose ``bracket − duration`` stays flat
@@ -30,6 +31,7 @@ import argparse
 import contextlib
 import os
 import sys
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -103,7 +105,13 @@ def _run(a: argparse.Namespace) -> int:
         x, y = bufs[mb]
         works.append((f"{RUN}× memset {mb} MB", lambda x=x: [s.memset(x, 0) for _ in range(RUN)], RUN))
         works.append((f"{RUN}× copy d2d {mb} MB", lambda x=x, y=y: [s.copy(y, x) for _ in range(RUN)], RUN))
+    idle: list[tuple[str, Callable[[], object], int]] = []  # each launched onto the drained stream, no bracket
+    for mb in (SIZES_MB[0], SIZES_MB[-1]):
+        x, y = bufs[mb]
+        idle.append((f"idle memset {mb} MB", lambda x=x: s.memset(x, 0), 1))
+        idle.append((f"idle copy d2d {mb} MB", lambda x=x, y=y: s.copy(y, x), 1))
     n = len(works)
+    works += idle
     acts = sum(w[2] for w in works)
     stamps = dev.alloc(2 * (n + 1), np.uint64)
     host = dev.alloc_pinned(2 * (n + 1), np.uint64)
@@ -117,9 +125,13 @@ def _run(a: argparse.Namespace) -> int:
 
     def one_round() -> None:
         s.launch(kernel, one, np.uint64(LEAD_NS), np.uint64(stamps.ptr), name="stamped_spin")
-        for j, (_, fn, _) in enumerate(works):
+        for j, (_, fn, _) in enumerate(works[:n]):
             fn()
             s.launch(kernel, one, np.uint64(GAP_NS), np.uint64(stamps.ptr + 16 * (j + 1)), name="stamped_spin")
+        for _, fn, _ in works[n:]:
+            dev.synchronize()
+            time.sleep(0.001)
+            fn()
 
     one_round()  # loaded and warm
     dev.synchronize()
@@ -152,8 +164,8 @@ def _run(a: argparse.Namespace) -> int:
         ev, cu = durs.get("events", np.full(acts, np.nan)), durs.get("cupti", np.full(acts, np.nan))
         bounds = np.cumsum([0] + [w[2] for w in works])  # each work's activities, summed
         ev, cu = np.add.reduceat(ev, bounds[:-1]), np.add.reduceat(cu, bounds[:-1])
-        for j in range(n):
-            bracket = float(st[2 * (j + 1)] - st[2 * j + 1])
+        for j in range(len(works)):
+            bracket = float(st[2 * (j + 1)] - st[2 * j + 1]) if j < n else np.nan
             got.setdefault((setting, j), []).append((bracket, float(ev[j]), float(cu[j])))
     print(
         f"{'setting':<7} {'work':<22} {'n':>3} {'bracket':>8} {'source':<6} {'dur':>8} {'br−dur':>7} "
@@ -197,7 +209,7 @@ def _run(a: argparse.Namespace) -> int:
     }
     print("\nthe bracket, p50, against no scope (µs: what each setting adds to the stream's time for the work)")
     for setting in SETTINGS[1:]:
-        cells = [f"{w} {(brackets[setting][w] - brackets['none'][w]) / 1e3:+.2f}" for w, _, _ in works]
+        cells = [f"{w} {(brackets[setting][w] - brackets['none'][w]) / 1e3:+.2f}" for w, _, _ in works[:n]]
         print(f"  {setting:<7} " + "; ".join(cells))
     dev.close()
     return 0

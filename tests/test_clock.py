@@ -204,10 +204,10 @@ def test_the_calibration_says_how_the_pair_overhead_was_measured():
     by_kind, source = dev._internal.bd.bracket_overhead()
     assert all(500 < ns < 20_000 for ns in by_kind.values()), by_kind
     if usable:  # each kind measured against CUPTI's record of it
-        assert source.startswith("against CUPTI") and set(by_kind) == {"kernel", "memset", "memcpy", "memcpy_d2d"}, (
-            source,
-            by_kind,
-        )
+        kinds = {"kernel", "memset", "memcpy", "memcpy_d2d"}
+        if dev._internal.bd.spill_bytes is not None:  # (and such work that spills the L2)
+            kinds |= {"memset_spill", "memcpy_d2d_spill"}
+        assert source.startswith("against CUPTI") and set(by_kind) == kinds, (source, by_kind)
         assert cupti.available()[0]  # the session was closed again
     else:
         assert "globaltimer" in source and set(by_kind) == {"kernel"}, (source, by_kind)
@@ -293,3 +293,102 @@ def test_a_ping_the_device_never_answers_fails_after_one_timeout_and_releases_th
         host_pingpong(page, 2, 1, 40, 16, 5_000_000, "dev")
     assert 0.005 <= time.perf_counter() - t0 < 0.5
     assert page.w[2] == 40 + 16 - 1  # every ping released: nothing on the device waits for the host
+
+
+def test_memsets_and_copies_that_spill_the_cache_lose_the_spilling_pairs_overhead():
+    """A memset or a copy between device buffers that spills the device's cache loses the overhead the
+    calibration measured for such work (`cut_kind`); a copy to the host, a kernel, or work of a device whose
+    calibration measured no such kind lose their own kind's."""
+    from asyncgpu._base.records import KIND_CODES
+    from asyncgpu._runtime.clock import DeviceClock, Placement, cut_kind
+
+    assert cut_kind("memset", "memset", True) == "memset_spill" and cut_kind("memset", "memset") == "memset"
+    assert cut_kind("memcpy", "copy", True) == "memcpy_d2d_spill" and cut_kind("memcpy", "copy") == "memcpy_d2d"
+    assert cut_kind("memcpy", "copy_to_host", True) == "memcpy" and cut_kind("kernel", "k", True) == "kernel"
+    dev = asyncgpu.device(0, backend="host")
+    clock = DeviceClock(dev.name, True, 0.0)
+    cuts = {"kernel": 2000.0, "memset": 2100.0, "memcpy": 3000.0, "memcpy_d2d": 2200.0}
+    measured = Placement(dev, None, 0.0, 1.0, {**cuts, "memset_spill": 2600.0, "memcpy_d2d_spill": 1900.0}, clock, None)
+    unmeasured = Placement(dev, None, 0.0, 1.0, cuts, clock, None)
+    # rows: memset, spilling memset, copy to host, spilling copy, copy, kernel (flagged: no spill kind)
+    kinds = np.array([KIND_CODES[k] for k in ("memset", "memset", "memcpy", "memcpy", "memcpy", "kernel")], np.int8)
+    d2d = np.array([False, False, False, True, True, False])
+    spills = np.array([False, True, False, True, False, True])
+    for place, want in (
+        (measured, [2100, 2600, 3000, 1900, 2200, 2000]),
+        (unmeasured, [2100, 2100, 3000, 2200, 2200, 2000]),
+    ):
+        start, dur = np.zeros(6), np.full(6, 50_000.0)
+        place.trim_columns(np.ones(6, bool), kinds, start, dur, d2d, spills)
+        assert np.array_equal(50_000.0 - dur, want) and np.array_equal(start, np.array(want) / 2)
+        names = ("memset", "memset", "copy_to_host", "copy", "copy", "k")
+        one = [
+            50_000.0 - place.trim(k, 0.0, 50_000.0, n, bool(s))[1]
+            for k, n, s in zip(("memset", "memset", "memcpy", "memcpy", "memcpy", "kernel"), names, spills)
+        ]
+        assert one == want
+
+
+def test_a_launch_says_whether_it_spills_the_devices_cache(monkeypatch):
+    """`Stream.memset` and `Stream.copy` flag their launch while the observers see it when its bytes pass the
+    backend's `spill_bytes`, and only then; the flag is down again after the launch."""
+    from asyncgpu._runtime import hooks
+
+    dev = asyncgpu.device(0, backend="host")
+    s = dev.stream
+    small, big = dev.alloc(1000, np.uint8), dev.alloc(1001, np.uint8)  # (bytes: at the limit, past it)
+    seen = []
+
+    class Watch:
+        def launch_begin(self, stream, name, kind, fn, args):
+            seen.append((name, stream._internal.spills))
+
+        def launch_end(self, token, ok):
+            pass
+
+        def wanted_kinds(self, device, kinds):
+            return frozenset()
+
+        def adopt(self, *a, **k):
+            return False
+
+        def correlate(self, stream):
+            return None
+
+    monkeypatch.setattr(dev._internal.bd, "spill_bytes", 1000, raising=False)
+    hooks.install(Watch())
+    try:
+        s.memset(small, 0)
+        s.memset(big, 0)
+        s.copy(big, small)
+        s.copy(dev.alloc(2000, np.uint8), dev.alloc(2000, np.uint8))
+        s.spin_us(1)
+    finally:
+        for o in hooks.OBSERVERS:
+            if isinstance(o, Watch):
+                hooks.uninstall(o)
+    dev.synchronize()
+    assert seen == [("memset", False), ("memset", True), ("copy", False), ("copy", True), ("spin", False)], seen
+    assert not s._internal.spills
+
+
+def test_a_scope_hands_its_spilling_rows_to_the_trim(monkeypatch):
+    """A scope's harvest marks the activities that spilled the device's cache for `Placement.trim_columns`."""
+    from asyncgpu._runtime.clock import Placement
+
+    dev = asyncgpu.device(0, backend="host")
+    small, big = dev.alloc(1000, np.uint8), dev.alloc(1001, np.uint8)
+    monkeypatch.setattr(dev._internal.bd, "spill_bytes", 1000, raising=False)
+    got = []
+    trim_columns = Placement.trim_columns
+
+    def spy(self, rows, kind_col, start_col, dur_col, d2d_rows=None, spill_rows=None):
+        got.append(None if spill_rows is None else spill_rows[rows].tolist())
+        return trim_columns(self, rows, kind_col, start_col, dur_col, d2d_rows, spill_rows)
+
+    monkeypatch.setattr(Placement, "trim_columns", spy)
+    with gpu_timer(dev) as t:
+        dev.stream.memset(small, 0)
+        dev.stream.memset(big, 0)
+        dev.stream.spin_us(1)
+    assert len(t.records) == 3 and got[-1] == [False, True, False], got

@@ -140,14 +140,20 @@ class ClockCalibration:
 # in a user block is not corrected.
 _LAUNCH_KINDS = ("kernel", "graph", "memset", "memcpy")
 _LAUNCH_CODES = np.array([KIND_CODES[k] for k in _LAUNCH_KINDS], np.int8)
-#: measured apart (a graph's pair is a kernel's); ``memcpy_d2d``: copies between device buffers (`cut_kind`)
-_PAIR_KINDS = ("kernel", "memset", "memcpy", "memcpy_d2d")
+#: measured apart (a graph's pair is a kernel's); ``memcpy_d2d``: copies between device buffers; ``*_spill``: memsets
+#: and such copies that spill the device's cache (`cut_kind`)
+_PAIR_KINDS = ("kernel", "memset", "memcpy", "memcpy_d2d", "memset_spill", "memcpy_d2d_spill")
+_SPILLING = {"memset": "memset_spill", "memcpy_d2d": "memcpy_d2d_spill"}
 
 
-def cut_kind(kind: str, name: str | None) -> str:
+def cut_kind(kind: str, name: str | None, spills: bool = False) -> str:
     """Which of the pair overheads a launch of ``kind`` called ``name`` loses: its kind, but ``"memcpy_d2d"``
-    for a copy between device buffers (another copy engine, primed every time: `hooks.engine_of`)."""
-    return "memcpy_d2d" if kind == "memcpy" and engine_of(kind, name) == "copy_d2d" else kind
+    for a copy between device buffers (another copy engine, primed every time: `hooks.engine_of`); and for a
+    memset or such a copy that ``spills`` the device's cache (`BackendDevice.spill_bytes`), the overhead measured
+    for such work (``"memset_spill"``, ``"memcpy_d2d_spill"``): around work that spills the L2 the pair costs the
+    stream a different time, by machine (+0.4 µs on one H100, −0.2 µs on 2× H200: `dev/diag_spill.py`)."""
+    base = "memcpy_d2d" if kind == "memcpy" and engine_of(kind, name) == "copy_d2d" else kind
+    return _SPILLING.get(base, base) if spills else base
 
 
 @final
@@ -184,6 +190,9 @@ class Placement:
         self.cuts["graph"] = kernel
         if "memcpy_d2d" not in overhead_ns:
             self.cuts["memcpy_d2d"] = self.cuts["memcpy"]
+        for base, spill in _SPILLING.items():  # (not measured: the work's own kind's)
+            if spill not in overhead_ns:
+                self.cuts[spill] = self.cuts[base]
 
     def host_ns(self, raw_event: Any) -> float:
         """The host time (ns) of a completed timing event of the device (NaN without an anchor). Raises
@@ -192,11 +201,13 @@ class Placement:
             return math.nan
         return self.anchor_ns + self.device._internal.bd.elapsed_ms(self.anchor, raw_event) * 1e6 * self.rate
 
-    def trim(self, kind: str, start_ns: float, duration_ns: float, name: str | None = None) -> tuple[float, float]:
-        """What the event pair added, taken out of a kernel, graph, memset or memcpy (called ``name``: `cut_kind`):
-        half from the start, all of it from the duration (never below zero). Other kinds are returned as they
-        are."""
-        cut = self.cuts.get(cut_kind(kind, name), 0.0)
+    def trim(
+        self, kind: str, start_ns: float, duration_ns: float, name: str | None = None, spills: bool = False
+    ) -> tuple[float, float]:
+        """What the event pair added, taken out of a kernel, graph, memset or memcpy (called ``name``, ``spills``:
+        `cut_kind`): half from the start, all of it from the duration (never below zero). Other kinds are returned
+        as they are."""
+        cut = self.cuts.get(cut_kind(kind, name, spills), 0.0)
         if cut <= 0:
             return start_ns, duration_ns
         cut = min(duration_ns, cut)
@@ -209,15 +220,26 @@ class Placement:
         start_col: np.ndarray,
         dur_col: np.ndarray,
         d2d_rows: np.ndarray | None = None,
+        spill_rows: np.ndarray | None = None,
     ) -> None:
         """`trim`, in place, on the rows of the columns selected by the boolean mask ``rows``; ``d2d_rows``
-        marks the copies between device buffers (`cut_kind`)."""
+        marks the copies between device buffers, ``spill_rows`` the memsets and such copies that spill the
+        device's cache (`cut_kind`)."""
         for kind, code in zip(_LAUNCH_KINDS, _LAUNCH_CODES):
             m = rows & (kind_col == code)
-            cuts = [(m, self.cuts[kind])]
+            parts = [(kind, m)]
             if kind == "memcpy" and d2d_rows is not None:
-                cuts = [(m & ~d2d_rows, self.cuts[kind]), (m & d2d_rows, self.cuts["memcpy_d2d"])]
-            for mask, ns in cuts:
+                parts = [(kind, m & ~d2d_rows), ("memcpy_d2d", m & d2d_rows)]
+            if spill_rows is not None:
+                parts = [
+                    part
+                    for k, mask in parts
+                    for part in (
+                        ((k, mask & ~spill_rows), (_SPILLING[k], mask & spill_rows)) if k in _SPILLING else ((k, mask),)
+                    )
+                ]
+            for k, mask in parts:
+                ns = self.cuts[k]
                 if ns > 0:
                     cut = np.minimum(dur_col[mask], ns)
                     start_col[mask] += cut / 2

@@ -250,11 +250,12 @@ class DeviceInternal:
             return cal
 
     def learn_pair_excess(self, samples_ns: Any, kind: str = "kernel") -> None:
-        """Take samples of what a held event pair added to work of ``kind`` (``"kernel"``, ``"memset"``,
-        ``"memcpy"``) that CUPTI also timed (raw pair minus CUPTI's span, ns): the CUPTI source hands them over,
-        and the events source then subtracts their 20th percentile for that kind (`pair_excess_ns`) instead of
-        the calibration's. A low quantile, not the median: some brackets hold more than the pair's own latency
-        (the first and last of a sequence of launches read up to 4 µs more), and that excess is not the pair's.
+        """Take samples of what a held event pair added to work of ``kind`` (a kind of
+        `asyncgpu._runtime.clock.cut_kind`: ``"kernel"``, ``"memset"``, ``"memcpy_d2d_spill"``…) that CUPTI also
+        timed (raw pair minus CUPTI's span, ns): the CUPTI source hands them over, and the events source then
+        subtracts their 20th percentile for that kind (`pair_excess_ns`) instead of the calibration's. A low
+        quantile, not the median: some brackets hold more than the pair's own latency (the first and last of a
+        sequence of launches read up to 4 µs more), and that excess is not the pair's.
         The latest 255 per kind are kept. Any thread."""
         kept = self.pair_excess_samples.setdefault(kind, deque(maxlen=255))
         kept.extend(float(x) for x in samples_ns)

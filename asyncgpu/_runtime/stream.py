@@ -77,6 +77,7 @@ class StreamInternal:
         "tag",
         "capture_hook",
         "held",
+        "spills",
         "last_kind",
         "ops",
         "marks",
@@ -96,6 +97,9 @@ class StreamInternal:
         self.tag: Any = None
         self.capture_hook: CaptureHook | None = None  # the graph capture in progress on this stream, if any
         self.held = False  # a launch onto it is being held now (`asyncgpu._runtime.hooks.launch_now`)
+        #: the memset or copy being launched now spills the device's cache (`BackendDevice.spill_bytes`): its
+        #: activity loses the calibration's pair overhead for such work (`asyncgpu._runtime.clock.cut_kind`)
+        self.spills = False
         self.last_kind: str | None = None  # the kind of its latest launch through asyncgpu, None if unknown
         self.ops = 0  # launches enqueued through asyncgpu (`counted`)
         #: of those, timing events recorded on their own (`Device.record`, `Event.record`, a step timer's): no work,
@@ -329,7 +333,9 @@ class Stream:
         """Set every byte of ``array`` to ``byte`` (0..255)."""
         si = self._check_array(array)
         byte = whole("byte", byte, maximum=255)
+        si.spills = _spills(si, array.nbytes)
         run_timed(self, "memset", "memset", si.bd.memset, si.raw, array.live(), array.nbytes, byte)
+        si.spills = False
 
     def copy_to_host(self, array: DeviceArray, out: np.ndarray) -> None:
         """Copy ``array`` into the numpy array ``out`` (page-locked: `Device.alloc_pinned`) asynchronously.
@@ -355,7 +361,9 @@ class Stream:
             )
         if dst.nbytes < src.nbytes:
             raise ValueError(f"dst holds {dst.nbytes} bytes, src {src.nbytes}: allocate a large enough dst")
+        si.spills = _spills(si, src.nbytes)
         run_timed(self, "copy", "memcpy", si.bd.copy, si.raw, dst.live(), src.live(), src.nbytes)
+        si.spills = False
 
     def _check_array(self, array: DeviceArray) -> StreamInternal:
         si = self._internal
@@ -371,3 +379,9 @@ class Stream:
 
     def __repr__(self) -> str:
         return f"<asyncgpu.Stream {self.device.name}/{self.label} handle={self.handle:#x}>"
+
+
+def _spills(si: StreamInternal, nbytes: int) -> bool:
+    """Whether a memset or copy of ``nbytes`` on ``si``'s device spills its cache (`BackendDevice.spill_bytes`)."""
+    limit = si.bd.spill_bytes
+    return limit is not None and nbytes > limit

@@ -40,6 +40,7 @@ class Activity:
         "parent",
         "cupti",
         "held",
+        "spills",
         "replay",
         "issued_ns",
     )
@@ -57,6 +58,7 @@ class Activity:
     parent: Activity | None  # the block this launch ran in (CUPTI source)
     cupti: list | None  # CUPTI records routed here: (kind, start_ns, end_ns, device, stream, name)
     held: bool  # the launch was held until its bracket was enqueued (`asyncgpu._runtime.hooks.launch_now`)
+    spills: bool  # a memset or copy that spills the device's cache (`StreamInternal.spills`): its pair's own cut
     replay: tuple[ReplayRecords, tuple[int, int], int] | None  # a graph replay: records, nodes, count
     issued_ns: float  # host perf_counter_ns when the host had issued it (`Timeline.issued_ns`); NaN: not yet
 
@@ -65,7 +67,7 @@ class Activity:
         self.start_raw, self.end_raw, self.refs, self.duration_ms = start_raw, None, refs, None
         self.nvtx_id = self.placed = self.parent = self.cupti = self.replay = None
         self.ext = 0
-        self.held = False
+        self.held = self.spills = False
         self.issued_ns = _NAN
 
 

@@ -149,6 +149,7 @@ class Columns:
         "dur",
         "issued",
         "from_cupti",
+        "spills",
     )
 
     def __init__(self, dev_codes: dict[Device, int], acts: list[Activity]) -> None:
@@ -164,6 +165,7 @@ class Columns:
         self.dur = np.full(n, np.nan)
         self.issued = np.fromiter((a.issued_ns for a in acts), np.float64, n)
         self.from_cupti = np.zeros(n, bool)
+        self.spills = np.fromiter((a.spills for a in acts), bool, n)  # memsets and copies that spill the cache
 
     def append(self, extra: list) -> None:
         """Add the rows of ``extra`` (device, stream, name, kind, start_ns, duration_ns), timed by CUPTI and issued
@@ -185,14 +187,17 @@ class Columns:
         self.start = np.concatenate([self.start, sc])
         self.dur = np.concatenate([self.dur, dc])
         self.from_cupti = np.concatenate([self.from_cupti, np.ones(k, bool)])
+        self.spills = np.concatenate([self.spills, np.zeros(k, bool)])
         self.issued = np.concatenate([self.issued, np.full(k, np.nan)])
 
     def trim(self, placements: dict[Device, Placement]) -> None:
         """Take each device's event-pair overhead out of its rows timed by events (`Placement.trim_columns`)."""
         d2d_codes = [c for name, c in self.names.items() if cut_kind("memcpy", name) == "memcpy_d2d"]
         d2d = np.isin(self.name, d2d_codes) if d2d_codes else None  # copies between device buffers
+        spills = self.spills if self.spills.any() else None
         for d, code in self.dev_codes.items():
-            placements[d].trim_columns((self.device == code) & ~self.from_cupti, self.kind, self.start, self.dur, d2d)
+            rows = (self.device == code) & ~self.from_cupti
+            placements[d].trim_columns(rows, self.kind, self.start, self.dur, d2d, spills)
 
 
 def columns_of(acts: list[Activity], dev_codes: dict[Device, int], placements: dict[Device, Placement]) -> Columns:

@@ -125,6 +125,7 @@ def begin(stream: Stream, name: str, kind: str, owners: list, block: bool = Fals
         raise
     act = Activity(rt.device, stream, name, kind, raw, len(owners))
     act.held = stream._internal.held and not block
+    act.spills = stream._internal.spills and not block
     nvtx = _nvtx.ACTIVE or _nvtx.sink is not None
     for scope in owners:
         scope._acts.append(act)

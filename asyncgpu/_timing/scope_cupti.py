@@ -61,7 +61,7 @@ def apply_cupti(
             missing += act.kind != "user"
             continue
         if act.held and act.kind in _PAIRED_KINDS and act.duration_ms is not None and len(act.cupti or ()) == 1:
-            excess.setdefault((act.device, cut_kind(act.kind, act.name)), []).append(
+            excess.setdefault((act.device, cut_kind(act.kind, act.name, act.spills)), []).append(
                 act.duration_ms * 1e6 - (span[1] - span[0])
             )
         dur_col[i] = span[1] - span[0]

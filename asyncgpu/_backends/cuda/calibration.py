@@ -206,17 +206,20 @@ class ClockMixin(CudaDeviceBase):
 
     def bracket_overhead(self, repeats: int = 21) -> tuple[dict[str, float], str]:
         """What a pair of events adds to the time of what it brackets on the GPU, ns, per kind of work
-        (``"kernel"``, ``"memset"``, ``"memcpy"`` to the host, ``"memcpy_d2d"`` between device buffers): the
-        median over ``repeats`` of elapsed(start, end) minus the work's own time, for a 20 µs kernel, a 1 MB
-        memset, a 64 KB copy to the host and a 512 KB copy between device buffers, queued behind a 1 ms kernel (so
-        the GPU never waits for the host), each pair held and primed as an event-timing scope holds and primes
-        its launches (`hold`, `prime`). The kinds differ (a copy to the host's pair adds more than a kernel's),
-        and so do machines.
+        (``"kernel"``, ``"memset"``, ``"memcpy"`` to the host, ``"memcpy_d2d"`` between device buffers, and
+        ``"memset_spill"``, ``"memcpy_d2d_spill"`` for such work that spills the L2, `spill_bytes`): the median
+        over ``repeats`` of elapsed(start, end) minus the work's own time, for a 20 µs kernel, a 1 MB memset, a 64
+        KB copy to the host, a 512 KB copy between device buffers, a memset of twice the L2 and a copy of the L2's
+        size, queued behind a 1 ms kernel (so the GPU never waits for the host), each pair held and primed as an
+        event-timing scope holds and primes its launches (`hold`, `prime`). The kinds differ (a copy to the host's
+        pair adds more than a kernel's; around work that spills the L2 the pair costs the stream more on some
+        machines, less on others: `dev/diag_spill.py`), and so do machines. The spilling kinds are left out when
+        their buffer (twice the L2) cannot be allocated.
 
         The work's own time is CUPTI's record of it where CUPTI can be used here (cupti-python installed, no
         other profiler subscribed: the session is opened for this work and closed again): what the events source
         is compared with. Otherwise only the kernel is measured, against its first-to-last ``%globaltimer`` span,
-        which leaves out its own launch and exit (~1 µs): durations then read that much short. Blocks about 4 ms
+        which leaves out its own launch and exit (~1 µs): durations then read that much short. Blocks about 6 ms
         (the first CUPTI session of a process: longer)."""
         from asyncgpu._backends import cupti
 
@@ -236,13 +239,20 @@ class ClockMixin(CudaDeviceBase):
             # Two rounds: CUPTI calls every copy "memcpy", so the copies between device buffers (each behind its
             # primer, another copy) are told apart by running them alone, second in each primer-copy pair.
             first: tuple[np.ndarray, np.ndarray] | None = None  # the kernels' (elapsed, spans)
-            for kinds in (("kernel", "memset", "memcpy"), ("memcpy_d2d",)):
-                elapsed, spans = self._bracket_pairs(repeats, kinds)
+            rounds: list[tuple[str, ...]] = [("kernel", "memset", "memcpy"), ("memcpy_d2d",)]
+            if self.spill_bytes is not None:  # (a round each: CUPTI names them as their small kinds)
+                rounds += [("memset_spill",), ("memcpy_d2d_spill",)]
+            for kinds in rounds:
+                try:
+                    elapsed, spans = self._bracket_pairs(repeats, kinds)
+                except MemoryError:  # (the spilling kinds' buffer: left out, their work takes the small kinds' cut)
+                    continue
                 if first is None:
                     first = elapsed["kernel"], spans
                 records, _ = cupti.flush(cupti.CALIBRATION)
                 for kind, pairs in elapsed.items():
-                    want = "memcpy" if kind == "memcpy_d2d" else kind
+                    d2d = kind.startswith("memcpy_d2d")
+                    want = "memcpy" if d2d else kind.removesuffix("_spill")
                     mine = sorted(
                         (
                             r
@@ -253,7 +263,7 @@ class ClockMixin(CudaDeviceBase):
                         ),
                         key=lambda r: r[1],
                     )
-                    mine = mine[1::2] if kind == "memcpy_d2d" else mine[-repeats:]  # (a copy's primer comes first)
+                    mine = mine[1::2] if d2d else mine[-repeats:]  # (a copy's primer comes first)
                     if len(mine) == repeats:
                         durations = np.array([r[2] - r[1] for r in mine], np.float64)
                         out[kind] = float(np.median(pairs - durations))
@@ -269,7 +279,8 @@ class ClockMixin(CudaDeviceBase):
     def _bracket_pairs(self, repeats: int, kinds: tuple[str, ...]) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """Run ``repeats`` held event pairs around each kind of work of `bracket_overhead` named in ``kinds``,
         behind a 1 ms kernel on the calibration stream: ``({kind: elapsed ns}, the kernels' in-kernel spans ns)``.
-        Blocks until they ran (`ClockError` after 100 ms)."""
+        Blocks until they ran (`ClockError` after 100 ms); `MemoryError` when the spilling kinds' buffer (twice the
+        L2) cannot be allocated."""
         from cuda.core import LaunchConfig
 
         cal = self._calibration()
@@ -283,6 +294,14 @@ class ClockMixin(CudaDeviceBase):
         if cal.copy_page is None:
             cal.copy_page = self.alloc_mapped(_COPY_BYTES)
         host = np.frombuffer(cal.copy_page.view, np.uint8, _COPY_BYTES)  # type: ignore[call-overload]
+        big, big_bytes = None, 4 * (self.spill_bytes or 0)  # twice the L2 (`spill_bytes` is half of it)
+        if big_bytes and any(k.endswith("_spill") for k in kinds):
+            try:
+                big = self.alloc(big_bytes, np.uint8, s)
+            except Exception as exc:  # (the driver's out-of-memory error, whichever class cuda.core gives it)
+                out.close()
+                scratch.close()
+                raise MemoryError(f"{self.name}: no {big_bytes >> 20} MB for the spilling pairs ({exc})") from exc
         ops: dict[str, Callable[[int], None]] = {
             "kernel": lambda k: self.launch(s, kernel, one, (np.uint64(20_000), np.uint64(int(out.handle) + 16 * k))),
             "memset": lambda k: self.memset(s, scratch, _MEMSET_BYTES, 0),
@@ -292,6 +311,14 @@ class ClockMixin(CudaDeviceBase):
                 "cuMemcpyDtoDAsync",
             ),
         }
+        if big is not None:  # a memset of twice the L2, a copy of the L2's size (its reads and writes: twice)
+            ops["memset_spill"] = lambda k: self.memset(s, big, big_bytes, 0)
+            ops["memcpy_d2d_spill"] = lambda k: self._drv_check(
+                self._drv.d.cuMemcpyDtoDAsync(int(big.handle) + big_bytes // 2, int(big.handle), big_bytes // 2, s[1])[
+                    0
+                ],
+                "cuMemcpyDtoDAsync",
+            )
         self.spin(s, 1_000_000)
         pairs = {kind: [(self.create_event(True), self.create_event(True)) for _ in range(repeats)] for kind in kinds}
         try:
@@ -301,7 +328,7 @@ class ClockMixin(CudaDeviceBase):
                         self.prime(s, "copy")
                     held = self.hold(s, True)
                     try:
-                        if kind == "memcpy_d2d":  # every time, behind the hold
+                        if kind.startswith("memcpy_d2d"):  # every time, behind the hold
                             self.prime(s, "copy_d2d")
                         self.record(a, s)
                         if held is not None:  # (steps, as `hooks.launch_now` says them: `progressed`)
@@ -323,6 +350,8 @@ class ClockMixin(CudaDeviceBase):
             elapsed = {kind: np.array([self.elapsed_ms(a, b) * 1e6 for a, b in ps]) for kind, ps in pairs.items()}
             out.close()  # (not on failure: queued work may still use them)
             scratch.close()
+            if big is not None:
+                big.close()
         finally:
             for ps in pairs.values():
                 for a, b in ps:
