@@ -331,8 +331,10 @@ def test_memsets_and_copies_that_spill_the_cache_lose_the_spilling_pairs_overhea
 
 def test_a_launch_says_whether_it_spills_the_devices_cache(monkeypatch):
     """`Stream.memset` and `Stream.copy` flag their launch while the observers see it when its bytes pass the
-    backend's `spill_bytes`, and only then; the flag is down again after the launch."""
+    backend's `spill_bytes` behind other work on the stream, and only then (onto an idle stream, or with nobody
+    timing, never); the flag is down again after the launch."""
     from asyncgpu._runtime import hooks
+    from asyncgpu._runtime.stream import _spills
 
     dev = asyncgpu.device(0, backend="host")
     s = dev.stream
@@ -356,19 +358,31 @@ def test_a_launch_says_whether_it_spills_the_devices_cache(monkeypatch):
             return None
 
     monkeypatch.setattr(dev._internal.bd, "spill_bytes", 1000, raising=False)
-    hooks.install(Watch())
+    dev.synchronize()
+    assert not _spills(s._internal, 1001)  # (nobody times it)
+    watch = Watch()
+    hooks.install(watch)
     try:
+        s.memset(big, 0)  # onto the idle stream
+        dev.synchronize()
+        s.spin_us(200_000)  # the stream busy from here on
         s.memset(small, 0)
         s.memset(big, 0)
         s.copy(big, small)
         s.copy(dev.alloc(2000, np.uint8), dev.alloc(2000, np.uint8))
         s.spin_us(1)
     finally:
-        for o in hooks.OBSERVERS:
-            if isinstance(o, Watch):
-                hooks.uninstall(o)
+        hooks.uninstall(watch)
     dev.synchronize()
-    assert seen == [("memset", False), ("memset", True), ("copy", False), ("copy", True), ("spin", False)], seen
+    assert seen == [
+        ("memset", False),
+        ("spin", False),
+        ("memset", False),
+        ("memset", True),
+        ("copy", False),
+        ("copy", True),
+        ("spin", False),
+    ], seen
     assert not s._internal.spills
 
 
@@ -381,6 +395,7 @@ def test_a_scope_hands_its_spilling_rows_to_the_trim(monkeypatch):
     monkeypatch.setattr(dev._internal.bd, "spill_bytes", 1000, raising=False)
     got = []
     trim_columns = Placement.trim_columns
+    dev.stream.spin_us(100_000)  # (behind other work)
 
     def spy(self, rows, kind_col, start_col, dur_col, d2d_rows=None, spill_rows=None):
         got.append(None if spill_rows is None else spill_rows[rows].tolist())

@@ -45,9 +45,9 @@ class BackendDevice(ABC):
     free_elsewhere: Callable[[list], bool] | None = None
 
     #: A memset or a copy between device buffers of more than this many bytes spills the device's cache (CUDA: half
-    #: its L2; on 50 MB-L2 GPUs the event pair's cost steps up between 16 and 40 MB, `dev/diag_busy_pair.py`), and
-    #: its event pair then costs what the calibration measured for such work (``"memset_spill"``,
-    #: ``"memcpy_d2d_spill"``). None: no such cache.
+    #: its L2; on 50 MB-L2 GPUs the event pair's cost on a busy stream steps up between 16 and 40 MB,
+    #: `dev/diag_busy_pair.py`), and behind other work its event pair then costs what the calibration measured for
+    #: such work (``"memset_spill"``, ``"memcpy_d2d_spill"``). None: no such cache.
     spill_bytes: int | None = None
 
     #: The kernels the backend launches by itself (engine primers, clock calibration), by the names `prepare`

@@ -149,9 +149,10 @@ _SPILLING = {"memset": "memset_spill", "memcpy_d2d": "memcpy_d2d_spill"}
 def cut_kind(kind: str, name: str | None, spills: bool = False) -> str:
     """Which of the pair overheads a launch of ``kind`` called ``name`` loses: its kind, but ``"memcpy_d2d"``
     for a copy between device buffers (another copy engine, primed every time: `hooks.engine_of`); and for a
-    memset or such a copy that ``spills`` the device's cache (`BackendDevice.spill_bytes`), the overhead measured
-    for such work (``"memset_spill"``, ``"memcpy_d2d_spill"``): around work that spills the L2 the pair costs the
-    stream a different time, by machine (+0.4 µs on one H100, −0.2 µs on 2× H200: `dev/diag_spill.py`)."""
+    memset or such a copy that ``spills`` the device's cache behind other work (`asyncgpu._runtime.stream._spills`),
+    the overhead measured for such work (``"memset_spill"``, ``"memcpy_d2d_spill"``): around work that spills the L2
+    on a busy stream, the pair costs the stream a different time, by machine (run 45, `dev/diag_spill.py`: +0.35
+    µs on one H100, −0.45 µs on 2× H200)."""
     base = "memcpy_d2d" if kind == "memcpy" and engine_of(kind, name) == "copy_d2d" else kind
     return _SPILLING.get(base, base) if spills else base
 
