@@ -44,10 +44,12 @@ class BackendDevice(ABC):
     #: frees it).
     free_elsewhere: Callable[[list], bool] | None = None
 
-    #: A memset or a copy between device buffers of more than this many bytes spills the device's cache (CUDA: half
-    #: its L2; on 50 MB-L2 GPUs the event pair's cost on a busy stream steps up between 16 and 40 MB,
-    #: `dev/diag_busy_pair.py`), and behind other work its event pair then costs what the calibration measured for
-    #: such work (``"memset_spill"``, ``"memcpy_d2d_spill"``). None: no such cache.
+    #: A memset or a copy between device buffers of more than this many bytes spills the device's cache (CUDA: its
+    #: L2's size), and behind other work its event pair then costs what the calibration measured for such work
+    #: (``"memset_spill"``, ``"memcpy_d2d_spill"``). Work between half the L2 and all of it spills in part, by GPU
+    #: model (40 MB memsets behind other work: the whole step on one H100, none of it on 2× H200, run 45), and keeps
+    #: its kind's cut.
+    #: None: no such cache.
     spill_bytes: int | None = None
 
     #: The kernels the backend launches by itself (engine primers, clock calibration), by the names `prepare`

@@ -294,7 +294,7 @@ class ClockMixin(CudaDeviceBase):
         if cal.copy_page is None:
             cal.copy_page = self.alloc_mapped(_COPY_BYTES)
         host = np.frombuffer(cal.copy_page.view, np.uint8, _COPY_BYTES)  # type: ignore[call-overload]
-        big, big_bytes = None, 4 * (self.spill_bytes or 0)  # twice the L2 (`spill_bytes` is half of it)
+        big, big_bytes = None, 2 * (self.spill_bytes or 0)  # twice the L2 (`spill_bytes`)
         if big_bytes and any(k.endswith("_spill") for k in kinds):
             try:
                 big = self.alloc(big_bytes, np.uint8, s)
