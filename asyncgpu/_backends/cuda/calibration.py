@@ -236,8 +236,9 @@ class ClockMixin(CudaDeviceBase):
                     "against the kernel's own %globaltimer span (no CUPTI)"
                 )
             out: dict[str, float] = {}
-            # Two rounds: CUPTI calls every copy "memcpy", so the copies between device buffers (each behind its
-            # primer, another copy) are told apart by running them alone, second in each primer-copy pair.
+            # Rounds of their own: CUPTI calls every copy "memcpy" (and a spilling memset "memset"), so the copies
+            # between device buffers (each behind its primer, another copy) are told apart by running them alone,
+            # second in each primer-copy pair, and the spilling kinds by running each alone.
             first: tuple[np.ndarray, np.ndarray] | None = None  # the kernels' (elapsed, spans)
             rounds: list[tuple[str, ...]] = [("kernel", "memset", "memcpy"), ("memcpy_d2d",)]
             if self.spill_bytes is not None:  # (a round each: CUPTI names them as their small kinds)
@@ -313,11 +314,9 @@ class ClockMixin(CudaDeviceBase):
         }
         if big is not None:  # a memset of twice the L2, a copy of the L2's size (its reads and writes: twice)
             ops["memset_spill"] = lambda k: self.memset(s, big, big_bytes, 0)
+            src, half_big = int(big.handle), big_bytes // 2
             ops["memcpy_d2d_spill"] = lambda k: self._drv_check(
-                self._drv.d.cuMemcpyDtoDAsync(int(big.handle) + big_bytes // 2, int(big.handle), big_bytes // 2, s[1])[
-                    0
-                ],
-                "cuMemcpyDtoDAsync",
+                self._drv.d.cuMemcpyDtoDAsync(src + half_big, src, half_big, s[1])[0], "cuMemcpyDtoDAsync"
             )
         self.spin(s, 1_000_000)
         pairs = {kind: [(self.create_event(True), self.create_event(True)) for _ in range(repeats)] for kind in kinds}
