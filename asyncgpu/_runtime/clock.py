@@ -231,14 +231,9 @@ class Placement:
             parts = [(kind, m)]
             if kind == "memcpy" and d2d_rows is not None:
                 parts = [(kind, m & ~d2d_rows), ("memcpy_d2d", m & d2d_rows)]
-            if spill_rows is not None:
-                parts = [
-                    part
-                    for k, mask in parts
-                    for part in (
-                        ((k, mask & ~spill_rows), (_SPILLING[k], mask & spill_rows)) if k in _SPILLING else ((k, mask),)
-                    )
-                ]
+            if spill_rows is not None:  # (the spilling rows of a kind that has a spilling cut take it)
+                spilling = [(_SPILLING[k], mask & spill_rows) for k, mask in parts if k in _SPILLING]
+                parts = [(k, mask & ~spill_rows if k in _SPILLING else mask) for k, mask in parts] + spilling
             for k, mask in parts:
                 ns = self.cuts[k]
                 if ns > 0:

@@ -334,8 +334,10 @@ class Stream:
         si = self._check_array(array)
         byte = whole("byte", byte, maximum=255)
         si.spills = _spills(si, array.nbytes)
-        run_timed(self, "memset", "memset", si.bd.memset, si.raw, array.live(), array.nbytes, byte)
-        si.spills = False
+        try:
+            run_timed(self, "memset", "memset", si.bd.memset, si.raw, array.live(), array.nbytes, byte)
+        finally:
+            si.spills = False
 
     def copy_to_host(self, array: DeviceArray, out: np.ndarray) -> None:
         """Copy ``array`` into the numpy array ``out`` (page-locked: `Device.alloc_pinned`) asynchronously.
@@ -362,8 +364,10 @@ class Stream:
         if dst.nbytes < src.nbytes:
             raise ValueError(f"dst holds {dst.nbytes} bytes, src {src.nbytes}: allocate a large enough dst")
         si.spills = _spills(si, src.nbytes)
-        run_timed(self, "copy", "memcpy", si.bd.copy, si.raw, dst.live(), src.live(), src.nbytes)
-        si.spills = False
+        try:
+            run_timed(self, "copy", "memcpy", si.bd.copy, si.raw, dst.live(), src.live(), src.nbytes)
+        finally:
+            si.spills = False
 
     def _check_array(self, array: DeviceArray) -> StreamInternal:
         si = self._internal
