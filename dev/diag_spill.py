@@ -43,7 +43,7 @@ from benchmarks._common import tee_stdout_to
 from dev.diag_outliers import SPIN  # (a spin that stamps %globaltimer at its first and last instant)
 
 SETTINGS = ("none", "events", "cupti", "nested")
-SIZES_MB = (8, 16, 160)  #: fits the L2 (50 MB on H100 and H200), fits, spills
+SIZES_MB = (8, 16, 40, 160)  #: fits the L2 (50 MB on H100 and H200), fits, in the step by machine, spills
 GAP_NS = 20_000  #: the stamped spins between the works
 RUN = 10  #: works back to back in a run (one bracket, their durations summed)
 LEAD_NS = 3_000_000
@@ -101,7 +101,7 @@ def _run(a: argparse.Namespace) -> int:
         works.append((f"memset {mb} MB", lambda x=x: s.memset(x, 0), 1))
         works.append((f"inc_loop {mb} MB", lambda x=x: s.inc_loop(x, 1), 1))
         works.append((f"copy d2d {mb} MB", lambda x=x, y=y: s.copy(y, x), 1))
-    for mb in (SIZES_MB[0], SIZES_MB[-1]):  # back to back, as diag_busy_pair's busy sequences
+    for mb in (SIZES_MB[0], SIZES_MB[2], SIZES_MB[-1]):  # back to back, as diag_busy_pair's busy sequences
         x, y = bufs[mb]
         works.append((f"{RUN}× memset {mb} MB", lambda x=x: [s.memset(x, 0) for _ in range(RUN)], RUN))
         works.append((f"{RUN}× copy d2d {mb} MB", lambda x=x, y=y: [s.copy(y, x) for _ in range(RUN)], RUN))
@@ -118,6 +118,7 @@ def _run(a: argparse.Namespace) -> int:
     cal = dev.clock()
     by_kind = {k: round(v) for k, v in cal.bracket_overhead_by_kind_ns.items()}
     print(f"{dev.description}: pair overhead (ns) {by_kind}, {cal.bracket_overhead_source}")
+    print(f"a memset or copy is flagged as spilling from {bd.spill_bytes} bytes moved (L2 {bd.cache_bytes} bytes)")
     print(
         f"{n} works a round, each between two stamped {GAP_NS / 1e3:.0f} µs spins, behind a 3 ms spin; a run of "
         f"{RUN} back to back is one work (its durations summed; its change by size per activity)"

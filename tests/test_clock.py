@@ -205,8 +205,12 @@ def test_the_calibration_says_how_the_pair_overhead_was_measured():
     assert all(500 < ns < 20_000 for ns in by_kind.values()), by_kind
     if usable:  # each kind measured against CUPTI's record of it
         kinds = {"kernel", "memset", "memcpy", "memcpy_d2d"}
-        if dev._internal.bd.spill_bytes is not None:  # (and such work that spills the L2)
+        bd = dev._internal.bd
+        if bd.cache_bytes is not None:  # (and such work that spills the L2, from a size measured on this device)
             kinds |= {"memset_spill", "memcpy_d2d_spill"}
+            sizes = {bd.cache_bytes // 4, bd.cache_bytes // 2, 3 * bd.cache_bytes // 4, bd.cache_bytes}
+            assert bd.spill_bytes in sizes | {2 * bd.cache_bytes}, (bd.spill_bytes, bd.cache_bytes)
+            assert "spilling from" in source, source
         assert source.startswith("against CUPTI") and set(by_kind) == kinds, (source, by_kind)
         assert cupti.available()[0]  # the session was closed again
     else:
@@ -338,7 +342,7 @@ def test_a_launch_says_whether_it_spills_the_devices_cache(monkeypatch):
 
     dev = asyncgpu.device(0, backend="host")
     s = dev.stream
-    small, big = dev.alloc(1000, np.uint8), dev.alloc(1001, np.uint8)  # (bytes: at the limit, past it)
+    small, big = dev.alloc(999, np.uint8), dev.alloc(1000, np.uint8)  # (bytes: under the limit, at it)
     seen = []
 
     class Watch:
@@ -359,7 +363,7 @@ def test_a_launch_says_whether_it_spills_the_devices_cache(monkeypatch):
 
     monkeypatch.setattr(dev._internal.bd, "spill_bytes", 1000, raising=False)
     dev.synchronize()
-    assert not _spills(s._internal, 1001)  # (nobody times it)
+    assert not _spills(s._internal, 1000)  # (nobody times it)
     watch = Watch()
     hooks.install(watch)
     try:
@@ -368,8 +372,8 @@ def test_a_launch_says_whether_it_spills_the_devices_cache(monkeypatch):
         s.spin_us(200_000)  # the stream busy from here on
         s.memset(small, 0)
         s.memset(big, 0)
-        s.copy(big, small)
-        s.copy(dev.alloc(2000, np.uint8), dev.alloc(2000, np.uint8))
+        s.copy(big, dev.alloc(499, np.uint8))  # (a copy moves its bytes twice: read and written)
+        s.copy(big, dev.alloc(500, np.uint8))
         s.spin_us(1)
     finally:
         hooks.uninstall(watch)
@@ -386,12 +390,32 @@ def test_a_launch_says_whether_it_spills_the_devices_cache(monkeypatch):
     assert not s._internal.spills
 
 
+def test_the_spilling_size_is_where_the_pair_costs_what_it_costs_around_spilling_work():
+    """`spill_threshold`: the smallest measured size from which on every larger one reads nearer the spilling
+    memset's overhead than the small memset's, whichever way the step goes; the largest size when none does."""
+    from asyncgpu._backends.cuda.calibration import describe_ladder, spill_threshold
+
+    mb = 1 << 20
+    sizes = (12 * mb, 25 * mb, 37 * mb, 50 * mb)
+    up = list(zip(sizes, (2410.0, 2450.0, 2760.0, 2790.0)))  # (one H100's kind of step: +0.4 µs from 37 MB)
+    assert spill_threshold(2400.0, 2800.0, up, 100 * mb) == 37 * mb
+    down = list(zip(sizes, (2400.0, 2380.0, 2390.0, 1990.0)))  # (a step down, at the L2's size only)
+    assert spill_threshold(2400.0, 2000.0, down, 100 * mb) == 50 * mb
+    never = list(zip(sizes, (2400.0, 2400.0, 2400.0, 2450.0)))
+    assert spill_threshold(2400.0, 2800.0, never, 100 * mb) == 100 * mb
+    back = list(zip(sizes, (2790.0, 2400.0, 2790.0, 2790.0)))  # (a size under a non-spilling one does not count)
+    assert spill_threshold(2400.0, 2800.0, back, 100 * mb) == 37 * mb
+    assert spill_threshold(2400.0, 2800.0, [], 100 * mb) == 100 * mb  # (no ladder: the spilling size itself)
+    text = describe_ladder(2400.0, up, 37 * mb, 50 * mb)
+    assert "from 37 MB" in text and "L2 50 MB" in text and "+0.01/+0.05/+0.36/+0.39 µs" in text, text
+
+
 def test_a_scope_hands_its_spilling_rows_to_the_trim(monkeypatch):
     """A scope's harvest marks the activities that spilled the device's cache for `Placement.trim_columns`."""
     from asyncgpu._runtime.clock import Placement
 
     dev = asyncgpu.device(0, backend="host")
-    small, big = dev.alloc(1000, np.uint8), dev.alloc(1001, np.uint8)
+    small, big = dev.alloc(999, np.uint8), dev.alloc(1000, np.uint8)
     monkeypatch.setattr(dev._internal.bd, "spill_bytes", 1000, raising=False)
     got = []
     trim_columns = Placement.trim_columns

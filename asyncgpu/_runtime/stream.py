@@ -363,7 +363,7 @@ class Stream:
             )
         if dst.nbytes < src.nbytes:
             raise ValueError(f"dst holds {dst.nbytes} bytes, src {src.nbytes}: allocate a large enough dst")
-        si.spills = _spills(si, src.nbytes)
+        si.spills = _spills(si, 2 * src.nbytes)  # (read and written)
         try:
             run_timed(self, "copy", "memcpy", si.bd.copy, si.raw, dst.live(), src.live(), src.nbytes)
         finally:
@@ -385,11 +385,12 @@ class Stream:
         return f"<asyncgpu.Stream {self.device.name}/{self.label} handle={self.handle:#x}>"
 
 
-def _spills(si: StreamInternal, nbytes: int) -> bool:
-    """Whether a memset or copy of ``nbytes`` that someone times (`hooks.OBSERVERS`) spills the cache of ``si``'s
-    device (`BackendDevice.spill_bytes`) behind other work on its stream. Onto an idle stream, such work's pair
+def _spills(si: StreamInternal, moved_bytes: int) -> bool:
+    """Whether a memset or copy that moves ``moved_bytes`` through the cache of ``si``'s device (a copy: its bytes
+    twice) and that someone times (`hooks.OBSERVERS`) spills that cache (`BackendDevice.spill_bytes`) behind other
+    work on its stream. Onto an idle stream, such work's pair
     costs what the small kind's does (run 45, `dev/diag_spill.py`: idle 160 MB memsets within 0.2 µs of CUPTI
     with the small kind's cut, on one H100 and 2× H200), so it is not flagged. Costs a stream query (~1 µs) when
     flagged work is timed."""
     limit = si.bd.spill_bytes
-    return limit is not None and nbytes > limit and bool(hooks.OBSERVERS) and not si.bd.stream_idle(si.raw)
+    return limit is not None and moved_bytes >= limit and bool(hooks.OBSERVERS) and not si.bd.stream_idle(si.raw)

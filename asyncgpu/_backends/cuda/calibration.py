@@ -207,14 +207,16 @@ class ClockMixin(CudaDeviceBase):
     def bracket_overhead(self, repeats: int = 21) -> tuple[dict[str, float], str]:
         """What a pair of events adds to the time of what it brackets on the GPU, ns, per kind of work
         (``"kernel"``, ``"memset"``, ``"memcpy"`` to the host, ``"memcpy_d2d"`` between device buffers, and
-        ``"memset_spill"``, ``"memcpy_d2d_spill"`` for such work that spills the L2, `spill_bytes`): the median
+        ``"memset_spill"``, ``"memcpy_d2d_spill"`` for such work that spills the L2, `cache_bytes`): the median
         over ``repeats`` of elapsed(start, end) minus the work's own time, for a 20 µs kernel, a 1 MB memset, a 64
         KB copy to the host, a 512 KB copy between device buffers, a memset of twice the L2 and a copy of the L2's
         size, queued behind a 1 ms kernel (so the GPU never waits for the host), each pair held and primed as an
         event-timing scope holds and primes its launches (`hold`, `prime`). The kinds differ (a copy to the host's
         pair adds more than a kernel's; around work that spills the L2 the pair costs the stream more on some
         machines, less on others: `dev/diag_spill.py`), and so do machines. The spilling kinds are left out when
-        their buffer (twice the L2) cannot be allocated.
+        their buffer (twice the L2) cannot be allocated. Where they were measured, memsets of a quarter to all of
+        the L2 are measured too (`_spill_ladder`), and the device's `spill_bytes` is set from them
+        (`spill_threshold`): from how many bytes moved on the pair costs what it costs around the spilling memset.
 
         The work's own time is CUPTI's record of it where CUPTI can be used here (cupti-python installed, no
         other profiler subscribed: the session is opened for this work and closed again): what the events source
@@ -241,7 +243,7 @@ class ClockMixin(CudaDeviceBase):
             # second in each primer-copy pair, and the spilling kinds by running each alone.
             first: tuple[np.ndarray, np.ndarray] | None = None  # the kernels' (elapsed, spans)
             rounds: list[tuple[str, ...]] = [("kernel", "memset", "memcpy"), ("memcpy_d2d",)]
-            if self.spill_bytes is not None:  # (a round each: CUPTI names them as their small kinds)
+            if self.cache_bytes is not None:  # (a round each: CUPTI names them as their small kinds)
                 rounds += [("memset_spill",), ("memcpy_d2d_spill",)]
             for kinds in rounds:
                 try:
@@ -272,16 +274,44 @@ class ClockMixin(CudaDeviceBase):
                 return {"kernel": float(np.median(first[0] - first[1]))}, (
                     "against the kernel's own %globaltimer span (CUPTI did not record the calibration)"
                 )
-            return out, f"against CUPTI ({repeats} of each)"
+            how = f"against CUPTI ({repeats} of each)"
+            if self.cache_bytes is not None and "memset" in out and "memset_spill" in out:
+                ladder = self._spill_ladder(repeats)
+                self.spill_bytes = spill_threshold(out["memset"], out["memset_spill"], ladder, 2 * self.cache_bytes)
+                how += "; " + describe_ladder(out["memset"], ladder, self.spill_bytes, self.cache_bytes)
+            return out, how
         finally:
             if use_cupti:
                 cupti.release(cupti.CALIBRATION)
 
-    def _bracket_pairs(self, repeats: int, kinds: tuple[str, ...]) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """Run ``repeats`` held event pairs around each kind of work of `bracket_overhead` named in ``kinds``,
-        behind a 1 ms kernel on the calibration stream: ``({kind: elapsed ns}, the kernels' in-kernel spans ns)``.
-        Blocks until they ran (`ClockError` after 100 ms); `MemoryError` when the spilling kinds' buffer (twice the
-        L2) cannot be allocated."""
+    def _spill_ladder(self, repeats: int) -> list[tuple[int, float]]:
+        """The held pair's overhead (ns, against CUPTI, in an open `cupti.CALIBRATION` session) around memsets of
+        a quarter, a half, three quarters and all of the L2, a round each: ``[(bytes, ns)]``, the sizes whose
+        buffer could be allocated and whose records CUPTI gave."""
+        from asyncgpu._backends import cupti
+
+        assert self.cache_bytes is not None
+        ladder: list[tuple[int, float]] = []
+        for size in (self.cache_bytes // 4, self.cache_bytes // 2, 3 * self.cache_bytes // 4, self.cache_bytes):
+            try:
+                elapsed, _ = self._bracket_pairs(repeats, ("memset_part",), part_bytes=size)
+            except MemoryError:
+                break
+            records, _ = cupti.flush(cupti.CALIBRATION)
+            mine = sorted((r for r in records if r[0] == "memset" and r[4] == self.index), key=lambda r: r[1])
+            if len(mine) >= repeats:
+                durations = np.array([r[2] - r[1] for r in mine[-repeats:]], np.float64)
+                ladder.append((size, float(np.median(elapsed["memset_part"] - durations))))
+        return ladder
+
+    def _bracket_pairs(
+        self, repeats: int, kinds: tuple[str, ...], part_bytes: int = 0
+    ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Run ``repeats`` held event pairs around each kind of work of `bracket_overhead` named in ``kinds``
+        (and ``"memset_part"``: a memset of ``part_bytes``, `_spill_ladder`), behind a 1 ms kernel on the
+        calibration stream: ``({kind: elapsed ns}, the kernels' in-kernel spans ns)``. Blocks until they ran
+        (`ClockError` after 100 ms); `MemoryError` when the spilling kinds' buffer (twice the L2) cannot be
+        allocated."""
         from cuda.core import LaunchConfig
 
         cal = self._calibration()
@@ -295,8 +325,8 @@ class ClockMixin(CudaDeviceBase):
         if cal.copy_page is None:
             cal.copy_page = self.alloc_mapped(_COPY_BYTES)
         host = np.frombuffer(cal.copy_page.view, np.uint8, _COPY_BYTES)  # type: ignore[call-overload]
-        big, big_bytes = None, 2 * (self.spill_bytes or 0)  # twice the L2 (`spill_bytes`)
-        if big_bytes and any(k.endswith("_spill") for k in kinds):
+        big, big_bytes = None, 2 * (self.cache_bytes or 0)  # twice the L2 (`cache_bytes`)
+        if big_bytes and any(k.endswith(("_spill", "_part")) for k in kinds):
             try:
                 big = self.alloc(big_bytes, np.uint8, s)
             except Exception as exc:  # (the driver's out-of-memory error, whichever class cuda.core gives it)
@@ -314,6 +344,7 @@ class ClockMixin(CudaDeviceBase):
         }
         if big is not None:  # a memset of twice the L2, a copy of the L2's size (its reads and writes: twice)
             ops["memset_spill"] = lambda k: self.memset(s, big, big_bytes, 0)
+            ops["memset_part"] = lambda k: self.memset(s, big, min(part_bytes, big_bytes), 0)
             src, half_big = int(big.handle), big_bytes // 2
             ops["memcpy_d2d_spill"] = lambda k: self._drv_check(
                 self._drv.d.cuMemcpyDtoDAsync(src + half_big, src, half_big, s[1])[0], "cuMemcpyDtoDAsync"
@@ -361,3 +392,27 @@ class ClockMixin(CudaDeviceBase):
     def _drv_check(self, err: Any, call: str) -> None:
         if err is not self._drv.SUCCESS:
             raise self._drv.error(err, call)
+
+
+def spill_threshold(small_ns: float, spill_ns: float, ladder: list[tuple[int, float]], largest: int) -> int:
+    """From how many bytes moved a memset's or copy's event pair costs what it costs around work that spills the
+    cache (`BackendDevice.spill_bytes`): the smallest size of the ``ladder`` (``[(bytes, overhead ns)]``, growing)
+    from which on every measured size reads nearer ``spill_ns`` (the overhead around a memset of ``largest``
+    bytes) than ``small_ns`` (around a small memset); ``largest`` when none does. Where the two overheads differ
+    by little, either answer costs little: a size's error is at most half their difference, plus its own noise."""
+    threshold = largest
+    for size, ns in reversed(ladder):
+        if abs(ns - spill_ns) >= abs(ns - small_ns):
+            break
+        threshold = size
+    return threshold
+
+
+def describe_ladder(small_ns: float, ladder: list[tuple[int, float]], threshold: int, cache_bytes: int) -> str:
+    """What `spill_threshold` found, for a clock's ``overhead_source``."""
+    mb = "/".join(f"{size / 2**20:.0f}" for size, _ in ladder)
+    us = "/".join(f"{(ns - small_ns) / 1e3:+.2f}" for _, ns in ladder)
+    return (
+        f"spilling from {threshold / 2**20:.0f} MB moved (L2 {cache_bytes / 2**20:.0f} MB; memsets of {mb} MB: "
+        f"{us} µs over the small memset's)"
+    )

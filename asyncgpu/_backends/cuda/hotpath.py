@@ -63,7 +63,7 @@ class CudaDeviceBase(BackendDevice):
         self.arch = self._dev.arch
         self.description = f"{self._dev.name} (sm_{self.arch})"
         l2 = int(getattr(self._dev.properties, "l2_cache_size", 0) or 0)
-        self.spill_bytes = l2 if l2 > 0 else None
+        self.cache_bytes = self.spill_bytes = l2 if l2 > 0 else None  # (`spill_bytes`: set by the calibration)
         self._kernels: dict[str, Any] = {}
         self._loaded: dict[int, Any] = {}  # id(kernel) -> kernel, for the kernels loaded into this context
         self._kernel_lock = threading.Lock()
