@@ -334,9 +334,9 @@ def test_memsets_and_copies_that_spill_the_cache_lose_the_spilling_pairs_overhea
 
 
 def test_a_launch_says_whether_it_spills_the_devices_cache(monkeypatch):
-    """`Stream.memset` and `Stream.copy` flag their launch while the observers see it when its bytes pass the
-    backend's `spill_bytes` behind other work on the stream, and only then (onto an idle stream, or with nobody
-    timing, never); the flag is down again after the launch."""
+    """`Stream.memset` and `Stream.copy` flag their launch while the observers see it when its bytes reach the
+    backend's `spill_bytes` (a memset) or `cache_bytes` (a copy) behind other work on the stream, and only then
+    (onto an idle stream, or with nobody timing, never); the flag is down again after the launch."""
     from asyncgpu._runtime import hooks
     from asyncgpu._runtime.stream import _spills
 
@@ -362,8 +362,9 @@ def test_a_launch_says_whether_it_spills_the_devices_cache(monkeypatch):
             return None
 
     monkeypatch.setattr(dev._internal.bd, "spill_bytes", 1000, raising=False)
+    monkeypatch.setattr(dev._internal.bd, "cache_bytes", 2000, raising=False)
     dev.synchronize()
-    assert not _spills(s._internal, 1000)  # (nobody times it)
+    assert not _spills(s._internal, 1000, 1000)  # (nobody times it)
     watch = Watch()
     hooks.install(watch)
     try:
@@ -372,8 +373,8 @@ def test_a_launch_says_whether_it_spills_the_devices_cache(monkeypatch):
         s.spin_us(200_000)  # the stream busy from here on
         s.memset(small, 0)
         s.memset(big, 0)
-        s.copy(big, dev.alloc(499, np.uint8))  # (a copy moves its bytes twice: read and written)
-        s.copy(big, dev.alloc(500, np.uint8))
+        s.copy(big, small)  # (a copy: from the cache's size on, 2000 bytes here)
+        s.copy(dev.alloc(2000, np.uint8), dev.alloc(2000, np.uint8))
         s.spin_us(1)
     finally:
         hooks.uninstall(watch)

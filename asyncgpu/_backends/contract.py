@@ -44,15 +44,17 @@ class BackendDevice(ABC):
     #: frees it).
     free_elsewhere: Callable[[list], bool] | None = None
 
-    #: The device's cache (CUDA: its L2), bytes; None: no such cache.
+    #: The device's cache (CUDA: its L2), bytes; None: no such cache. A copy between device buffers of at least
+    #: this many bytes spills it, and behind other work its event pair then costs what the calibration measured
+    #: for such a copy (``"memcpy_d2d_spill"``). Where smaller copies start to is not measured: copies' durations
+    #: vary from round to round by more than the step (40 MB copies on one H100: −0.6 to +0.7 µs between runs).
     cache_bytes: int | None = None
 
-    #: A memset or a copy between device buffers that moves at least this many bytes (a memset writes its bytes, a
-    #: copy reads and writes them: twice) spills the device's cache, and behind other work its event pair then
-    #: costs what the calibration measured for such work (``"memset_spill"``, ``"memcpy_d2d_spill"``). Measured
-    #: per device by its first clock calibration (CUDA: `spill_threshold`; where that step starts differs by
-    #: machine: 40 MB memsets behind other work took the whole step on one H100 and none of it on 2× H200, run
-    #: 45); ``cache_bytes`` until then. None: no such cache.
+    #: A memset of at least this many bytes spills the device's cache, and behind other work its event pair then
+    #: costs what the calibration measured for such work (``"memset_spill"``). Measured per device by its first
+    #: clock calibration (CUDA: `spill_threshold`; where that step starts differs by machine: 40 MB memsets behind
+    #: other work took the whole step on one H100 and none of it on 2× H200, run 45); ``cache_bytes`` until then.
+    #: None: no such cache.
     spill_bytes: int | None = None
 
     #: The kernels the backend launches by itself (engine primers, clock calibration), by the names `prepare`

@@ -333,7 +333,7 @@ class Stream:
         """Set every byte of ``array`` to ``byte`` (0..255)."""
         si = self._check_array(array)
         byte = whole("byte", byte, maximum=255)
-        si.spills = _spills(si, array.nbytes)
+        si.spills = _spills(si, array.nbytes, si.bd.spill_bytes)
         try:
             run_timed(self, "memset", "memset", si.bd.memset, si.raw, array.live(), array.nbytes, byte)
         finally:
@@ -363,7 +363,7 @@ class Stream:
             )
         if dst.nbytes < src.nbytes:
             raise ValueError(f"dst holds {dst.nbytes} bytes, src {src.nbytes}: allocate a large enough dst")
-        si.spills = _spills(si, 2 * src.nbytes)  # (read and written)
+        si.spills = _spills(si, src.nbytes, si.bd.cache_bytes)
         try:
             run_timed(self, "copy", "memcpy", si.bd.copy, si.raw, dst.live(), src.live(), src.nbytes)
         finally:
@@ -385,12 +385,12 @@ class Stream:
         return f"<asyncgpu.Stream {self.device.name}/{self.label} handle={self.handle:#x}>"
 
 
-def _spills(si: StreamInternal, moved_bytes: int) -> bool:
-    """Whether a memset or copy that moves ``moved_bytes`` through the cache of ``si``'s device (a copy: its bytes
-    twice) and that someone times (`hooks.OBSERVERS`) spills that cache (`BackendDevice.spill_bytes`) behind other
-    work on its stream. Onto an idle stream, such work's pair
+def _spills(si: StreamInternal, nbytes: int, limit: int | None) -> bool:
+    """Whether a memset or copy of ``nbytes`` that someone times (`hooks.OBSERVERS`) spills the cache of ``si``'s
+    device behind other work on its stream: from ``limit`` bytes on (a memset: the device's measured
+    `BackendDevice.spill_bytes`; a copy between device buffers: its `cache_bytes`, the size its calibration
+    measured). Onto an idle stream, such work's pair
     costs what the small kind's does (run 45, `dev/diag_spill.py`: idle 160 MB memsets within 0.2 µs of CUPTI
     with the small kind's cut, on one H100 and 2× H200), so it is not flagged. Costs a stream query (~1 µs) when
     flagged work is timed."""
-    limit = si.bd.spill_bytes
-    return limit is not None and moved_bytes >= limit and bool(hooks.OBSERVERS) and not si.bd.stream_idle(si.raw)
+    return limit is not None and nbytes >= limit and bool(hooks.OBSERVERS) and not si.bd.stream_idle(si.raw)
