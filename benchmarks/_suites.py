@@ -415,9 +415,9 @@ SUITES: dict[str, Suite] = {
             lambda n: [
                 Run(
                     "bench_steps.py",
-                    ("--repeat", "20", "--steps", "40", "--cupti-steps", "120"),
+                    ("--repeat", "20", "--steps", "40", "--cupti-repeat", "8"),
                     ("--backend", "host"),
-                    ("--steps", "5", "--cupti-steps", "5", "--warmup", "2", "--repeat", "1", "--neighbours", "4"),
+                    ("--steps", "5", "--warmup", "2", "--repeat", "1", "--neighbours", "4"),
                     out="dir",
                 )
             ],

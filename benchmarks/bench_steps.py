@@ -25,10 +25,12 @@ any profiler has run in the process; each run after ``--warmup`` steps of its ow
   cancels within a pair of steps (a whole run's step time wanders by more than the marking costs);
 * ``steps cupti``: the same with ``source="cupti"`` (every kernel's record, records-only, flushed and attributed to
   steps on the harvest thread), in a child process that takes CUPTI before torch loads (torch's profiler subscribes
-  to CUPTI when torch starts CUDA, and CUPTI has one subscriber), against that process's own bare runs; its time
-  runs to the end of the timer's exit (the last flush and parse: a run shorter than the harvest cadence would
-  otherwise leave every flush out), and its pairs are of ``--cupti-steps`` (500) steps, so that they span several
-  harvests and the exit's fixed cost is spread as a long run spreads it;
+  to CUPTI when torch starts CUDA, and CUPTI has one subscriber), against that process's own bare runs. Always-on
+  means one timer for a whole run: its in-run cost is the steps' and the harvests' (a flush and parse every
+  `CUPTI_HARVEST_S`, 2 s), its exit's last flush comes once. So each of its runs, and each bare run of the child,
+  lasts at least ``--cupti-block-s`` (4.5 s: two harvests fall inside, as in a long run), its time is the steps'
+  with the harvests that fell in them, and the exit (the last flush and parse) is reported apart, per run (a
+  120-step run paying its exit read 1.07×, run 46: the exit, not the loop);
 * ``torch.profiler cuda``: ``torch.profiler.profile(activities=[CUDA])`` around the loop (CUPTI, records kept in
   memory until the end; once it has run, torch holds CUPTI for the rest of the process, so it comes after);
 * ``torch.profiler cpu+cuda``: the same with CPU activities too.
@@ -54,6 +56,7 @@ import anyio
 import numpy as np
 
 import asyncgpu
+from asyncgpu._timing.steps import CUPTI_HARVEST_S
 
 MODES = ("bare", "steps", "torch.profiler cuda", "torch.profiler cpu+cuda")
 CUPTI_MODES = ("bare", "steps cupti")  # a child process: CUPTI taken before torch loads (see `main`)
@@ -124,18 +127,28 @@ async def _one(devs: list, work: list) -> None:
             tg.start_soon(d.run, w)
 
 
-async def one_rep(devs: list, work: list, mode: str, args: argparse.Namespace) -> float:
-    """The mean step time (ms) of ``args.steps`` steps in ``mode``, after its warm-up."""
+async def timed_steps(devs: list, work: list, args: argparse.Namespace, st: Any) -> float:
+    """The mean step time (ms) of ``args.steps`` steps, or of as many more (in runs of ``args.steps``) as fill
+    ``args.block_s`` seconds."""
+    n, t0 = 0, time.perf_counter()
+    while True:
+        await run_steps(devs, work, args.steps, st)
+        n += args.steps
+        dt = time.perf_counter() - t0
+        if dt >= args.block_s:
+            return dt / n * 1e3
+
+
+async def one_rep(devs: list, work: list, mode: str, args: argparse.Namespace, exits_ms: list[float]) -> float:
+    """The mean step time (ms) of a run in ``mode`` (`timed_steps`), after its warm-up; a step timer's exit
+    (ms) goes to ``exits_ms``."""
     if mode.startswith("steps"):
-        cupti = mode == "steps cupti"
-        async with asyncgpu.step_timer(devs, source="cupti" if cupti else "events") as st:
+        async with asyncgpu.step_timer(devs, source="cupti" if mode == "steps cupti" else "events") as st:
             await run_steps(devs, work, args.warmup, st)
+            ms = await timed_steps(devs, work, args, st)
             t0 = time.perf_counter()
-            await run_steps(devs, work, args.steps, st)
-            dt = time.perf_counter() - t0
-        if cupti:  # (its exit flushes and parses what no harvest took yet: a run shorter than the harvest cadence
-            dt = time.perf_counter() - t0  # would otherwise leave every flush out; the warm-up's records count too)
-        return dt / args.steps * 1e3
+        exits_ms.append((time.perf_counter() - t0) * 1e3)
+        return ms
     if mode.startswith("torch.profiler"):
         import torch.profiler as tp
 
@@ -147,9 +160,7 @@ async def one_rep(devs: list, work: list, mode: str, args: argparse.Namespace) -
             dt = time.perf_counter() - t0
         return dt / args.steps * 1e3
     await run_steps(devs, work, args.warmup, None)
-    t0 = time.perf_counter()
-    await run_steps(devs, work, args.steps, None)
-    return (time.perf_counter() - t0) / args.steps * 1e3
+    return await timed_steps(devs, work, args, None)
 
 
 async def host_cost(devs: list, n: int = 200, reps: int = 5) -> dict[str, Any]:
@@ -191,10 +202,11 @@ async def bench(devs: list, args: argparse.Namespace, modes: tuple[str, ...]) ->
         work = [make(d, loop, args) for d in devs]
         times: dict[str, list[float]] = {m: [] for m in modes}
         ratios: dict[str, list[float]] = {m: [] for m in modes}
+        exits: dict[str, list[float]] = {m: [] for m in modes}
         for m in modes[1:]:
             for k in range(args.repeat):
                 order = ("bare", m) if k % 2 == 0 else (m, "bare")
-                pair = {mode: await one_rep(devs, work, mode, args) for mode in order}
+                pair = {mode: await one_rep(devs, work, mode, args, exits[mode]) for mode in order}
                 times["bare"].append(pair["bare"])
                 times[m].append(pair[m])
                 ratios[m].append(pair[m] / pair["bare"])
@@ -208,7 +220,9 @@ async def bench(devs: list, args: argparse.Namespace, modes: tuple[str, ...]) ->
                 "ratio_ci95": ci95(ratios[m]),
                 "paired_ratios": ratios[m],
                 "reps_ms": v,
+                "run_s": args.block_s,
             }
+            | ({"exit_ms": exits[m]} if exits[m] else {})
             for m, v in times.items()
         }
         if "steps" in modes and args.neighbours:
@@ -291,16 +305,19 @@ def main(argv: list[str] | None = None) -> int:
         "--neighbours", type=int, default=150, help="`steps, neighbours`: groups M U U M (each two neighbour pairs)"
     )
     ap.add_argument("--out", metavar="DIR", help="also write DIR/bench_steps.json")
+    ap.add_argument("--cupti-steps", type=int, default=40, help="the CUPTI child's runs: steps at a time")
     ap.add_argument(
-        "--cupti-steps",
-        type=int,
-        default=500,
-        help="steps per repetition of the CUPTI child (its runs span several 2 s flushes, and its exit's flush)",
+        "--cupti-block-s",
+        type=float,
+        default=2 * CUPTI_HARVEST_S + 0.5,
+        help="the CUPTI child's runs last at least this long (s): two harvests fall inside each",
     )
+    ap.add_argument("--cupti-repeat", type=int, default=8, help="the CUPTI child's pairs per loop")
     ap.add_argument("--cupti-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    args.block_s = 0.0
     if args.cupti_child:
-        args.steps = args.cupti_steps
+        args.steps, args.block_s, args.repeat = args.cupti_steps, args.cupti_block_s, args.cupti_repeat
         # torch's profiler (kineto) subscribes to CUPTI when torch starts CUDA, and CUPTI has one subscriber: the
         # CUPTI step timer takes it first, here, before torch loads (torch.profiler then has no GPU events in this
         # process: hence a process of its own)
@@ -331,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         "results": results,
         "skipped": skipped,
     }
-    print(f"devices: {', '.join(doc['devices'])}; {args.repeat} pairs per mode against bare, of {args.steps} steps")
+    runs = f"of {args.steps} steps" + (f" at a time for ≥ {args.block_s:.1f} s" if args.block_s else "")
+    print(f"devices: {', '.join(doc['devices'])}; {args.repeat} pairs per mode against bare, {runs}")
     cost = results.pop("host cost per step")
     print(
         f"host cost per step, {cost['devices']} devices, no work: enter+exit {cost['enter_exit_us']['median']:.2f} µs "
@@ -347,6 +365,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"    {m:<26} {r['median_ms']:9.3f} {r['min_ms']:9.3f} {r['max_ms']:9.3f}   {r['ratio_to_bare']:.4f}x "
                 f"[{lo:.4f}, {hi:.4f}] {{{min(pr):.3f}, {max(pr):.3f}}}"
             )
+            if r.get("exit_ms") and m == "steps cupti":
+                print(
+                    f"    {'':26} runs of ≥ {r['run_s']:.1f} s; the timer's exit (its last flush and parse, once a "
+                    f"run, left out above) {statistics.median(r['exit_ms']):.1f} ms p50"
+                )
     for m, why in skipped.items():
         print(f"skipped {m}: {why}")
     if args.out:

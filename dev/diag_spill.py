@@ -118,7 +118,7 @@ def _run(a: argparse.Namespace) -> int:
     cal = dev.clock()
     by_kind = {k: round(v) for k, v in cal.bracket_overhead_by_kind_ns.items()}
     print(f"{dev.description}: pair overhead (ns) {by_kind}, {cal.bracket_overhead_source}")
-    print(f"a memset or copy is flagged as spilling from {bd.spill_bytes} bytes moved (L2 {bd.cache_bytes} bytes)")
+    print(f"flagged as spilling behind other work: memsets from {bd.spill_bytes} bytes, copies from {bd.cache_bytes}")
     print(
         f"{n} works a round, each between two stamped {GAP_NS / 1e3:.0f} µs spins, behind a 3 ms spin; a run of "
         f"{RUN} back to back is one work (its durations summed; its change by size per activity)"
