@@ -216,7 +216,7 @@ class ClockMixin(CudaDeviceBase):
         machines, less on others: `dev/diag_spill.py`), and so do machines. The spilling kinds are left out when
         their buffer (twice the L2) cannot be allocated. Where they were measured, memsets of a quarter to all of
         the L2 are measured too (`_spill_ladder`), and the device's `spill_bytes` is set from them
-        (`spill_threshold`): from how many bytes moved on the pair costs what it costs around the spilling memset.
+        (`spill_threshold`): from how many bytes on a memset's pair costs what it costs around the spilling one.
 
         The work's own time is CUPTI's record of it where CUPTI can be used here (cupti-python installed, no
         other profiler subscribed: the session is opened for this work and closed again): what the events source
@@ -395,8 +395,8 @@ class ClockMixin(CudaDeviceBase):
 
 
 def spill_threshold(small_ns: float, spill_ns: float, ladder: list[tuple[int, float]], largest: int) -> int:
-    """From how many bytes moved a memset's or copy's event pair costs what it costs around work that spills the
-    cache (`BackendDevice.spill_bytes`): the smallest size of the ``ladder`` (``[(bytes, overhead ns)]``, growing)
+    """From how many bytes a memset's event pair costs what it costs around work that spills the cache
+    (`BackendDevice.spill_bytes`): the smallest size of the ``ladder`` (``[(bytes, overhead ns)]``, growing)
     from which on every measured size reads nearer ``spill_ns`` (the overhead around a memset of ``largest``
     bytes) than ``small_ns`` (around a small memset); ``largest`` when none does. Where the two overheads differ
     by little, either answer costs little: a size's error is at most half their difference, plus its own noise."""
@@ -413,6 +413,6 @@ def describe_ladder(small_ns: float, ladder: list[tuple[int, float]], threshold:
     mb = "/".join(f"{size / 2**20:.0f}" for size, _ in ladder)
     us = "/".join(f"{(ns - small_ns) / 1e3:+.2f}" for _, ns in ladder)
     return (
-        f"spilling from {threshold / 2**20:.0f} MB moved (L2 {cache_bytes / 2**20:.0f} MB; memsets of {mb} MB: "
-        f"{us} µs over the small memset's)"
+        f"memsets spilling from {threshold / 2**20:.0f} MB (L2 {cache_bytes / 2**20:.0f} MB; memsets of {mb} MB: "
+        f"{us} µs over the small memset's; copies from the L2's size)"
     )
