@@ -221,8 +221,9 @@ class ClockMixin(CudaDeviceBase):
         The work's own time is CUPTI's record of it where CUPTI can be used here (cupti-python installed, no
         other profiler subscribed: the session is opened for this work and closed again): what the events source
         is compared with. Otherwise only the kernel is measured, against its first-to-last ``%globaltimer`` span,
-        which leaves out its own launch and exit (~1 µs): durations then read that much short. Blocks about 6 ms
-        (the first CUPTI session of a process: longer)."""
+        which leaves out its own launch and exit (~1 µs): durations then read that much short. Blocks the
+        calling thread for its rounds (up to eight against CUPTI, each a 1 ms kernel, its work and a flush; the
+        first CUPTI session of a process: longer)."""
         from asyncgpu._backends import cupti
 
         use_cupti = cupti.available()[0]
