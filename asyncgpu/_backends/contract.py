@@ -46,8 +46,9 @@ class BackendDevice(ABC):
 
     #: The device's cache (CUDA: its L2), bytes; None: no such cache. A copy between device buffers of at least
     #: this many bytes spills it, and behind other work its event pair then costs what the calibration measured
-    #: for such a copy (``"memcpy_d2d_spill"``). Where smaller copies start to is not measured: copies' durations
-    #: vary from round to round by more than the step (40 MB copies on one H100: −0.6 to +0.7 µs between runs).
+    #: for such a copy (``"memcpy_d2d_spill"``). Where smaller copies begin to spill is not measured: copies'
+    #: durations vary from round to round by more than the step (one H100, run 46: a 40 MB copy given the spilling
+    #: cut read −0.64 µs in one run, +0.34 to +0.82 in others).
     cache_bytes: int | None = None
 
     #: A memset of at least this many bytes spills the device's cache, and behind other work its event pair then

@@ -389,8 +389,7 @@ def _spills(si: StreamInternal, nbytes: int, limit: int | None) -> bool:
     """Whether a memset or copy of ``nbytes`` that someone times (`hooks.OBSERVERS`) spills the cache of ``si``'s
     device behind other work on its stream: from ``limit`` bytes on (a memset: the device's measured
     `BackendDevice.spill_bytes`; a copy between device buffers: its `cache_bytes`, the size its calibration
-    measured). Onto an idle stream, such work's pair
-    costs what the small kind's does (run 45, `dev/diag_spill.py`: idle 160 MB memsets within 0.2 µs of CUPTI
-    with the small kind's cut, on one H100 and 2× H200), so it is not flagged. Costs a stream query (~1 µs) when
-    flagged work is timed."""
+    measured). Onto an idle stream, such work's pair costs what the small kind's does (run 45, `dev/diag_spill.py`:
+    idle 160 MB memsets within 0.2 µs of CUPTI with the small kind's cut, on one H100 and 2× H200), so it is not
+    flagged. Costs a stream query (~1 µs) when flagged work is timed."""
     return limit is not None and nbytes >= limit and bool(hooks.OBSERVERS) and not si.bd.stream_idle(si.raw)
