@@ -47,8 +47,8 @@ class BackendDevice(ABC):
     #: The device's cache (CUDA: its L2), bytes; None: no such cache. A copy between device buffers of at least
     #: this many bytes spills it, and behind other work its event pair then costs what the calibration measured
     #: for such a copy (``"memcpy_d2d_spill"``). Where smaller copies begin to spill is not measured: copies'
-    #: durations vary from round to round by more than the step (one H100, run 46: a 40 MB copy given the spilling
-    #: cut read −0.64 µs in one run, +0.34 to +0.82 in others).
+    #: durations vary from round to round by more than the step (one H100, run 46, 40 MB copies given the
+    #: spilling cut: −0.64 µs in the copy test, +0.34 and +0.82 between `dev/diag_spill.py`'s stamped spins).
     cache_bytes: int | None = None
 
     #: A memset of at least this many bytes spills the device's cache, and behind other work its event pair then
