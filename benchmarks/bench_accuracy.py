@@ -405,6 +405,16 @@ def _part1(args: argparse.Namespace) -> dict:
     return {"cases": rows, "device": d.description}
 
 
+def key_line(cases: list[dict], share: float) -> str:
+    """The key figures on one line (`scripts/gpu_check.sh` puts a step's last ``KEY`` line in its table): the held
+    cases' events − CUPTI p50 range (µs) and the case farthest from CUPTI, and the back-to-back spins of ≥ 20 µs
+    within max(1 %, 1 µs), from `_part1`'s ``cases`` and the share."""
+    held = [r for r in cases if r["hold"] == "always"]
+    errs = [r["err_us_p50"] for r in held]
+    worst = max(held, key=lambda r: abs(r["err_us_p50"]))
+    return f"KEY held p50 {min(errs):+.2f}..{max(errs):+.2f} µs ({worst['case']}); spins {share * 100:.0f}% in tol"
+
+
 def main() -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -506,6 +516,7 @@ def main() -> None:
     )
     out["overhead_ns"] = {c.device: c.overhead_ns for c in tl.clocks}
     out["share_within_tolerance_ge_20us"] = share
+    print(key_line(part1["cases"], share))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)

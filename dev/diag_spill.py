@@ -212,8 +212,23 @@ def _run(a: argparse.Namespace) -> int:
     for setting in SETTINGS[1:]:
         cells = [f"{w} {(brackets[setting][w] - brackets['none'][w]) / 1e3:+.2f}" for w, _, _ in works[:n]]
         print(f"  {setting:<7} " + "; ".join(cells))
+    print(key_line(works, got, bd.spill_bytes))
     dev.close()
     return 0
+
+
+def key_line(works: list, got: dict, spill_bytes: int | None) -> str:
+    """The key figures (`scripts/gpu_check.sh`'s table): the memsets' measured spilling size, and events − CUPTI per
+    memset in the runs of 40 and 160 MB, apart (each source's rounds of its own) and nested, µs p50."""
+    names = [w[0] for w in works]
+    cells = []
+    for mb in (SIZES_MB[2], SIZES_MB[-1]):
+        j = names.index(f"{RUN}× memset {mb} MB")
+        ev, cu = np.median(np.asarray(got[("events", j)])[:, 1]), np.median(np.asarray(got[("cupti", j)])[:, 2])
+        nested = np.asarray(got[("nested", j)])
+        cells.append(f"{(ev - cu) / RUN / 1e3:+.2f}/{np.median(nested[:, 1] - nested[:, 2]) / RUN / 1e3:+.2f}")
+    size = "none" if spill_bytes is None else f">={spill_bytes >> 20} MB"  # (ASCII: the table cuts at 90 bytes)
+    return f"KEY spill {size}; runs of {SIZES_MB[2]}|{SIZES_MB[-1]} MB, per memset apart/nested: {'|'.join(cells)} us"
 
 
 if __name__ == "__main__":

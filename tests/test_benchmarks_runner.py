@@ -109,3 +109,19 @@ def test_the_table_takes_each_figure_from_the_newest_run_per_gpu_model():
     assert "asyncio 24.8 / 76.3" in single and "2026-02-01" in single and single.endswith("| — |")
     assert any(ln.startswith("| timing: two GPUs, one instant") and "| — | `%globaltimer` 0.33" in ln for ln in lines)
     assert any(ln.startswith("| kprofile: in-kernel records: decode") for ln in lines)
+
+
+def test_bench_accuracy_says_its_key_figures_in_one_line():
+    """`scripts/gpu_check.sh`'s table takes a step's last ``KEY`` line: the held cases' p50 range, the case
+    farthest from CUPTI whichever its sign, and the spins' share within tolerance, in the table's 90 columns."""
+    from benchmarks.bench_accuracy import key_line
+
+    cases = [
+        {"case": "busy stream memset", "hold": "always", "err_us_p50": 0.22},
+        {"case": "idle copy 40 MB memcpy", "hold": "always", "err_us_p50": 0.0},
+        {"case": "busy stream kernel", "hold": "always", "err_us_p50": -0.40},
+        {"case": "busy stream kernel", "hold": "never", "err_us_p50": 40.0},
+    ]
+    line = key_line(cases, 0.945)
+    assert line == "KEY held p50 -0.40..+0.22 µs (busy stream kernel); spins 94% in tol", line
+    assert len(line) <= 90
