@@ -411,6 +411,28 @@ def test_the_spilling_size_is_where_the_pair_costs_what_it_costs_around_spilling
     assert "from 37 MB" in text and "L2 50 MB" in text and "+0.01/+0.05/+0.36/+0.39 µs" in text, text
 
 
+def test_a_calibration_round_reads_each_pairs_excess_from_cuptis_records_of_its_own_work():
+    """`pair_excess_ns`: each kind's pairs against CUPTI's records of that work on that device, by CUPTI's own kind
+    names; a copy between device buffers after its primer; only the calibration's kernel; None when CUPTI missed
+    one."""
+    from asyncgpu._backends.cuda.calibration import pair_excess_ns
+
+    def rec(kind, start, dur, device=0, name=""):
+        return (kind, start, start + dur, 0, device, 7, name)
+
+    pairs = np.array([3000.0, 3100.0, 3200.0])
+    memsets = [rec("memset", 100 * i, 1000) for i in range(3)] + [rec("memset", 5, 1000, device=1)]
+    for kind in ("memset", "memset_spill", "memset_part"):
+        assert pair_excess_ns(memsets, kind, 0, pairs) == 2100.0
+    copies = [rec("memcpy", 100 * i, 500 if i % 2 == 0 else 1000) for i in range(6)]  # (primer, copy) x 3
+    assert pair_excess_ns(copies, "memcpy_d2d", 0, pairs) == 2100.0
+    assert pair_excess_ns(copies, "memcpy_d2d_spill", 0, pairs) == 2100.0
+    kernels = [rec("kernel", 100 * i, 1000, name="asyncgpu_clock_bracket") for i in range(3)]
+    assert pair_excess_ns(kernels + [rec("kernel", 900, 9, name="user")], "kernel", 0, pairs) == 2100.0
+    assert pair_excess_ns(memsets[:2], "memset", 0, pairs) is None  # (CUPTI missed one)
+    assert pair_excess_ns(memsets, "memset", 1, pairs) is None
+
+
 def test_a_scope_hands_its_spilling_rows_to_the_trim(monkeypatch):
     """A scope's harvest marks the activities that spilled the device's cache for `Placement.trim_columns`."""
     from asyncgpu._runtime.clock import Placement

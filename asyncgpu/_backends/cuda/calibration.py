@@ -255,22 +255,9 @@ class ClockMixin(CudaDeviceBase):
                     first = elapsed["kernel"], spans
                 records, _ = cupti.flush(cupti.CALIBRATION)
                 for kind, pairs in elapsed.items():
-                    d2d = kind.startswith("memcpy_d2d")
-                    want = "memcpy" if d2d else kind.removesuffix("_spill")
-                    mine = sorted(
-                        (
-                            r
-                            for r in records
-                            if r[0] == want
-                            and r[4] == self.index
-                            and (kind != "kernel" or r[6] == "asyncgpu_clock_bracket")
-                        ),
-                        key=lambda r: r[1],
-                    )
-                    mine = mine[1::2] if d2d else mine[-repeats:]  # (a copy's primer comes first)
-                    if len(mine) == repeats:
-                        durations = np.array([r[2] - r[1] for r in mine], np.float64)
-                        out[kind] = float(np.median(pairs - durations))
+                    ns = pair_excess_ns(records, kind, self.index, pairs)
+                    if ns is not None:
+                        out[kind] = ns
             if "kernel" not in out and first is not None:  # (CUPTI missed them: the span's estimate, and say so)
                 return {"kernel": float(np.median(first[0] - first[1]))}, (
                     "against the kernel's own %globaltimer span (CUPTI did not record the calibration)"
@@ -299,10 +286,9 @@ class ClockMixin(CudaDeviceBase):
             except MemoryError:
                 break
             records, _ = cupti.flush(cupti.CALIBRATION)
-            mine = sorted((r for r in records if r[0] == "memset" and r[4] == self.index), key=lambda r: r[1])
-            if len(mine) >= repeats:
-                durations = np.array([r[2] - r[1] for r in mine[-repeats:]], np.float64)
-                ladder.append((size, float(np.median(elapsed["memset_part"] - durations))))
+            ns = pair_excess_ns(records, "memset_part", self.index, elapsed["memset_part"])
+            if ns is not None:
+                ladder.append((size, ns))
         return ladder
 
     def _bracket_pairs(
@@ -393,6 +379,28 @@ class ClockMixin(CudaDeviceBase):
     def _drv_check(self, err: Any, call: str) -> None:
         if err is not self._drv.SUCCESS:
             raise self._drv.error(err, call)
+
+
+def pair_excess_ns(records: list, kind: str, device: int, pairs_ns: np.ndarray) -> float | None:
+    """The median of what each held pair of a `bracket_overhead` round added to its ``kind`` of work over CUPTI's
+    record of that work, ns: ``pairs_ns`` (the pairs' elapsed times, in launch order) against the flush's
+    ``records`` (`cupti.flush` tuples) of ``device``. CUPTI names the work by its own kinds (``"memcpy_d2d*"``
+    are ``"memcpy"``, every ``"memset*"`` is ``"memset"``); a copy between device buffers follows its primer,
+    another copy (every second record); the kernel is the calibration's own. None unless CUPTI recorded each."""
+    repeats, d2d = len(pairs_ns), kind.startswith("memcpy_d2d")
+    want = kind.split("_")[0]
+    mine = sorted(
+        (
+            r
+            for r in records
+            if r[0] == want and r[4] == device and (kind != "kernel" or r[6] == "asyncgpu_clock_bracket")
+        ),
+        key=lambda r: r[1],
+    )
+    mine = mine[1::2] if d2d else mine[-repeats:]
+    if len(mine) != repeats:
+        return None
+    return float(np.median(pairs_ns - np.array([r[2] - r[1] for r in mine], np.float64)))
 
 
 def spill_threshold(small_ns: float, spill_ns: float, ladder: list[tuple[int, float]], largest: int) -> int:
