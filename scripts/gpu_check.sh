@@ -109,6 +109,7 @@ step "dev/diag_step_events (events step source: where the cost is)" 240 10 pytho
 step "dev/diag_outliers (events vs CUPTI vs in-kernel stamps, back to back)" 240 30 python3 -X faulthandler dev/diag_outliers.py --rounds 5 --out "$OUT/outliers.txt"
 step "dev/diag_busy_pair (events vs CUPTI per busy sequence and hold)" 180 40 python3 -X faulthandler dev/diag_busy_pair.py --rounds 5 --reference cupti,apart,torch --out "$OUT/busy_pair.txt"
 step "dev/diag_spill (work that spills the L2: events and CUPTI against %globaltimer brackets)" 180 40 python3 -X faulthandler dev/diag_spill.py --rounds 20 --out "$OUT/spill.txt"
+step "dev/diag_copy_cut (the calibration's pair around copies and memsets by size and tail)" 120 30 python3 -X faulthandler dev/diag_copy_cut.py --repeats 5 --out "$OUT/copy_cut.txt"
 step "dev/diag_copy_pair (copies between device buffers: the copy test's pattern, per position)" 150 20 python3 -X faulthandler dev/diag_copy_pair.py --rounds 60 --variants test,raw,tail,lead,slow --out "$OUT/copy_pair.txt"
 step "dev/diag_copy_stamps (copies bracketed by %globaltimer stamps: no scope, events, CUPTI)" 60 8 python3 -X faulthandler dev/diag_copy_stamps.py --rounds 24 --out "$OUT/copy_stamps.txt"
 step "dev/diag_copy_pair gil (the same behind a busy Python thread: ~3 s a round)" 90 4 python3 -X faulthandler dev/diag_copy_pair.py --rounds 8 --variants gil --profile 25 --out "$OUT/copy_pair_gil.txt"

@@ -292,10 +292,11 @@ class ClockMixin(CudaDeviceBase):
         return ladder
 
     def _bracket_pairs(
-        self, repeats: int, kinds: tuple[str, ...], part_bytes: int = 0
+        self, repeats: int, kinds: tuple[str, ...], part_bytes: int = 0, tail_ns: int = 0
     ) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """Run ``repeats`` held event pairs around each kind of work of `bracket_overhead` named in ``kinds``
-        (and ``"memset_part"``: a memset of ``part_bytes``, `_spill_ladder`), behind a 1 ms kernel on the
+        (and ``"memset_part"``, ``"memcpy_d2d_part"``: a memset, a copy between device buffers, of ``part_bytes``),
+        each pair followed by a spin of ``tail_ns`` when that is not 0, behind a 1 ms kernel on the
         calibration stream: ``({kind: elapsed ns}, the kernels' in-kernel spans ns)``. Blocks until they ran
         (`ClockError` after 100 ms); `MemoryError` when the spilling kinds' buffer (twice the L2) cannot be
         allocated."""
@@ -336,6 +337,10 @@ class ClockMixin(CudaDeviceBase):
             ops["memcpy_d2d_spill"] = lambda k: self._drv_check(
                 self._drv.d.cuMemcpyDtoDAsync(src + half_big, src, half_big, s[1])[0], "cuMemcpyDtoDAsync"
             )
+            ops["memcpy_d2d_part"] = lambda k: self._drv_check(
+                self._drv.d.cuMemcpyDtoDAsync(src + half_big, src, min(part_bytes, half_big), s[1])[0],
+                "cuMemcpyDtoDAsync",
+            )
         self.spin(s, 1_000_000)
         pairs = {kind: [(self.create_event(True), self.create_event(True)) for _ in range(repeats)] for kind in kinds}
         try:
@@ -357,6 +362,8 @@ class ClockMixin(CudaDeviceBase):
                     finally:
                         if held is not None:
                             self.release(held)
+                    if tail_ns:
+                        self.spin(s, tail_ns)
             deadline = time.perf_counter_ns() + 100_000_000
             last = pairs[kinds[-1]][-1][1]
             while not self.query(last):
