@@ -292,11 +292,12 @@ class ClockMixin(CudaDeviceBase):
         return ladder
 
     def _bracket_pairs(
-        self, repeats: int, kinds: tuple[str, ...], part_bytes: int = 0, tail_ns: int = 0
+        self, repeats: int, kinds: tuple[str, ...], part_bytes: int = 0, tail_ns: int = 0, timed_tail: bool = False
     ) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """Run ``repeats`` held event pairs around each kind of work of `bracket_overhead` named in ``kinds``
         (and ``"memset_part"``, ``"memcpy_d2d_part"``: a memset, a copy between device buffers, of ``part_bytes``),
-        each pair followed by a spin of ``tail_ns`` when that is not 0, behind a 1 ms kernel on the
+        each pair followed by a spin of ``tail_ns`` when that is not 0 (``timed_tail``: held, in a pair of its own, as a
+        scope times the next launch: `dev/diag_copy_cut.py`), behind a 1 ms kernel on the
         calibration stream: ``({kind: elapsed ns}, the kernels' in-kernel spans ns)``. Blocks until they ran
         (`ClockError` after 100 ms); `MemoryError` when the spilling kinds' buffer (twice the L2) cannot be
         allocated."""
@@ -343,6 +344,7 @@ class ClockMixin(CudaDeviceBase):
             )
         self.spin(s, 1_000_000)
         pairs = {kind: [(self.create_event(True), self.create_event(True)) for _ in range(repeats)] for kind in kinds}
+        tails = [self.create_event(True) for _ in range(2 if timed_tail and tail_ns else 0)]  # (reused: not read)
         try:
             for kind in kinds:
                 for k, (a, b) in enumerate(pairs[kind]):
@@ -362,7 +364,16 @@ class ClockMixin(CudaDeviceBase):
                     finally:
                         if held is not None:
                             self.release(held)
-                    if tail_ns:
+                    if tails:
+                        held = self.hold(s, True)
+                        try:
+                            self.record(tails[0], s)
+                            self.spin(s, tail_ns)
+                            self.record(tails[1], s)
+                        finally:
+                            if held is not None:
+                                self.release(held)
+                    elif tail_ns:
                         self.spin(s, tail_ns)
             deadline = time.perf_counter_ns() + 100_000_000
             last = pairs[kinds[-1]][-1][1]
@@ -381,6 +392,8 @@ class ClockMixin(CudaDeviceBase):
                 for a, b in ps:
                     self.destroy_event(a)
                     self.destroy_event(b)
+            for e in tails:
+                self.destroy_event(e)
         return elapsed, spans
 
     def _drv_check(self, err: Any, call: str) -> None:
