@@ -369,6 +369,44 @@ async def test_the_harvest_takes_the_finished_steps_with_a_few_queries(anyio_bac
     await _aquiet(devs)
 
 
+@pytest.mark.parametrize("chain", [True, False])
+async def test_the_harvest_places_a_chained_steps_shared_event_once(anyio_backend, chain):
+    """A chained step's start event is the step before's end event: the harvest reads its time once (one driver
+    call per event placed), and both steps get the same instant."""
+    devs = asyncgpu.devices("host", count=2)
+    calls = {"n": 0}
+    real = [d._internal.bd.elapsed_ms for d in devs]
+
+    def counting(f):
+        def elapsed_ms(a, b):
+            calls["n"] += 1
+            return f(a, b)
+
+        return elapsed_ms
+
+    async with asyncgpu.step_timer(devs, harvest_s=3600, chain=chain) as st:
+        for i in range(20):
+            with st.step(i):
+                for d in devs:
+                    d.stream.spin_us(50)
+        for d in devs:
+            await d.asynchronize()
+        for d, f in zip(devs, real):
+            d._internal.bd.elapsed_ms = counting(f)
+        try:
+            assert st._harvest() == 20
+        finally:
+            for d, f in zip(devs, real):
+                d._internal.bd.elapsed_ms = f
+    assert calls["n"] == (2 * (20 + 1) if chain else 2 * 2 * 20), calls
+    recs = st.steps()
+    if chain:
+        for a, b in zip(recs, recs[1:]):
+            for da, db in zip(a.devices, b.devices):
+                assert db.start_ns == max(da.end_ns, b.begin_ns)
+    await _aquiet(devs)
+
+
 async def test_a_wait_inside_the_step_after_issued_leaves_the_device_bounding_it(anyio_backend, two_devs):
     devs = two_devs
     async with asyncgpu.step_timer(devs) as st:
