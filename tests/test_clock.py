@@ -207,7 +207,7 @@ def test_the_calibration_says_how_the_pair_overhead_was_measured():
         kinds = {"kernel", "memset", "memcpy", "memcpy_d2d"}
         bd = dev._internal.bd
         if bd.cache_bytes is not None:  # (and such work that spills the L2, from a size measured on this device)
-            kinds |= {"memset_spill", "memcpy_d2d_spill"}
+            kinds |= {"memset_spill", "memcpy_d2d_spill", "kernel_spill"}
             sizes = {bd.cache_bytes // 4, bd.cache_bytes // 2, 3 * bd.cache_bytes // 4, bd.cache_bytes}
             assert bd.spill_bytes in sizes | {2 * bd.cache_bytes}, (bd.spill_bytes, bd.cache_bytes)
             assert "spilling from" in source, source
@@ -299,27 +299,29 @@ def test_a_ping_the_device_never_answers_fails_after_one_timeout_and_releases_th
     assert page.w[2] == 40 + 16 - 1  # every ping released: nothing on the device waits for the host
 
 
-def test_memsets_and_copies_that_spill_the_cache_lose_the_spilling_pairs_overhead():
-    """A memset or a copy between device buffers that spills the device's cache loses the overhead the
-    calibration measured for such work (`cut_kind`); a copy to the host, a kernel, or work of a device whose
-    calibration measured no such kind lose their own kind's."""
+def test_memsets_copies_and_kernels_that_spill_the_cache_lose_the_spilling_pairs_overhead():
+    """A memset, a copy between device buffers or a kernel that spills the device's cache loses the overhead the
+    calibration measured for such work (`cut_kind`); a copy to the host, or work of a device whose calibration
+    measured no such kind, lose their own kind's."""
     from asyncgpu._base.records import KIND_CODES
     from asyncgpu._runtime.clock import DeviceClock, Placement, cut_kind
 
     assert cut_kind("memset", "memset", True) == "memset_spill" and cut_kind("memset", "memset") == "memset"
     assert cut_kind("memcpy", "copy", True) == "memcpy_d2d_spill" and cut_kind("memcpy", "copy") == "memcpy_d2d"
-    assert cut_kind("memcpy", "copy_to_host", True) == "memcpy" and cut_kind("kernel", "k", True) == "kernel"
+    assert cut_kind("memcpy", "copy_to_host", True) == "memcpy" and cut_kind("graph", "g", True) == "graph"
+    assert cut_kind("kernel", "k", True) == "kernel_spill" and cut_kind("kernel", "k") == "kernel"
     dev = asyncgpu.device(0, backend="host")
     clock = DeviceClock(dev.name, True, 0.0)
     cuts = {"kernel": 2000.0, "memset": 2100.0, "memcpy": 3000.0, "memcpy_d2d": 2200.0}
-    measured = Placement(dev, None, 0.0, 1.0, {**cuts, "memset_spill": 2600.0, "memcpy_d2d_spill": 1900.0}, clock, None)
+    spilling = {"memset_spill": 2600.0, "memcpy_d2d_spill": 1900.0, "kernel_spill": 2400.0}
+    measured = Placement(dev, None, 0.0, 1.0, {**cuts, **spilling}, clock, None)
     unmeasured = Placement(dev, None, 0.0, 1.0, cuts, clock, None)
-    # rows: memset, spilling memset, copy to host, spilling copy, copy, kernel (flagged: no spill kind)
+    # rows: memset, spilling memset, copy to host, spilling copy, copy, spilling kernel
     kinds = np.array([KIND_CODES[k] for k in ("memset", "memset", "memcpy", "memcpy", "memcpy", "kernel")], np.int8)
     d2d = np.array([False, False, False, True, True, False])
     spills = np.array([False, True, False, True, False, True])
     for place, want in (
-        (measured, [2100, 2600, 3000, 1900, 2200, 2000]),
+        (measured, [2100, 2600, 3000, 1900, 2200, 2400]),
         (unmeasured, [2100, 2100, 3000, 2200, 2200, 2000]),
     ):
         start, dur = np.zeros(6), np.full(6, 50_000.0)
@@ -334,9 +336,10 @@ def test_memsets_and_copies_that_spill_the_cache_lose_the_spilling_pairs_overhea
 
 
 def test_a_launch_says_whether_it_spills_the_devices_cache(monkeypatch):
-    """`Stream.memset` and `Stream.copy` flag their launch while the observers see it when its bytes reach the
-    backend's `spill_bytes` (a memset) or `cache_bytes` (a copy) behind other work on the stream, and only then
-    (onto an idle stream, or with nobody timing, never); the flag is down again after the launch."""
+    """`Stream.memset`, `Stream.inc_loop` and `Stream.copy` flag their launch while the observers see it when its
+    bytes reach the backend's `spill_bytes` (a memset, an `inc_loop` that runs) or `cache_bytes` (a copy) behind
+    other work on the stream, and only then (onto an idle stream, or with nobody timing, never); the flag is down
+    again after the launch. A user's kernel is never flagged (what it touches is its own)."""
     from asyncgpu._runtime import hooks
     from asyncgpu._runtime.stream import _spills
 
@@ -375,6 +378,11 @@ def test_a_launch_says_whether_it_spills_the_devices_cache(monkeypatch):
         s.memset(big, 0)
         s.copy(big, small)  # (a copy: from the cache's size on, 2000 bytes here)
         s.copy(dev.alloc(2000, np.uint8), dev.alloc(2000, np.uint8))
+        f_small, f_big = dev.alloc(249, np.float32), dev.alloc(250, np.float32)
+        s.inc_loop(f_small, 1)
+        s.inc_loop(f_big, 1)
+        s.inc_loop(f_big, 0)  # (no pass: touches nothing)
+        s.launch(lambda: None, None, name="user")
         s.spin_us(1)
     finally:
         hooks.uninstall(watch)
@@ -386,6 +394,10 @@ def test_a_launch_says_whether_it_spills_the_devices_cache(monkeypatch):
         ("memset", True),
         ("copy", False),
         ("copy", True),
+        ("inc_loop", False),
+        ("inc_loop", True),
+        ("inc_loop", False),
+        ("user", False),
         ("spin", False),
     ], seen
     assert not s._internal.spills
@@ -429,6 +441,10 @@ def test_a_calibration_round_reads_each_pairs_excess_from_cuptis_records_of_its_
     assert pair_excess_ns(copies, "memcpy_d2d_spill", 0, pairs) == 2100.0
     kernels = [rec("kernel", 100 * i, 1000, name="asyncgpu_clock_bracket") for i in range(3)]
     assert pair_excess_ns(kernels + [rec("kernel", 900, 9, name="user")], "kernel", 0, pairs) == 2100.0
+    lead = rec("kernel", -9_000, 1_000_000, name="asyncgpu_spin")  # (the round's lead spin: not the kind's kernel)
+    passes = [lead] + [rec("kernel", 100 * i, 1000, name="asyncgpu_inc_loop") for i in range(3)]
+    assert pair_excess_ns(passes, "kernel_spill", 0, pairs) == 2100.0
+    assert pair_excess_ns(passes, "kernel", 0, pairs) is None
     assert pair_excess_ns(memsets[:2], "memset", 0, pairs) is None  # (CUPTI missed one)
     assert pair_excess_ns(memsets, "memset", 1, pairs) is None
 

@@ -51,8 +51,9 @@ class BackendDevice(ABC):
     #: spilling cut: −0.64 µs in the copy test, +0.34 and +0.82 between `dev/diag_spill.py`'s stamped spins).
     cache_bytes: int | None = None
 
-    #: A memset of at least this many bytes spills the device's cache, and behind other work its event pair then
-    #: costs what the calibration measured for such work (``"memset_spill"``). Measured per device by its first
+    #: A memset (or asyncgpu's `inc_loop`, which reads and writes its array) of at least this many bytes spills the
+    #: device's cache, and behind other work its event pair then costs what the calibration measured for such work
+    #: (``"memset_spill"``, ``"kernel_spill"``). Measured per device by its first
     #: clock calibration (CUDA: `spill_threshold`; where that step starts differs by machine: 40 MB memsets behind
     #: other work took the whole step on one H100 and none of it on 2× H200, run 45); ``cache_bytes`` until then.
     #: None: no such cache.

@@ -140,19 +140,19 @@ class ClockCalibration:
 # in a user block is not corrected.
 _LAUNCH_KINDS = ("kernel", "graph", "memset", "memcpy")
 _LAUNCH_CODES = np.array([KIND_CODES[k] for k in _LAUNCH_KINDS], np.int8)
-#: measured apart (a graph's pair is a kernel's); ``memcpy_d2d``: copies between device buffers; ``*_spill``: memsets
-#: and such copies that spill the device's cache (`cut_kind`)
-_PAIR_KINDS = ("kernel", "memset", "memcpy", "memcpy_d2d", "memset_spill", "memcpy_d2d_spill")
-_SPILLING = {"memset": "memset_spill", "memcpy_d2d": "memcpy_d2d_spill"}
+#: measured apart (a graph's pair is a kernel's); ``memcpy_d2d``: copies between device buffers; ``*_spill``: memsets,
+#: such copies and kernels that spill the device's cache (`cut_kind`)
+_PAIR_KINDS = ("kernel", "memset", "memcpy", "memcpy_d2d", "memset_spill", "memcpy_d2d_spill", "kernel_spill")
+_SPILLING = {"memset": "memset_spill", "memcpy_d2d": "memcpy_d2d_spill", "kernel": "kernel_spill"}
 
 
 def cut_kind(kind: str, name: str | None, spills: bool = False) -> str:
     """Which of the pair overheads a launch of ``kind`` called ``name`` loses: its kind, but ``"memcpy_d2d"``
     for a copy between device buffers (another copy engine, primed every time: `hooks.engine_of`); and for a
-    memset or such a copy that ``spills`` the device's cache behind other work (`asyncgpu._runtime.stream._spills`),
-    the overhead measured for such work (``"memset_spill"``, ``"memcpy_d2d_spill"``): around work that spills the L2
-    on a busy stream, the pair costs the stream a different time, by machine (run 45, `dev/diag_spill.py`: +0.35
-    µs on one H100, −0.45 µs on 2× H200)."""
+    memset, such a copy or a kernel that ``spills`` the device's cache behind other work
+    (`asyncgpu._runtime.stream._spills`), the overhead measured for such work (``"memset_spill"``,
+    ``"memcpy_d2d_spill"``, ``"kernel_spill"``): around work that spills the L2 on a busy stream, the pair costs the
+    stream a different time, by machine (run 45, `dev/diag_spill.py`: +0.35 µs on one H100, −0.45 µs on 2× H200)."""
     base = "memcpy_d2d" if kind == "memcpy" and engine_of(kind, name) == "copy_d2d" else kind
     return _SPILLING.get(base, base) if spills else base
 

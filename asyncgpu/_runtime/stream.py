@@ -97,8 +97,8 @@ class StreamInternal:
         self.tag: Any = None
         self.capture_hook: CaptureHook | None = None  # the graph capture in progress on this stream, if any
         self.held = False  # a launch onto it is being held now (`asyncgpu._runtime.hooks.launch_now`)
-        #: the memset or copy being launched now spills the device's cache behind other work (`_spills`): its
-        #: activity loses the calibration's pair overhead for such work (`asyncgpu._runtime.clock.cut_kind`)
+        #: the memset, copy or `inc_loop` being launched now spills the device's cache behind other work
+        #: (`_spills`): its activity loses the calibration's pair overhead for such work (`clock.cut_kind`)
         self.spills = False
         self.last_kind: str | None = None  # the kind of its latest launch through asyncgpu, None if unknown
         self.ops = 0  # launches enqueued through asyncgpu (`counted`)
@@ -327,7 +327,13 @@ class Stream:
         if array.dtype != np.float32:
             raise TypeError(f"inc_loop works on float32 arrays, not {array.dtype}")
         si.bd.prepare("inc_loop")
-        run_timed(self, "inc_loop", "kernel", si.bd.inc_loop, si.raw, array.live(), array.size, iterations)
+        # (it reads and writes the whole array: it spills the cache from the size a memset does. A user's kernel
+        # touches what its code says, which asyncgpu cannot see: it keeps the kernel's cut)
+        si.spills = iterations > 0 and _spills(si, array.nbytes, si.bd.spill_bytes)
+        try:
+            run_timed(self, "inc_loop", "kernel", si.bd.inc_loop, si.raw, array.live(), array.size, iterations)
+        finally:
+            si.spills = False
 
     def memset(self, array: DeviceArray, byte: int = 0) -> None:
         """Set every byte of ``array`` to ``byte`` (0..255)."""
@@ -386,9 +392,9 @@ class Stream:
 
 
 def _spills(si: StreamInternal, nbytes: int, limit: int | None) -> bool:
-    """Whether a memset or copy of ``nbytes`` that someone times (`hooks.OBSERVERS`) spills the cache of ``si``'s
-    device behind other work on its stream: from ``limit`` bytes on (a memset: the device's measured
-    `BackendDevice.spill_bytes`; a copy between device buffers: its `cache_bytes`, the size its calibration
+    """Whether a memset, `inc_loop` or copy of ``nbytes`` that someone times (`hooks.OBSERVERS`) spills the cache of
+    ``si``'s device behind other work on its stream: from ``limit`` bytes on (a memset, an `inc_loop`: the device's
+    measured `BackendDevice.spill_bytes`; a copy between device buffers: its `cache_bytes`, the size its calibration
     measured). Onto an idle stream, such work's pair costs what the small kind's does (run 45, `dev/diag_spill.py`:
     idle 160 MB memsets within 0.2 µs of CUPTI with the small kind's cut, on one H100 and 2× H200), so it is not
     flagged. Costs a stream query (~1 µs) when flagged work is timed."""

@@ -58,7 +58,7 @@ class Activity:
     parent: Activity | None  # the block this launch ran in (CUPTI source)
     cupti: list | None  # CUPTI records routed here: (kind, start_ns, end_ns, device, stream, name)
     held: bool  # the launch was held until its bracket was enqueued (`asyncgpu._runtime.hooks.launch_now`)
-    spills: bool  # a memset or copy that spills the device's cache (`StreamInternal.spills`): its pair's own cut
+    spills: bool  # a memset, copy or inc_loop that spills the device's cache (`StreamInternal.spills`): its own cut
     replay: tuple[ReplayRecords, tuple[int, int], int] | None  # a graph replay: records, nodes, count
     issued_ns: float  # host perf_counter_ns when the host had issued it (`Timeline.issued_ns`); NaN: not yet
 

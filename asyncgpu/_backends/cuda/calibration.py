@@ -205,24 +205,25 @@ class ClockMixin(CudaDeviceBase):
         return np.column_stack([stamps[:n], hosts]), (int(stamps[n]), after)
 
     def bracket_overhead(self, repeats: int = 21) -> tuple[dict[str, float], str]:
-        """What a pair of events adds to the time of what it brackets on the GPU, ns, per kind of work
-        (``"kernel"``, ``"memset"``, ``"memcpy"`` to the host, ``"memcpy_d2d"`` between device buffers, and
-        ``"memset_spill"``, ``"memcpy_d2d_spill"`` for such work that spills the L2, `cache_bytes`): the median
-        over ``repeats`` of elapsed(start, end) minus the work's own time, for a 20 µs kernel, a 1 MB memset, a 64
-        KB copy to the host, a 512 KB copy between device buffers, a memset of twice the L2 and a copy of the L2's
-        size, queued behind a 1 ms kernel (so the GPU never waits for the host), each pair held and primed as an
-        event-timing scope holds and primes its launches (`hold`, `prime`). The kinds differ (a copy to the host's
-        pair adds more than a kernel's; around work that spills the L2 the pair costs the stream more on some
-        machines, less on others: `dev/diag_spill.py`), and so do machines. The spilling kinds are left out when
-        their buffer (twice the L2) cannot be allocated. Where they were measured, memsets of a quarter to all of
-        the L2 are measured too (`_spill_ladder`), and the device's `spill_bytes` is set from them
-        (`spill_threshold`): from how many bytes on a memset's pair costs what it costs around the spilling one.
+        """What a pair of events adds to the time of what it brackets on the GPU, ns, per kind of work (``"kernel"``,
+        ``"memset"``, ``"memcpy"`` to the host, ``"memcpy_d2d"`` between device buffers, and ``"memset_spill"``,
+        ``"memcpy_d2d_spill"``, ``"kernel_spill"`` for such work that spills the L2, `cache_bytes`): the median over
+        ``repeats`` of elapsed(start, end) minus the work's own time, for a 20 µs kernel, a 1 MB memset, a 64 KB copy to
+        the host, a 512 KB copy between device buffers, a memset of twice the L2, a copy of the L2's size and an
+        ``inc_loop`` over twice the L2 (one pass: a memory-bound kernel), queued behind a 1 ms kernel (so the GPU never
+        waits for the host), each pair held and primed as an event-timing scope holds and primes its launches (`hold`,
+        `prime`). The kinds differ (a copy to the host's pair adds more than a kernel's; around work that spills the L2
+        the pair costs the stream more on some machines, less on others: `dev/diag_spill.py`), and so do machines. The
+        spilling kinds are left out when their buffer (twice the L2) cannot be allocated. Where they were measured,
+        memsets of a quarter to all of the L2 are measured too (`_spill_ladder`), and the device's `spill_bytes` is set
+        from them (`spill_threshold`): from how many bytes on a memset's pair costs what it costs around the spilling
+        one.
 
         The work's own time is CUPTI's record of it where CUPTI can be used here (cupti-python installed, no
         other profiler subscribed: the session is opened for this work and closed again): what the events source
         is compared with. Otherwise only the kernel is measured, against its first-to-last ``%globaltimer`` span,
         which leaves out its own launch and exit (~1 µs): durations then read that much short. Blocks the
-        calling thread for its rounds (up to eight against CUPTI, each a 1 ms kernel, its work and a flush; the
+        calling thread for its rounds (up to nine against CUPTI, each a 1 ms kernel, its work and a flush; the
         first CUPTI session of a process: longer)."""
         from asyncgpu._backends import cupti
 
@@ -245,7 +246,7 @@ class ClockMixin(CudaDeviceBase):
             first: tuple[np.ndarray, np.ndarray] | None = None  # the kernels' (elapsed, spans)
             rounds: list[tuple[str, ...]] = [("kernel", "memset", "memcpy"), ("memcpy_d2d",)]
             if self.cache_bytes is not None:  # (a round each: CUPTI names them as their small kinds)
-                rounds += [("memset_spill",), ("memcpy_d2d_spill",)]
+                rounds += [("memset_spill",), ("memcpy_d2d_spill",), ("kernel_spill",)]
             for kinds in rounds:
                 try:
                     elapsed, spans = self._bracket_pairs(repeats, kinds)
@@ -308,6 +309,8 @@ class ClockMixin(CudaDeviceBase):
         one = LaunchConfig(grid=1, block=1)
         kernel = self._kernel("asyncgpu_clock_bracket")
         self.prepare_kernel(kernel)  # loaded now, not at its first launch inside a hold (a load may synchronize)
+        if "kernel_spill" in kinds:
+            self.prepare("inc_loop")
         out = self.alloc(2 * repeats, np.uint64, s)  # device memory: stores to host memory would slow the exit
         scratch = self.alloc(_MEMSET_BYTES, np.uint8, s)
         half = _MEMSET_BYTES // 2
@@ -338,6 +341,7 @@ class ClockMixin(CudaDeviceBase):
             ops["memcpy_d2d_spill"] = lambda k: self._drv_check(
                 self._drv.d.cuMemcpyDtoDAsync(src + half_big, src, half_big, s[1])[0], "cuMemcpyDtoDAsync"
             )
+            ops["kernel_spill"] = lambda k: self.inc_loop(s, big, big_bytes // 4, 1)  # (float32: reads, writes all)
             ops["memcpy_d2d_part"] = lambda k: self._drv_check(
                 self._drv.d.cuMemcpyDtoDAsync(src + half_big, src, min(part_bytes, half_big), s[1])[0],
                 "cuMemcpyDtoDAsync",
@@ -401,20 +405,21 @@ class ClockMixin(CudaDeviceBase):
             raise self._drv.error(err, call)
 
 
+#: the kernel each kernel kind of `bracket_overhead` times (CUPTI's name for it): the lead spin is another kernel
+_CALIBRATION_KERNELS = {"kernel": "asyncgpu_clock_bracket", "kernel_spill": "asyncgpu_inc_loop"}
+
+
 def pair_excess_ns(records: list, kind: str, device: int, pairs_ns: np.ndarray) -> float | None:
     """The median of what each held pair of a `bracket_overhead` round added to its ``kind`` of work over CUPTI's
     record of that work, ns: ``pairs_ns`` (the pairs' elapsed times, in launch order) against the flush's
     ``records`` (`cupti.flush` tuples) of ``device``. CUPTI names the work by its own kinds (``"memcpy_d2d*"``
     are ``"memcpy"``, every ``"memset*"`` is ``"memset"``); a copy between device buffers follows its primer,
-    another copy (every second record); the kernel is the calibration's own. None unless CUPTI recorded each."""
+    another copy (every second record); a kernel kind's kernel is the one it times (`_CALIBRATION_KERNELS`). None
+    unless CUPTI recorded each."""
     repeats, d2d = len(pairs_ns), kind.startswith("memcpy_d2d")
-    want = kind.split("_")[0]
+    want, kernel = kind.split("_")[0], _CALIBRATION_KERNELS.get(kind)
     mine = sorted(
-        (
-            r
-            for r in records
-            if r[0] == want and r[4] == device and (kind != "kernel" or r[6] == "asyncgpu_clock_bracket")
-        ),
+        (r for r in records if r[0] == want and r[4] == device and (kernel is None or r[6] == kernel)),
         key=lambda r: r[1],
     )
     mine = mine[1::2] if d2d else mine[-repeats:]
