@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -140,7 +141,8 @@ def test_slow_pings_are_taken_again_once_and_the_tighter_kept(monkeypatch):
 
 def test_a_calibration_whose_drift_is_unknown_is_measured_again_sooner():
     """The clocks drift apart by some ppm; until a device has a second of history its drift is unknown, and its
-    calibration goes stale after `UNKNOWN_DRIFT_MAX_AGE_S` instead of the caller's age."""
+    calibration goes stale after `UNKNOWN_DRIFT_MAX_AGE_S` instead of the caller's age, unless the caller asks for
+    no re-measure at all (an infinite age: the calibration that placed earlier records)."""
     from asyncgpu._runtime.clock import UNKNOWN_DRIFT_MAX_AGE_S, ClockCalibration
     from asyncgpu._runtime.clock import stale as _stale
 
@@ -154,6 +156,8 @@ def test_a_calibration_whose_drift_is_unknown_is_measured_again_sooner():
     assert not _stale(cal(gt_point=(0, 0.0), drift_ppm=7.7), 0.25)
     assert not _stale(cal(), 0.25)  # no %globaltimer (the host backend): its own age
     assert _stale(None, 0.25)
+    assert not _stale(cal(gt_point=(0, 0.0)), math.inf)  # (4× H100, run 47: a test's read of it re-measured)
+    assert _stale(None, math.inf)
 
 
 @pytest.mark.gpu

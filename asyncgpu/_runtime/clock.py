@@ -322,9 +322,12 @@ def _intersect(bd: Any, anchor: Any, raws: list, brackets: np.ndarray) -> tuple[
 
 def stale(cal: ClockCalibration | None, max_age_s: float) -> bool:
     """The age policy: whether ``cal`` is missing or older than ``max_age_s`` (`UNKNOWN_DRIFT_MAX_AGE_S` while its
-    drift is not known: its ``%globaltimer`` was measured, its rate not yet). Never blocks."""
+    drift is not known: its ``%globaltimer`` was measured, its rate not yet). An infinite ``max_age_s`` never makes a
+    calibration stale (`Device.clock`'s "never re-measure": the one that placed earlier records). Never blocks."""
     if cal is None:
         return True
+    if math.isinf(max_age_s):
+        return False
     if cal.gt_point is not None and cal.drift_ppm is None:
         max_age_s = min(max_age_s, UNKNOWN_DRIFT_MAX_AGE_S)
     return time.perf_counter_ns() - cal.taken_ns > max_age_s * 1e9

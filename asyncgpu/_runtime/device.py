@@ -111,8 +111,9 @@ class Device:
     ) -> ClockCalibration:
         """This device's clock calibration against the host clock (``time.perf_counter_ns()``): the anchor
         that places its events on the host time base, its error bound, the ``%globaltimer`` offset and drift.
-        Re-measured when older than ``max_age_s`` (or when ``refresh``): that blocks the calling thread about
-        0.1-0.4 ms on a GPU (the first time in a process also compiles the calibration kernels), and warns
+        Re-measured when older than ``max_age_s`` (``math.inf``: never, once measured; otherwise the first second's
+        calibrations, whose drift is not known yet, after 50 ms), or when ``refresh``: that blocks the calling thread
+        about 0.1-0.4 ms on a GPU (the first time in a process also compiles the calibration kernels), and warns
         (`BlockingCallWarning`) in an event loop's thread: ``await device.aclock()`` measures on the device's worker
         thread instead. Raises `ClockError` when the device does not answer (see `asyncgpu._runtime.clock`)."""
         rt = self._internal
