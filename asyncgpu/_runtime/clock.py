@@ -224,8 +224,8 @@ class Placement:
         spill_rows: np.ndarray | None = None,
     ) -> None:
         """`trim`, in place, on the rows of the columns selected by the boolean mask ``rows``; ``d2d_rows``
-        marks the copies between device buffers, ``spill_rows`` the memsets and such copies that spill the
-        device's cache (`cut_kind`)."""
+        marks the copies between device buffers, ``spill_rows`` the memsets, such copies and kernels that spill
+        the device's cache (`cut_kind`)."""
         for kind, code in zip(_LAUNCH_KINDS, _LAUNCH_CODES):
             m = rows & (kind_col == code)
             parts = [(kind, m)]

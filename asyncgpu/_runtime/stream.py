@@ -329,21 +329,15 @@ class Stream:
         si.bd.prepare("inc_loop")
         # (it reads and writes the whole array: it spills the cache from the size a memset does. A user's kernel
         # touches what its code says, which asyncgpu cannot see: it keeps the kernel's cut)
-        si.spills = iterations > 0 and _spills(si, array.nbytes, si.bd.spill_bytes)
-        try:
-            run_timed(self, "inc_loop", "kernel", si.bd.inc_loop, si.raw, array.live(), array.size, iterations)
-        finally:
-            si.spills = False
+        spills = iterations > 0 and _spills(si, array.nbytes, si.bd.spill_bytes)
+        self._run_flagged(spills, "inc_loop", "kernel", si.bd.inc_loop, si.raw, array.live(), array.size, iterations)
 
     def memset(self, array: DeviceArray, byte: int = 0) -> None:
         """Set every byte of ``array`` to ``byte`` (0..255)."""
         si = self._check_array(array)
         byte = whole("byte", byte, maximum=255)
-        si.spills = _spills(si, array.nbytes, si.bd.spill_bytes)
-        try:
-            run_timed(self, "memset", "memset", si.bd.memset, si.raw, array.live(), array.nbytes, byte)
-        finally:
-            si.spills = False
+        spills = _spills(si, array.nbytes, si.bd.spill_bytes)
+        self._run_flagged(spills, "memset", "memset", si.bd.memset, si.raw, array.live(), array.nbytes, byte)
 
     def copy_to_host(self, array: DeviceArray, out: np.ndarray) -> None:
         """Copy ``array`` into the numpy array ``out`` (page-locked: `Device.alloc_pinned`) asynchronously.
@@ -369,9 +363,16 @@ class Stream:
             )
         if dst.nbytes < src.nbytes:
             raise ValueError(f"dst holds {dst.nbytes} bytes, src {src.nbytes}: allocate a large enough dst")
-        si.spills = _spills(si, src.nbytes, si.bd.cache_bytes)
+        spills = _spills(si, src.nbytes, si.bd.cache_bytes)
+        self._run_flagged(spills, "copy", "memcpy", si.bd.copy, si.raw, dst.live(), src.live(), src.nbytes)
+
+    def _run_flagged(self, spills: bool, name: str, kind: str, fn: Any, *args: Any) -> None:
+        """`run_timed`, with the stream saying (`StreamInternal.spills`, `_spills`) while the observers see the
+        launch whether it spills the device's cache; the flag is down again after it, however it ends."""
+        si = self._internal
+        si.spills = spills
         try:
-            run_timed(self, "copy", "memcpy", si.bd.copy, si.raw, dst.live(), src.live(), src.nbytes)
+            run_timed(self, name, kind, fn, *args)
         finally:
             si.spills = False
 

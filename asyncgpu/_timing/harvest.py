@@ -165,7 +165,7 @@ class Columns:
         self.dur = np.full(n, np.nan)
         self.issued = np.fromiter((a.issued_ns for a in acts), np.float64, n)
         self.from_cupti = np.zeros(n, bool)
-        self.spills = np.fromiter((a.spills for a in acts), bool, n)  # memsets and copies that spill the cache
+        self.spills = np.fromiter((a.spills for a in acts), bool, n)  # launches that spill the device's cache
 
     def append(self, extra: list) -> None:
         """Add the rows of ``extra`` (device, stream, name, kind, start_ns, duration_ns), timed by CUPTI and issued

@@ -385,14 +385,12 @@ class StepTimer:
         issued = np.array([it.issued for it in done], np.float64).reshape(n, nd)
         start, end = np.empty((n, nd)), np.empty((n, nd))
         for d, place in enumerate(places):
-            prev = None
             for i, it in enumerate(done):
                 # (a chained step's start event is the step before's end event, placed just now: one driver
                 # call per event, not two)
                 raw = it.starts[d]
-                start[i, d] = end[i - 1, d] if prev is not None and raw is prev.ends[d] else place.host_ns(raw)
+                start[i, d] = end[i - 1, d] if i and raw is done[i - 1].ends[d] else place.host_ns(raw)
                 end[i, d] = place.host_ns(it.ends[d])
-                prev = it
         # A step's device span starts no earlier than its entry: a start event taken from the previous step's end
         # (`_chained`) completed before it when the stream was idle, where one recorded at the entry would have
         # completed a few µs after it.
