@@ -85,6 +85,7 @@ fi
 BENCH=(python3 -m benchmarks --out "$OUT/benchmarks")
 [ "$NGPU" -ge 2 ] && step "benchmarks orchestration (bench_workers, bench_balance on 2, 4, 8 GPUs)" 1500 40 "${BENCH[@]}" --limit 240 orchestration
 [ "$NGPU" -ge 2 ] && step "dev/diag_handoff (trio handoff)" 120 8 python3 -X faulthandler dev/diag_handoff.py --items 200
+step "dev/diag_ticker (the loop-ticking test's workload: long launches and the backend calls beside them)" 240 12 bash -c "for l in asyncio uvloop trio; do python3 -X faulthandler dev/diag_ticker.py \$l ${TICKER_REPS:-12} \"$OUT/ticker-dumps.txt\" --calls ${TICKER_ARGS:-} || exit 1; done"
 step "pytest orchestration (queue, workers, balance)" 240 4 python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=60 tests/test_load.py tests/test_workers.py tests/test_summary.py tests/test_cli.py "$@"
 for r in $(seq "${REPEAT:-1}"); do  # (REPEAT=3: three runs in a row, each its own row in the table)
   run=""; [ "${REPEAT:-1}" -gt 1 ] && run=" (run $r)"
