@@ -474,3 +474,45 @@ def test_a_scope_hands_its_spilling_rows_to_the_trim(monkeypatch):
         dev.stream.memset(big, 0)
         dev.stream.spin_us(1)
     assert len(t.records) == 3 and got[-1] == [False, True, False], got
+
+
+def test_the_event_after_the_kernel_is_placed_by_the_devices_narrow_exit_brackets(monkeypatch):
+    """The event after the calibration kernel completes a fixed front-end delay after the kernel's exit stamp; the
+    host sees it pass late by however long it took to look. A slow look widens that calibration's own bracket: the
+    anchor stays where the device's narrow brackets put it (a low quantile of its latest), not at the slow one's
+    middle; a device whose brackets all run wide is placed by them."""
+    import types
+
+    from asyncgpu._runtime import clock
+
+    offset_ns, exit_host_ns = 10_000_000, 5_000_000  # %globaltimer − host; the kernel's exit, on the host clock
+    looks = iter([1_000, 1_200, 900, 1_100, 1_000, 6_000])
+
+    class Bd:
+        def create_event(self, timing):
+            return object()
+
+        def calibrate_events(self, raws, timeout_ns):  # wide pings (±4 µs): the kernel's bracket wins
+            return np.array([[1_000 * k, 1_000 * k + 8_000] for k in range(len(raws))], np.int64)
+
+        def elapsed_ms(self, a, b):
+            return 0.0
+
+        def calibrate_globaltimer(self, n, timeout_ns, raw_event):
+            h0 = np.arange(n, dtype=np.int64) * 2_000
+            pings = np.column_stack([h0 + 500 + offset_ns, h0, h0 + 1_000])
+            return pings, (exit_host_ns + offset_ns, exit_host_ns + next(looks))
+
+    monkeypatch.setattr(clock, "_EXITS_NS", {})
+    dev = types.SimpleNamespace(name="cuda:7", bd=Bd(), clock_events=[])
+    placed = []
+    for _ in range(6):
+        p = clock._pings(dev, 4, 1_000_000, None)
+        assert p.source == "kernel" and p.gt_bound == 500
+        placed.append((p.host_ns - exit_host_ns, p.bound_ns, p.exit_ns))
+    assert placed[0] == (500, 1_000, 1_000)  # alone: its own bracket's middle
+    slow_at, slow_bound, slow_exit = placed[-1]
+    assert slow_exit == 6_000 and 450 <= slow_at <= 550 and slow_bound <= 1_050, placed  # not 3_000 ± 3_500
+    monkeypatch.setattr(clock, "_EXITS_NS", {})
+    looks = iter([3_000] * 6)
+    assert [clock._pings(dev, 4, 1_000_000, None).host_ns - exit_host_ns for _ in range(6)] == [1_500] * 6
