@@ -107,7 +107,7 @@ def test_the_table_takes_each_figure_from_the_newest_run_per_gpu_model():
     assert lines[0] == "| what | NVIDIA H200 | NVIDIA H100 80GB HBM3 |"
     single = next(ln for ln in lines if ln.startswith("| waits: single wait"))
     assert "asyncio 24.8 / 76.3" in single and "2026-02-01" in single and single.endswith("| — |")
-    assert any(ln.startswith("| timing: two GPUs, one instant") and "| — | `%globaltimer` 0.33" in ln for ln in lines)
+    assert any(ln.startswith("| timing: 2 GPUs, one instant") and "| — | `%globaltimer` 0.33" in ln for ln in lines)
     assert any(ln.startswith("| kprofile: in-kernel records: decode") for ln in lines)
 
 
