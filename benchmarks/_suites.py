@@ -168,6 +168,13 @@ def _timing(runs: dict[str, Record]) -> list[tuple[str, str]]:
                 f"events {_n(s['events_aligned']['median_abs_ns'] / 1e3, 2)} / "
                 f"{_n(s['events_aligned']['max_abs_ns'] / 1e3, 2)} µs"
             )
+            if gt.get("peer_pairs"):  # (GPU-to-GPU pings: asyncgpu's own error, the flag's reading left out)
+                pa, pe = s["peer_aligned"], s["peer_events_aligned"]
+                cell += (
+                    f"; against GPU-to-GPU pings: `%globaltimer` {_n(pa['median_abs_ns'] / 1e3, 2)} / "
+                    f"{_n(pa['max_abs_ns'] / 1e3, 2)} µs, events {_n(pe['median_abs_ns'] / 1e3, 2)} / "
+                    f"{_n(pe['max_abs_ns'] / 1e3, 2)} µs"
+                )
             own = clk.get("ground_truth_own_bracket")
             if own:  # (the same trials' events anchored at each calibration's own kernel-exit bracket)
                 e = own["summary"]["events_aligned"]

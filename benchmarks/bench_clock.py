@@ -7,7 +7,9 @@ Each trial: a fresh calibration of every device (16 pings), then every GPU spins
 kernel (%globaltimer) and waits on it in a stream (a timing event); the host flips the flag once. Figures are
 the disagreement between GPU 0 and each other GPU at that instant: raw (clocks as read), naive (a single-ping
 offset), aligned (asyncgpu's calibration), and events (asyncgpu's event placement, what timelines use); the events
-twice: anchored as asyncgpu anchors them, and by each calibration's own kernel-exit bracket alone.
+twice: anchored as asyncgpu anchors them, and by each calibration's own kernel-exit bracket alone. Where the GPUs
+can access each other's memory, also against GPU-to-GPU pings (no host link in the way): asyncgpu's own error
+across GPUs for %globaltimer and events, and how much later each GPU saw the flag (`asyncgpu.check_alignment`).
 """
 
 from __future__ import annotations
@@ -74,8 +76,15 @@ def main() -> None:
                 ("naive", "naive single ping"),
                 ("aligned", "aligned %globaltimer"),
                 ("events_aligned", "aligned events"),
+                ("peer_aligned", "vs peer: %globaltimer"),
+                ("peer_events_aligned", "vs peer: events"),
+                ("peer_seen", "flag seen later (peer)"),
+                ("peer_bound", "peer pings' ± bound"),
             ):
-                print(f"{label:22} {_pct(r[k])}")
+                if len(r[k]):
+                    print(f"{label:22} {_pct(r[k])}")
+            if not r["peer_pairs"]:
+                print("(no peer access between the first GPU and the others: no GPU-to-GPU reference)")
     time.sleep(2.0)  # drift: the globaltimer's rate against the host clock over 2 s
     drifts = {d.name: d.clock(refresh=True).drift_ppm for d in devs}
     out["drift_ppm"] = drifts

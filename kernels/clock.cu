@@ -48,3 +48,43 @@ extern "C" __global__ void asyncgpu_clock_bracket(unsigned long long duration_ns
     out[0] = start;
     out[1] = now;
 }
+
+// GPU-to-GPU pings through device memory (peer access), with no host link in the way: one thread on each of two
+// GPUs. For each value v = first + i the initiator stamps t0, writes v into the responder's word (`theirs`), and
+// spins until its own word (`mine`) reaches v, then stamps t1; the responder spins until its word reaches v, stamps
+// and writes v back. stamps: the initiator's t0, t1 at [2i], [2i + 1]; the responder's stamp at [2i]; then [2n] reads
+// 1 if the kernel gave up (`timeout_ns` after it started: the other side never ran) and [2n + 1] is the exit stamp.
+// Causality puts globaltimer_responder − globaltimer_initiator within [stamp − t1, stamp − t0] for every ping.
+// Launch: grid 1, block 1, on both GPUs at once (the responder first).
+extern "C" __global__ void asyncgpu_clock_peer_ping(volatile unsigned int* mine, volatile unsigned int* theirs,
+                                                    unsigned long long* stamps, unsigned int first, unsigned int n,
+                                                    int initiator, unsigned long long timeout_ns) {
+    const unsigned long long begin = asyncgpu_clock_globaltimer_ns();
+    stamps[2 * n] = 0;
+    for (unsigned int i = 0; i < n; ++i) {
+        const unsigned int v = first + i;
+        unsigned long long t0 = 0;
+        if (initiator) {
+            t0 = asyncgpu_clock_globaltimer_ns();
+            *theirs = v;
+            __threadfence_system();
+        }
+        while ((int)(*mine - v) < 0) {
+            if (asyncgpu_clock_globaltimer_ns() - begin > timeout_ns) {
+                stamps[2 * n] = 1;
+                stamps[2 * n + 1] = asyncgpu_clock_globaltimer_ns();
+                return;
+            }
+        }
+        const unsigned long long seen = asyncgpu_clock_globaltimer_ns();
+        if (initiator) {
+            stamps[2 * i] = t0;
+            stamps[2 * i + 1] = seen;
+        } else {
+            *theirs = v;
+            __threadfence_system();
+            stamps[2 * i] = seen;
+        }
+    }
+    stamps[2 * n + 1] = asyncgpu_clock_globaltimer_ns();
+}

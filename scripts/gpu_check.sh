@@ -104,7 +104,6 @@ if [ "$NGPU" -ge 2 ]; then
   done
 fi
 step "dev/diag_placement (reference, per-kind excess, placement)" 240 40 python3 -X faulthandler dev/diag_placement.py --repeats 12 --out "$OUT"
-[ "$NGPU" -ge 2 ] && step "dev/diag_p2p_clock (cross-GPU alignment against GPU-to-GPU pings over peer memory)" 120 12 python3 -X faulthandler dev/diag_p2p_clock.py --trials 30 --out "$OUT/p2p_clock.json"
 step "dev/diag_fresh_clock (%globaltimer vs host, a fresh process's first 3 s)" 60 30 python3 -X faulthandler dev/diag_fresh_clock.py --seconds 3 --out "$OUT"
 step "dev/diag_step_cupti (CUPTI step source: harvests by part)" 540 24 python3 -X faulthandler dev/diag_step_cupti.py --steps 600 --pairs 6 --devices "$NGPU" --variants ${CUPTI_VARIANTS:-default,harvest-2s,flush-only,toggle,alternate,no-flush}
 step "dev/diag_step_events (events step source: where the cost is)" 240 10 python3 -X faulthandler dev/diag_step_events.py --devices "$NGPU" --steps 150 --pairs 10 --variants alternate,toggle,default

@@ -502,7 +502,17 @@ def check_alignment(devices: Iterable[Device], trials: int = 30, samples: int = 
     Returns per-trial disagreements (ns) between the first device and each other one: ``raw`` (globaltimer
     stamps as read), ``aligned`` (after each device's calibration), ``naive`` (after a single-sample
     calibration), and ``events_aligned`` (the events placed with the device's anchor), plus a summary
-    (median and max absolute values). Needs CUDA devices; blocks (GIL released only in driver calls)."""
+    (median and max absolute values). Needs CUDA devices; blocks (GIL released only in driver calls).
+
+    Each GPU *sees* the flag's flip after its own read of host memory, so those disagreements hold how much later
+    one GPU saw it than another, as well as the calibrations' errors. Where the first device and another can access
+    each other's memory (NVLink, PCIe peer to peer), each trial also pings between the two GPUs through their own
+    memory (`PeerPings`: their clocks' offset with no host link in the way, ± ``peer_bound``) and reports against
+    it: ``peer_aligned``, how far apart the calibrations place two kernels' exit stamps beyond what that offset says
+    (asyncgpu's own error across GPUs); ``peer_events_aligned``, the same for the events recorded right after those
+    kernels, placed as timelines place events; and ``peer_seen``, how much later the other GPU saw the flag's flip
+    than the first (the reading's physics: ``aligned`` = −``peer_seen`` − ``peer_aligned``). ``peer_pairs`` names
+    the devices so compared."""
     trials = whole("trials", trials, minimum=1)
     samples = whole("samples", samples, minimum=1, hint="pings per calibration")
     devs = list(devices)
@@ -519,9 +529,17 @@ def check_alignment(devices: Iterable[Device], trials: int = 30, samples: int = 
     streams = [bd.create_stream() for bd in bds]
     flag_off = 0  # the one word every device's kernel spins on
     per = 64  # bytes per device: the started word, then (at 16) the ping's stamp and the exit stamp
-    rows: dict[str, list] = {k: [] for k in ("raw", "aligned", "naive", "events_aligned")}
+    rows: dict[str, list] = {
+        k: [] for k in ("raw", "aligned", "naive", "events_aligned", "peer_aligned", "peer_events_aligned", "peer_seen")
+    }
+    rows["peer_bound"] = []
     events = [d._internal.timing_pool.take() for d in devs]
+    peers: dict[int, Any] = {}  # device index in devs -> its `PeerPings` with the first device
     try:
+        for i in range(1, len(devs)):
+            pp = bds[0].peer_pings(bds[i])
+            if pp is not None:
+                peers[i] = pp
         for trial in range(1, trials + 1):
             cals = [calibrate(d._internal, samples) for d in devs]
             for i, bd in enumerate(bds):
@@ -549,6 +567,19 @@ def check_alignment(devices: Iterable[Device], trials: int = 30, samples: int = 
                 rows["aligned"].append(float(aligned[0] - aligned[i]))
                 rows["naive"].append(float(naive[0] - naive[i]))
                 rows["events_aligned"].append(float(ev_host[0] - ev_host[i]))
+            for i, pp in peers.items():
+                offset, bound, exit0, exit_i = pp.measure()
+                later = (exit_i - offset) - exit0  # (ns on the first GPU's clock: how much later GPU i's kernel exited)
+                c0, ci = cals[0], cals[i]
+                placed = float(ci.globaltimer_to_host_ns(exit_i) - c0.globaltimer_to_host_ns(exit0))
+                ev0, evi = (
+                    c.host_ns + bds[k].elapsed_ms(c.anchor, raw) * 1e6 * c.rate
+                    for k, c, raw in ((0, c0, pp.events[0]), (i, ci, pp.events[1]))
+                )
+                rows["peer_aligned"].append(placed - later)
+                rows["peer_events_aligned"].append(float(evi - ev0) - later)
+                rows["peer_seen"].append(float((stamps[i] - offset) - stamps[0]))
+                rows["peer_bound"].append(bound)
             for d, c in zip(devs, cals):
                 d._internal.clock_events.append(c.anchor)
     finally:
@@ -558,6 +589,8 @@ def check_alignment(devices: Iterable[Device], trials: int = 30, samples: int = 
             bd.close_stream(s)
         for d, raw in zip(devs, events):
             d._internal.timing_pool.give(raw)
+        for pp in peers.values():
+            pp.close()
         page.free()
     out: dict[str, Any] = {k: np.asarray(v) for k, v in rows.items()}
     out["summary"] = {
@@ -570,5 +603,6 @@ def check_alignment(devices: Iterable[Device], trials: int = 30, samples: int = 
         if len(v)
     }
     out["devices"] = [d.name for d in devs]
+    out["peer_pairs"] = [f"{devs[0].name}-{devs[i].name}" for i in peers]
     out["trials"] = trials
     return out

@@ -47,6 +47,87 @@ class _Calibration:
                 self.copy_page.free()
 
 
+class PeerPings:
+    """GPU-to-GPU pings between two CUDA devices through their own memory (kernels/clock.cu's
+    ``asyncgpu_clock_peer_ping``, peer access granted both ways): the offset of their ``%globaltimer`` clocks
+    measured with no host link in the way, a reference for the host-based calibration (`check_alignment`). Made by
+    `ClockMixin.peer_pings`; `measure` blocks the calling thread (two one-thread kernels, ~0.1 ms); `close` frees it.
+    ``events``: a timing event of each device, recorded right after each `measure`'s kernel."""
+
+    MAX_PINGS = 64
+    TIMEOUT_NS = 50_000_000  # the kernels give up this long after they start (the other side never ran)
+
+    def __init__(self, a: ClockMixin, b: ClockMixin, n: int) -> None:
+        if not 1 <= n <= self.MAX_PINGS:
+            raise ValueError(f"between 1 and {self.MAX_PINGS} peer pings, not {n}")
+        self.devices, self.n, self._next = (a, b), n, 1
+        self._sides: list[tuple[Any, Any, Any, Any]] = []  # per device: (stream, word, stamps, event)
+        try:
+            for d in (a, b):
+                stream = d.create_stream()
+                word = d.alloc(64, np.uint32, stream)
+                stamps = d.alloc(2 * n + 2, np.uint64, stream)
+                self._sides.append((stream, word, stamps, d.create_event(True)))
+                d.memset(stream, word, 256, 0)
+                d.sync_stream(stream)
+        except BaseException:
+            self.close()
+            raise
+        self.events = (self._sides[0][3], self._sides[1][3])
+
+    def measure(self) -> tuple[float, float, int, int]:
+        """``(D, bound, exit_a, exit_b)``: ``D`` = globaltimer_b − globaltimer_a (ns), the middle of the pings'
+        intersection (each ping bounds it by causality alone), ``bound`` its half width, and each kernel's exit
+        stamp on its own clock. `ClockError` when a kernel gave up (the devices did not run both at once)."""
+        (a, b), n, first = self.devices, self.n, self._next
+        self._next = (first + n) & MASK32 or 1
+        (sa, wa, ta, ea), (sb, wb, tb, eb) = self._sides
+        for d, stream, mine, theirs, stamps, event, initiator in (
+            (b, sb, wb, wa, tb, eb, 0),  # (the responder first: it waits for the initiator's first write)
+            (a, sa, wa, wb, ta, ea, 1),
+        ):
+            args = (
+                np.uint64(int(mine.handle)),
+                np.uint64(int(theirs.handle)),
+                np.uint64(int(stamps.handle)),
+                np.uint32(first),
+                np.uint32(n),
+                np.int32(initiator),
+                np.uint64(self.TIMEOUT_NS),
+            )
+            d.launch(stream, d._kernel("asyncgpu_clock_peer_ping"), _one_thread(), args)
+            d.record(event, stream)
+        for d, (stream, _, _, _) in zip(self.devices, self._sides):
+            d.sync_stream(stream)  # (to_numpy's copy does not wait for a non-blocking stream)
+        stamps_a, stamps_b = (
+            d.to_numpy(stamps, 2 * n + 2, np.uint64).astype(np.int64)
+            for d, (_, _, stamps, _) in zip(self.devices, self._sides)
+        )
+        if stamps_a[2 * n] or stamps_b[2 * n]:
+            raise ClockError(f"{a.name} and {b.name} did not run their peer ping kernels at once (one timed out)")
+        t0, t1, seen = stamps_a[0 : 2 * n : 2], stamps_a[1 : 2 * n : 2], stamps_b[0 : 2 * n : 2]
+        lo, hi = int((seen - t1).max()), int((seen - t0).min())
+        if hi < lo:
+            raise ClockError(f"{a.name} and {b.name}: the peer pings' brackets do not intersect ({lo} > {hi} ns)")
+        return (lo + hi) / 2, (hi - lo) / 2, int(stamps_a[2 * n + 1]), int(stamps_b[2 * n + 1])
+
+    def close(self) -> None:
+        for d, (stream, word, stamps, event) in zip(self.devices, self._sides):
+            d.sync_stream(stream)
+            word.close(stream[0])
+            stamps.close(stream[0])
+            d.sync_stream(stream)
+            d.close_stream(stream)
+            d.destroy_event(event)
+        self._sides.clear()
+
+
+def _one_thread() -> Any:
+    from cuda.core import LaunchConfig
+
+    return LaunchConfig(grid=1, block=1)
+
+
 def host_pingpong(words: Any, flag: int, acks: Any, first: int, n: int, timeout_ns: int, name: str) -> np.ndarray:
     """The host half of a ping-pong: for each ping k, read the clock (h0), write ``first + k`` to ``words[flag]``,
     spin until the device acknowledges it, read the clock (h1). ``acks`` is an int: the word of ``words`` the
@@ -99,6 +180,17 @@ class ClockMixin(CudaDeviceBase):
                 if err is self._drv.SUCCESS:
                     out.append((int(ctx), s[2]))
         return out
+
+    def peer_pings(self, other: ClockMixin, n: int = 32) -> PeerPings | None:
+        """GPU-to-GPU pings with ``other`` (`PeerPings`), or None when the two cannot access each other's memory
+        (no NVLink or PCIe peer to peer between them). Grants that access both ways (memory pools included)."""
+        if not (self._dev.can_access_peer(other.index) and other._dev.can_access_peer(self.index)):
+            return None
+        if other.index not in self._peer_sources:
+            self._grant_peer_access(other.index)
+        if self.index not in other._peer_sources:
+            other._grant_peer_access(self.index)
+        return PeerPings(self, other, n)
 
     def _calibration(self) -> _Calibration:
         if self._cal is None:

@@ -23,6 +23,7 @@ _KERNEL_SOURCES = {
     "asyncgpu_prime": "workloads.cu",
     "asyncgpu_clock_pingpong": "clock.cu",
     "asyncgpu_clock_bracket": "clock.cu",
+    "asyncgpu_clock_peer_ping": "clock.cu",
     "asyncgpu_inc_loop_profiled": "profiled.cu",
     "asyncgpu_kp_bench": "profiled.cu",
     "asyncgpu_inc_loop_profiled_off": "profiled_off.cu",
