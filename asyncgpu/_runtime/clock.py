@@ -495,7 +495,8 @@ def _exit_width(name: str, exit_ns: float) -> float:
 
 
 def check_alignment(devices: Iterable[Device], trials: int = 30, samples: int = DEFAULT_SAMPLES) -> dict[str, Any]:
-    """Ground truth for the alignment of several GPUs: each trial makes every device stamp ONE physical instant
+    """Ground truth for the alignment of several GPUs: each trial calibrates every device (as `Device.clock` with
+    ``refresh=True``: the calibration timelines use), then makes every device stamp ONE physical instant
     (all spin on the same pinned host flag; the host flips it once) with ``%globaltimer`` in a kernel, and with a
     timing event recorded right after that kernel; then compares the devices' stamps on the host time base.
 
@@ -541,7 +542,12 @@ def check_alignment(devices: Iterable[Device], trials: int = 30, samples: int = 
             if pp is not None:
                 peers[i] = pp
         for trial in range(1, trials + 1):
-            cals = [calibrate(d._internal, samples) for d in devs]
+            # Each device calibrated as its timelines' placements calibrate it (`DeviceInternal.calibration`: its
+            # drift and pair overheads known from its first calibration), every device at once, right before the
+            # instant. A calibration from scratch would measure the pair overheads again (CUPTI rounds, up to a
+            # second) and ignore the drift: on 4× H100 (-20 ppm) the first device's offset was then stale by the
+            # others' calibrations and read the instant 0.9 µs apart on average, 1.5 µs p50 against the peer pings.
+            cals = [d._internal.calibration(refresh=True, samples=samples) for d in devs]
             for i, bd in enumerate(bds):
                 base = bd.device_pointer(page)
                 off = 256 + i * per
@@ -580,8 +586,6 @@ def check_alignment(devices: Iterable[Device], trials: int = 30, samples: int = 
                 rows["peer_events_aligned"].append(float(evi - ev0) - later)
                 rows["peer_seen"].append(float((stamps[i] - offset) - stamps[0]))
                 rows["peer_bound"].append(bound)
-            for d, c in zip(devs, cals):
-                d._internal.clock_events.append(c.anchor)
     finally:
         words[flag_off // 4] = trials + 1
         for bd, s in zip(bds, streams):
