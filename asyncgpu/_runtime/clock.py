@@ -512,8 +512,8 @@ def check_alignment(devices: Iterable[Device], trials: int = 30, samples: int = 
     it: ``peer_aligned``, how far apart the calibrations place two kernels' exit stamps beyond what that offset says
     (asyncgpu's own error across GPUs); ``peer_events_aligned``, the same for the events recorded right after those
     kernels, placed as timelines place events; and ``peer_seen``, how much later the other GPU saw the flag's flip
-    than the first (the reading's physics: ``aligned`` = −``peer_seen`` − ``peer_aligned``). ``peer_pairs`` names
-    the devices so compared."""
+    than the first (the reading's physics: ``aligned`` ≈ −``peer_seen`` − ``peer_aligned``, up to the clocks' drift
+    over the milliseconds between the flip and the pings). ``peer_pairs`` names the devices so compared."""
     trials = whole("trials", trials, minimum=1)
     samples = whole("samples", samples, minimum=1, hint="pings per calibration")
     devs = list(devices)
