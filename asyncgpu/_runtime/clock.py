@@ -507,13 +507,14 @@ def check_alignment(devices: Iterable[Device], trials: int = 30, samples: int = 
 
     Each GPU *sees* the flag's flip after its own read of host memory, so those disagreements hold how much later
     one GPU saw it than another, as well as the calibrations' errors. Where the first device and another can access
-    each other's memory (NVLink, PCIe peer to peer), each trial also pings between the two GPUs through their own
-    memory (`PeerPings`: their clocks' offset with no host link in the way, ± ``peer_bound``) and reports against
-    it: ``peer_aligned``, how far apart the calibrations place two kernels' exit stamps beyond what that offset says
-    (asyncgpu's own error across GPUs); ``peer_events_aligned``, the same for the events recorded right after those
-    kernels, placed as timelines place events; and ``peer_seen``, how much later the other GPU saw the flag's flip
-    than the first (the reading's physics: ``aligned`` ≈ −``peer_seen`` − ``peer_aligned``, up to the clocks' drift
-    over the milliseconds between the flip and the pings). ``peer_pairs`` names the devices so compared."""
+    each other's memory (NVLink, PCIe peer to peer; the access is granted, as a copy between them would), each trial
+    also pings between the two GPUs through their own memory (`PeerPings`: their clocks' offset with no host link in
+    the way, ± ``peer_bound``) and reports against it: ``peer_aligned``, how far apart the calibrations place two
+    kernels' exit stamps beyond what that offset says (asyncgpu's own error across GPUs); ``peer_events_aligned``,
+    the same for the events recorded right after those kernels, placed as timelines place events; and ``peer_seen``,
+    how much later the other GPU saw the flag's flip than the first (the reading's physics: ``aligned`` ≈
+    −``peer_seen`` − ``peer_aligned``, up to the clocks' drift over the milliseconds between the flip and the
+    pings). ``peer_pairs`` names the devices so compared."""
     trials = whole("trials", trials, minimum=1)
     samples = whole("samples", samples, minimum=1, hint="pings per calibration")
     devs = list(devices)
