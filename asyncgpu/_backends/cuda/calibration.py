@@ -1,5 +1,6 @@
 """Clock calibration: ping-pongs between the host and the device through mapped pinned memory (events recorded
-behind a host word, or the ``%globaltimer`` kernel), and the overhead an event pair adds per kind of work."""
+behind a host word, or the ``%globaltimer`` kernel), the overhead an event pair adds per kind of work, and pings
+between two GPUs through their own memory (`PeerPings`: a reference with no host link in the way)."""
 
 from __future__ import annotations
 
