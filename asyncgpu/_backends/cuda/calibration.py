@@ -227,8 +227,6 @@ class ClockMixin(CudaDeviceBase):
     ) -> None:
         """Launch kernels/clock.cu's ``asyncgpu_clock_pingpong`` (one thread). Its ``n + 1`` stamps must read 0
         before: a stamp is its ping's acknowledgement."""
-        from cuda.core import LaunchConfig
-
         args = (
             np.uint64(flag_dptr),
             np.uint64(started_dptr),
@@ -236,7 +234,7 @@ class ClockMixin(CudaDeviceBase):
             np.uint32(first & MASK32),
             np.uint32(n),
         )
-        self.launch(raw_stream, self._kernel("asyncgpu_clock_pingpong"), LaunchConfig(grid=1, block=1), args)
+        self.launch(raw_stream, self._kernel("asyncgpu_clock_pingpong"), _one_thread(), args)
 
     def calibrate_events(self, raw_events: list, timeout_ns: int) -> np.ndarray:
         cal = self._calibration()
@@ -395,11 +393,9 @@ class ClockMixin(CudaDeviceBase):
         calibration stream: ``({kind: elapsed ns}, the kernels' in-kernel spans ns)``. Blocks until they ran
         (`ClockError` after 100 ms); `MemoryError` when the spilling kinds' buffer (twice the L2) cannot be
         allocated."""
-        from cuda.core import LaunchConfig
-
         cal = self._calibration()
         s = cal.stream
-        one = LaunchConfig(grid=1, block=1)
+        one = _one_thread()
         kernel = self._kernel("asyncgpu_clock_bracket")
         self.prepare_kernel(kernel)  # loaded now, not at its first launch inside a hold (a load may synchronize)
         if "kernel_spill" in kinds:
@@ -431,14 +427,15 @@ class ClockMixin(CudaDeviceBase):
             ops["memset_spill"] = lambda k: self.memset(s, big, big_bytes, 0)
             ops["memset_part"] = lambda k: self.memset(s, big, min(part_bytes, big_bytes), 0)
             src, half_big = int(big.handle), big_bytes // 2
-            ops["memcpy_d2d_spill"] = lambda k: self._drv_check(
-                self._drv.d.cuMemcpyDtoDAsync(src + half_big, src, half_big, s[1])[0], "cuMemcpyDtoDAsync"
-            )
+
+            def copy_big(nbytes: int) -> None:  # (the first half of ``big`` into its second)
+                self._drv_check(
+                    self._drv.d.cuMemcpyDtoDAsync(src + half_big, src, nbytes, s[1])[0], "cuMemcpyDtoDAsync"
+                )
+
+            ops["memcpy_d2d_spill"] = lambda k: copy_big(half_big)
+            ops["memcpy_d2d_part"] = lambda k: copy_big(min(part_bytes, half_big))
             ops["kernel_spill"] = lambda k: self.inc_loop(s, big, big_bytes // 4, 1)  # (float32: reads, writes all)
-            ops["memcpy_d2d_part"] = lambda k: self._drv_check(
-                self._drv.d.cuMemcpyDtoDAsync(src + half_big, src, min(part_bytes, half_big), s[1])[0],
-                "cuMemcpyDtoDAsync",
-            )
         self.spin(s, 1_000_000)
         pairs = {kind: [(self.create_event(True), self.create_event(True)) for _ in range(repeats)] for kind in kinds}
         tails = [self.create_event(True) for _ in range(2 if timed_tail and tail_ns else 0)]  # (reused: not read)
