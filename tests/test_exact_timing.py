@@ -572,7 +572,9 @@ def test_events_time_copies_between_device_buffers_as_cupti_does(dev, backend, m
 
 def test_cupti_times_each_node_of_a_replayed_graph(dev, backend):
     """Under CUPTI a replay's event nodes are slowed down (H200: a 1.5 ms graph read 5 ms between its events);
-    the graph and its parts take the nodes' own CUPTI times, matched in capture order."""
+    the graph and its parts take the nodes' own CUPTI times, matched in capture order. The test asserts the spans
+    against the nodes, not a bound on the gaps between nodes: those are CUPTI's (a 500 µs part read 510.4 on 4×
+    H100, run 50)."""
     _cupti_or_skip(backend)
     s = dev.stream
     s.spin_us(10)
@@ -586,20 +588,20 @@ def test_cupti_times_each_node_of_a_replayed_graph(dev, backend):
         with gpu_timer(dev, source="cupti") as t:
             graph.launch()
         assert t.timeline.source == "cupti" and t.timeline.source_note == "", t.timeline.source_note
-        by = {(r.name, r.kind): r.duration_ms * 1e3 for r in t.records}
         names = [(r.name, r.kind) for r in t.records]
         assert names == [("graph", "graph"), ("spin", "kernel"), ("tail", "user"), ("spin", "kernel")] + [
             ("spin", "kernel")
         ]
         spins = [r.duration_ms * 1e3 for r in t.records if r.name == "spin"]
         assert 1000 <= spins[0] < 1003 and 300 <= spins[1] < 303 and 200 <= spins[2] < 203, spins
-        assert 500 <= by[("tail", "user")] < 510, by
-        # the graph spans its nodes, from the first one's start to the last one's end (CUPTI's own times)
+        # the graph and its part span their nodes, from the first one's start to the last one's end (CUPTI's own
+        # times; the gaps between nodes are CUPTI's, ~10 µs each on H100, and not asserted)
         nodes = [r for r in t.records if r.kind == "kernel"]
-        first_ns, last_ns = nodes[0].start_ns, nodes[-1].start_ns + nodes[-1].duration_ms * 1e6
-        replay = next(r for r in t.records if r.kind == "graph")
-        assert abs(replay.start_ns - first_ns) <= 1, (replay, nodes)
-        assert abs(by[("graph", "graph")] - (last_ns - first_ns) / 1e3) < 0.01, (replay, nodes)
+        for span, (first, last) in ((("graph", "graph"), (nodes[0], nodes[-1])), (("tail", "user"), nodes[1:])):
+            rec = next(r for r in t.records if (r.name, r.kind) == span)
+            last_end_ns = last.start_ns + last.duration_ms * 1e6
+            assert abs(rec.start_ns - first.start_ns) <= 1, (rec, nodes)
+            assert abs(rec.duration_ms * 1e3 - (last_end_ns - first.start_ns) / 1e3) < 0.01, (rec, nodes)
 
 
 class _StandInCupti:
