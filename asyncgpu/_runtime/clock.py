@@ -549,6 +549,7 @@ def check_alignment(devices: Iterable[Device], trials: int = 30, samples: int = 
             # second) and ignore the drift: on 4× H100 (-20 ppm) the first device's offset was then stale by the
             # others' calibrations and read the instant 0.9 µs apart on average, 1.5 µs p50 against the peer pings.
             cals = [d._internal.calibration(refresh=True, samples=samples) for d in devs]
+            places = [placement(d, refresh=False, subtract_overhead=False) for d in devs]  # (events, as timelines)
             for i, bd in enumerate(bds):
                 base = bd.device_pointer(page)
                 off = 256 + i * per
@@ -568,7 +569,7 @@ def check_alignment(devices: Iterable[Device], trials: int = 30, samples: int = 
             )
             aligned = [cals[i].globaltimer_to_host_ns(stamps[i]) for i in range(len(devs))]
             naive = [stamps[i] - cals[i].naive_offset_ns for i in range(len(devs))]
-            ev_host = [c.host_ns + bds[i].elapsed_ms(c.anchor, events[i]) * 1e6 * c.rate for i, c in enumerate(cals)]
+            ev_host = [place.host_ns(raw) for place, raw in zip(places, events)]
             for i in range(1, len(devs)):
                 rows["raw"].append(float(stamps[0] - stamps[i]))
                 rows["aligned"].append(float(aligned[0] - aligned[i]))
@@ -579,10 +580,7 @@ def check_alignment(devices: Iterable[Device], trials: int = 30, samples: int = 
                 later = (exit_i - offset) - exit0  # (ns on the first GPU's clock: how much later GPU i's kernel exited)
                 c0, ci = cals[0], cals[i]
                 placed = float(ci.globaltimer_to_host_ns(exit_i) - c0.globaltimer_to_host_ns(exit0))
-                ev0, evi = (
-                    c.host_ns + bds[k].elapsed_ms(c.anchor, raw) * 1e6 * c.rate
-                    for k, c, raw in ((0, c0, pp.events[0]), (i, ci, pp.events[1]))
-                )
+                ev0, evi = places[0].host_ns(pp.events[0]), places[i].host_ns(pp.events[1])
                 rows["peer_aligned"].append(placed - later)
                 rows["peer_events_aligned"].append(float(evi - ev0) - later)
                 rows["peer_seen"].append(float((stamps[i] - offset) - stamps[0]))
