@@ -18,7 +18,10 @@ land on the steps after it, which ``alternate`` counts as the unmarked side?); `
 closed, between neighbours: ``8 * --steps`` steps in blocks of 40, alternately bare and inside a step timer that
 marks every step, opened and closed at the blocks' edges; each timed block's median step against the mean of the
 bare blocks on either side: the open timer's threads and the marks together, the loop's drift cancelled, the
-entry and exit left out). Each other variant also prints the
+entry and exit left out); ``overlap`` (one timer marking every step, ``8 * --steps`` steps, each step's host interval
+kept, and the timer's harvests and the clock calibrations they make timed on the harvest thread: the steps that
+overlap a calibration, a harvest without one, and neither, against each other: what the timer's own thread costs
+the loop, which ``alternate`` cancels and whole runs cannot resolve). Each other variant also prints the
 step times' p10/p50/p90/p99 bare and timed: a shift of every step is a per-step cost, a
 longer tail is a stall (a thread that waits for the GIL, a pool that grows).
 """
@@ -48,6 +51,7 @@ VARIANTS = (
     "alternate-keep-gil",
     "spill",
     "toggle",
+    "overlap",
 )
 TOGGLE_BLOCK = 40  #: ``toggle``: steps a block
 
@@ -181,6 +185,84 @@ async def toggle(devs: list, work: list, steps: int, block: int = TOGGLE_BLOCK) 
     )
 
 
+async def overlap(devs: list, work: list, steps: int) -> None:
+    """``8 * steps`` marked steps in one timer; each step's host interval (ns) against the intervals of the
+    timer's harvests and of the clock calibrations made in them (the harvest thread): per class of step (overlaps a
+    calibration; a harvest without one; neither) the count and median step time, and the time the overlapping
+    steps took beyond the median of the steps that overlap neither, as a share of the run's time."""
+    from asyncgpu._runtime import internal
+
+    cals: list[tuple[int, int]] = []
+    harvests: list[tuple[int, int]] = []
+    real_cal = internal.calibrate
+
+    def timed_cal(*a: object, **k: object) -> object:
+        t0 = time.perf_counter_ns()
+        try:
+            return real_cal(*a, **k)  # type: ignore[arg-type]
+        finally:
+            cals.append((t0, time.perf_counter_ns()))
+
+    spans: list[tuple[int, int]] = []
+    internal.calibrate = timed_cal  # type: ignore[assignment]
+    try:
+        async with asyncgpu.step_timer(devs, max_pending=4 * steps) as st:
+            real_harvest = st._harvest
+
+            def timed_harvest(final: bool = False) -> int:
+                t0 = time.perf_counter_ns()
+                try:
+                    return real_harvest(final)
+                finally:
+                    harvests.append((t0, time.perf_counter_ns()))
+
+            st._harvest = timed_harvest  # type: ignore[method-assign]
+            await run_steps(devs, work, 20, st)
+            cals.clear()
+            harvests.clear()
+            for _ in range(8 * steps):
+                t0 = time.perf_counter_ns()
+                await run_steps(devs, work, 1, st)
+                spans.append((t0, time.perf_counter_ns()))
+    finally:
+        internal.calibrate = real_cal  # type: ignore[assignment]
+    t0s, t1s = np.array(spans).T
+    wall = float(t1s[-1] - t0s[0])
+    cal_steps = _overlapping(t0s, t1s, [c for c in cals if c[0] < t1s[-1]])
+    harvest_steps = _overlapping(t0s, t1s, [h for h in harvests if h[0] < t1s[-1]]) & ~cal_steps
+    neither = ~(cal_steps | harvest_steps)
+    ms = (t1s - t0s) / 1e6
+    base = float(np.median(ms[neither]))
+    cal_us = [(b - a) / 1e3 for a, b in cals]
+    harvest_us = [(b - a) / 1e3 for a, b in harvests]
+    print(
+        f"overlap        {len(spans)} marked steps in {wall / 1e9:.2f} s; {len(cals)} calibrations "
+        f"({len(cals) / (wall / 1e9):.1f}/s over {len(devs)} devices), each {_us(cal_us)} µs p50/p90 on the harvest "
+        f"thread; {len(harvests)} harvests, each {_us(harvest_us)} µs (calibrations included)"
+    )
+    for name, sel in (("a calibration", cal_steps), ("a harvest, no calibration", harvest_steps), ("neither", neither)):
+        if not sel.any():
+            print(f"{'':<14} steps overlapping {name}: none")
+            continue
+        extra = float(np.sum(ms[sel] - base)) * 1e6
+        print(
+            f"{'':<14} steps overlapping {name}: {int(sel.sum())}, step ms p50 {np.median(ms[sel]):.3f} "
+            f"(p90 {np.percentile(ms[sel], 90):.3f}); beyond the neither-median: {extra / wall * 100:+.3f} % of the run"
+        )
+
+
+def _overlapping(t0s: np.ndarray, t1s: np.ndarray, intervals: list[tuple[int, int]]) -> np.ndarray:
+    """Which of the steps ``[t0s, t1s]`` overlap any of ``intervals`` (host ns)."""
+    out = np.zeros(len(t0s), bool)
+    for a, b in intervals:
+        out |= (t0s < b) & (t1s > a)
+    return out
+
+
+def _us(values: list[float]) -> str:
+    return f"{np.median(values):.0f}/{np.percentile(values, 90):.0f}" if values else "-"
+
+
 async def _one_step(devs: list, work: list) -> None:
     async with anyio.create_task_group() as tg:
         for d, w in zip(devs, work):
@@ -227,6 +309,9 @@ async def main(args: argparse.Namespace) -> None:
             continue
         if v == "toggle":
             await toggle(devs, work, args.steps)
+            continue
+        if v == "overlap":
+            await overlap(devs, work, args.steps)
             continue
         if v.startswith("alternate"):
             kept = _keep_gil_records(devs) if v == "alternate-keep-gil" else None
