@@ -259,7 +259,17 @@ def _steps(runs: dict[str, Record]) -> list[tuple[str, str]]:
         n = h["devices"]
         return [(f"step timing's host cost per step, {n} device{'s' if n != 1 else ''}, no work", cell)]
 
-    return _guard(ratios) + _guard(cost)
+    def harvest() -> list[tuple[str, str]]:
+        cells = []
+        for loop, r in res["harvest_thread"].items():
+            cells.append(
+                f"{loop} {r['share_pct']:+.2f} % ({r['harvests']} harvests, {r['calibrations']} clock calibrations "
+                f"in {_n(r['wall_s'], 1)} s)"
+            )
+        what = "step timing: the harvest thread's share of the loop's time (steps that overlap its harvests)"
+        return [(what, "; ".join(cells))] if cells else []
+
+    return _guard(ratios) + _guard(cost) + _guard(harvest)
 
 
 # -- analysis at scale ----------------------------------------------------------------------------------------------

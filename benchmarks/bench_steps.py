@@ -23,6 +23,9 @@ any profiler has run in the process; each run after ``--warmup`` steps of its ow
 * ``steps, neighbours``: the same cost measured step by step: in one step timer, steps marked and unmarked in turn
   (M U U M, ``--neighbours`` groups of four), each marked step against its unmarked neighbour, so that the loop's drift
   cancels within a pair of steps (a whole run's step time wanders by more than the marking costs);
+* ``harvest thread`` (`harvest_share`): what neighbours cancel, the timer's own thread: ``--harvest-steps`` marked
+  steps in one timer, the steps that overlap its harvests or its clock calibrations against the others (their time
+  beyond the others' mean, as a share of the run's);
 * ``steps cupti``: the same with ``source="cupti"`` (every kernel's record, records-only, flushed and attributed to
   steps on the harvest thread), in a child process that takes CUPTI before torch loads (torch's profiler subscribes
   to CUPTI when torch starts CUDA, and CUPTI has one subscriber), against that process's own bare runs. Always-on
@@ -188,6 +191,87 @@ async def host_cost(devs: list, n: int = 200, reps: int = 5) -> dict[str, Any]:
     }
 
 
+async def harvest_share(devs: list, work: list, steps: int, **timer: float) -> dict[str, Any]:
+    """What the step timer's harvest thread costs the loop: ``steps`` marked steps in one timer (``timer``:
+    `asyncgpu.step_timer`'s ``harvest_s``, ``max_clock_age_s``), each step's host interval kept, and the intervals of
+    the timer's harvests and of the clock calibrations made in them (on the harvest thread). Steps are classed as
+    overlapping a calibration, a harvest without one, or neither; the overlapping steps' time beyond the mean of the
+    others, as a share of the run's time, is the harvest thread's cost (``share_pct``). The marks' own cost is the
+    same in every class (``neighbours`` measures it); whole runs against bare runs cannot resolve either."""
+    from asyncgpu._runtime import internal
+
+    cals: list[tuple[int, int]] = []
+    harvests: list[tuple[int, int]] = []
+    spans: list[tuple[int, int]] = []
+    real_cal = internal.calibrate
+
+    def timed_cal(*a: Any, **k: Any) -> Any:
+        t0 = time.perf_counter_ns()
+        try:
+            return real_cal(*a, **k)
+        finally:
+            cals.append((t0, time.perf_counter_ns()))
+
+    internal.calibrate = timed_cal  # type: ignore[assignment]
+    try:
+        async with asyncgpu.step_timer(devs, max_pending=max(256, steps), **timer) as st:  # type: ignore[arg-type]
+            real_harvest = st._harvest
+
+            def timed_harvest(final: bool = False) -> int:
+                t0 = time.perf_counter_ns()
+                try:
+                    return real_harvest(final)
+                finally:
+                    harvests.append((t0, time.perf_counter_ns()))
+
+            st._harvest = timed_harvest  # type: ignore[method-assign]
+            await run_steps(devs, work, 20, st)
+            cals.clear()
+            harvests.clear()
+            for _ in range(steps):
+                t0 = time.perf_counter_ns()
+                await run_steps(devs, work, 1, st)
+                spans.append((t0, time.perf_counter_ns()))
+    finally:
+        internal.calibrate = real_cal  # type: ignore[assignment]
+    t0s, t1s = (np.array(c, np.int64) for c in zip(*spans))
+    end = int(t1s[-1])
+    wall_ns = float(end - t0s[0])
+
+    def overlapping(intervals: list[tuple[int, int]]) -> np.ndarray:
+        out = np.zeros(len(t0s), bool)
+        for a, b in intervals:
+            if a < end:  # (the exit's harvest comes after the steps)
+                out |= (t0s < b) & (t1s > a)
+        return out
+
+    cal = overlapping(cals)
+    harvest = overlapping(harvests) & ~cal
+    neither = ~(cal | harvest)
+    ms = (t1s - t0s) / 1e6
+    base = float(np.mean(ms[neither])) if neither.any() else float("nan")
+    classes = {}
+    for name, sel in (("a calibration", cal), ("a harvest, no calibration", harvest)):
+        classes[name] = {
+            "steps": int(sel.sum()),
+            "p50_ms": float(np.median(ms[sel])) if sel.any() else float("nan"),
+            "p90_ms": float(np.percentile(ms[sel], 90)) if sel.any() else float("nan"),
+            "share_pct": float(np.sum(ms[sel] - base)) * 1e6 / wall_ns * 100,
+        }
+    return {
+        "steps": steps,
+        "wall_s": wall_ns / 1e9,
+        "timer": timer,
+        "calibrations": len([c for c in cals if c[0] < end]),
+        "calibration_us": [(b - a) / 1e3 for a, b in cals if a < end],
+        "harvests": len([h for h in harvests if h[0] < end]),
+        "harvest_us": [(b - a) / 1e3 for a, b in harvests if a < end],
+        "neither_mean_ms": base,
+        "classes": classes,
+        "share_pct": sum(c["share_pct"] for c in classes.values()),
+    }
+
+
 async def bench(devs: list, args: argparse.Namespace, modes: tuple[str, ...]) -> dict[str, Any]:
     """Each mode against bare in pairs, bare and the mode taking turns to go first (ABBA: a drift of the machine
     over the run, as after a profiler has left CUPTI's callbacks on, cancels within a pair of pairs); the ratio is
@@ -227,6 +311,8 @@ async def bench(devs: list, args: argparse.Namespace, modes: tuple[str, ...]) ->
         }
         if "steps" in modes and args.neighbours:
             out[loop]["steps, neighbours"] = await neighbours(devs, work, args.neighbours)
+        if "steps" in modes and args.harvest_steps:
+            out.setdefault("harvest thread", {})[loop] = await harvest_share(devs, work, args.harvest_steps)
     return out
 
 
@@ -304,6 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--neighbours", type=int, default=150, help="`steps, neighbours`: groups M U U M (each two neighbour pairs)"
     )
+    ap.add_argument(
+        "--harvest-steps", type=int, default=1200, help="`harvest thread`: marked steps in one timer (0: not run)"
+    )
     ap.add_argument("--out", metavar="DIR", help="also write DIR/bench_steps.json")
     ap.add_argument("--cupti-steps", type=int, default=40, help="the CUPTI child's runs: steps at a time")
     ap.add_argument(
@@ -356,6 +445,14 @@ def main(argv: list[str] | None = None) -> int:
         f"(loop's thread), harvest {cost['harvest_us']['median']:.2f} µs (harvest thread), medians of 5"
     )
     doc["host_cost_per_step"] = cost
+    for loop, r in results.pop("harvest thread", {}).items():
+        cal = f", each {statistics.median(r['calibration_us']):.0f} µs p50" if r["calibration_us"] else ""
+        print(
+            f"harvest thread, {loop}: {r['share_pct']:+.2f} % of the loop's time ({r['steps']} marked steps in "
+            f"{r['wall_s']:.1f} s; {r['harvests']} harvests, each {statistics.median(r['harvest_us']):.0f} µs p50; "
+            f"{r['calibrations']} clock calibrations{cal}; the steps that overlap them against the others' mean)"
+        )
+        doc.setdefault("harvest_thread", {})[loop] = r
     for loop, rows in results.items():
         head = "mode                      median ms   min ms    max ms   vs bare (paired p50 [95 % CI] {min, max})"
         print(f"\n{loop}:  {head}")

@@ -21,7 +21,8 @@ bare blocks on either side: the open timer's threads and the marks together, the
 entry and exit left out); ``overlap`` (one timer marking every step, ``8 * --steps`` steps, each step's host interval
 kept, and the timer's harvests and the clock calibrations they make timed on the harvest thread: the steps that
 overlap a calibration, a harvest without one, and neither, against each other: what the timer's own thread costs
-the loop, which ``alternate`` cancels and whole runs cannot resolve). Each other variant also prints the
+the loop, which ``alternate`` cancels and whole runs cannot resolve; ``overlap-50ms`` the same at the harvest cadence
+and clock age of run 49, 50 ms and 0.25 s). Each other variant also prints the
 step times' p10/p50/p90/p99 bare and timed: a shift of every step is a per-step cost, a
 longer tail is a stall (a thread that waits for the GIL, a pool that grows).
 """
@@ -37,7 +38,7 @@ import anyio
 import numpy as np
 
 import asyncgpu
-from benchmarks.bench_steps import ci95, run_steps, torch_work
+from benchmarks.bench_steps import ci95, harvest_share, run_steps, torch_work
 
 VARIANTS = (
     "default",
@@ -52,6 +53,7 @@ VARIANTS = (
     "spill",
     "toggle",
     "overlap",
+    "overlap-50ms",
 )
 TOGGLE_BLOCK = 40  #: ``toggle``: steps a block
 
@@ -185,78 +187,22 @@ async def toggle(devs: list, work: list, steps: int, block: int = TOGGLE_BLOCK) 
     )
 
 
-async def overlap(devs: list, work: list, steps: int) -> None:
-    """``8 * steps`` marked steps in one timer; each step's host interval (ns) against the intervals of the
-    timer's harvests and of the clock calibrations made in them (the harvest thread): per class of step (overlaps a
-    calibration; a harvest without one; neither) the count and median step time, and the time the overlapping
-    steps took beyond the median of the steps that overlap neither, as a share of the run's time."""
-    from asyncgpu._runtime import internal
-
-    cals: list[tuple[int, int]] = []
-    harvests: list[tuple[int, int]] = []
-    real_cal = internal.calibrate
-
-    def timed_cal(*a: object, **k: object) -> object:
-        t0 = time.perf_counter_ns()
-        try:
-            return real_cal(*a, **k)  # type: ignore[arg-type]
-        finally:
-            cals.append((t0, time.perf_counter_ns()))
-
-    spans: list[tuple[int, int]] = []
-    internal.calibrate = timed_cal  # type: ignore[assignment]
-    try:
-        async with asyncgpu.step_timer(devs, max_pending=4 * steps) as st:
-            real_harvest = st._harvest
-
-            def timed_harvest(final: bool = False) -> int:
-                t0 = time.perf_counter_ns()
-                try:
-                    return real_harvest(final)
-                finally:
-                    harvests.append((t0, time.perf_counter_ns()))
-
-            st._harvest = timed_harvest  # type: ignore[method-assign]
-            await run_steps(devs, work, 20, st)
-            cals.clear()
-            harvests.clear()
-            for _ in range(8 * steps):
-                t0 = time.perf_counter_ns()
-                await run_steps(devs, work, 1, st)
-                spans.append((t0, time.perf_counter_ns()))
-    finally:
-        internal.calibrate = real_cal  # type: ignore[assignment]
-    t0s, t1s = np.array(spans).T
-    wall = float(t1s[-1] - t0s[0])
-    cal_steps = _overlapping(t0s, t1s, [c for c in cals if c[0] < t1s[-1]])
-    harvest_steps = _overlapping(t0s, t1s, [h for h in harvests if h[0] < t1s[-1]]) & ~cal_steps
-    neither = ~(cal_steps | harvest_steps)
-    ms = (t1s - t0s) / 1e6
-    base = float(np.median(ms[neither]))
-    cal_us = [(b - a) / 1e3 for a, b in cals]
-    harvest_us = [(b - a) / 1e3 for a, b in harvests]
+async def overlap(devs: list, work: list, steps: int, label: str = "overlap", **timer: float) -> None:
+    """`benchmarks.bench_steps.harvest_share` over ``8 * steps`` marked steps (``timer``: `asyncgpu.step_timer`'s
+    ``harvest_s``, ``max_clock_age_s``), printed by class of step."""
+    r = await harvest_share(devs, work, 8 * steps, **timer)
     print(
-        f"overlap        {len(spans)} marked steps in {wall / 1e9:.2f} s; {len(cals)} calibrations "
-        f"({len(cals) / (wall / 1e9):.1f}/s over {len(devs)} devices), each {_us(cal_us)} µs p50/p90 on the harvest "
-        f"thread; {len(harvests)} harvests, each {_us(harvest_us)} µs (calibrations included)"
+        f"{label:<14} {r['steps']} marked steps in {r['wall_s']:.2f} s, {timer or 'defaults'}; "
+        f"{r['calibrations']} calibrations ({r['calibrations'] / r['wall_s']:.1f}/s over {len(devs)} devices), each "
+        f"{_us(r['calibration_us'])} µs p50/p90 on the harvest thread; {r['harvests']} harvests, each "
+        f"{_us(r['harvest_us'])} µs (calibrations included)"
     )
-    for name, sel in (("a calibration", cal_steps), ("a harvest, no calibration", harvest_steps), ("neither", neither)):
-        if not sel.any():
-            print(f"{'':<14} steps overlapping {name}: none")
-            continue
-        extra = float(np.sum(ms[sel] - base)) * 1e6
+    for name, c in r["classes"].items():
         print(
-            f"{'':<14} steps overlapping {name}: {int(sel.sum())}, step ms p50 {np.median(ms[sel]):.3f} "
-            f"(p90 {np.percentile(ms[sel], 90):.3f}); beyond the neither-median: {extra / wall * 100:+.3f} % of the run"
+            f"{'':<14} steps overlapping {name}: {c['steps']}, step ms p50 {c['p50_ms']:.3f} (p90 {c['p90_ms']:.3f}); "
+            f"beyond the neither-mean {r['neither_mean_ms']:.3f}: {c['share_pct']:+.3f} % of the run"
         )
-
-
-def _overlapping(t0s: np.ndarray, t1s: np.ndarray, intervals: list[tuple[int, int]]) -> np.ndarray:
-    """Which of the steps ``[t0s, t1s]`` overlap any of ``intervals`` (host ns)."""
-    out = np.zeros(len(t0s), bool)
-    for a, b in intervals:
-        out |= (t0s < b) & (t1s > a)
-    return out
+    print(f"{'':<14} KEY {label}: the harvest thread's share of the loop's time {r['share_pct']:+.2f} %")
 
 
 def _us(values: list[float]) -> str:
@@ -312,6 +258,9 @@ async def main(args: argparse.Namespace) -> None:
             continue
         if v == "overlap":
             await overlap(devs, work, args.steps)
+            continue
+        if v == "overlap-50ms":  # (the cadence and clock age before run 50)
+            await overlap(devs, work, args.steps, v, harvest_s=0.05, max_clock_age_s=0.25)
             continue
         if v.startswith("alternate"):
             kept = _keep_gil_records(devs) if v == "alternate-keep-gil" else None

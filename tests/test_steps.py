@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import io
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -648,6 +649,11 @@ async def test_bad_input_gets_clear_errors(anyio_backend):
         asyncgpu.step_timer(dev, live="yes")
     with pytest.raises(TypeError, match="streams="):
         asyncgpu.step_timer(dev, streams=[dev.stream, dev.stream])
+    with pytest.raises(ValueError, match="max_clock_age_s is in seconds"):
+        asyncgpu.step_timer(dev, max_clock_age_s=math.nan)
+    with pytest.raises(ValueError, match="max_clock_age_s is in seconds"):
+        asyncgpu.step_timer(dev, max_clock_age_s=-1)
+    assert asyncgpu.step_timer(dev, max_clock_age_s=math.inf)._max_age_s == math.inf  # (never re-measure)
     st = asyncgpu.step_timer(dev)
     with pytest.raises(ScopeError, match="has not been entered"):
         with st.step():

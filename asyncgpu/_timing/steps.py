@@ -53,7 +53,7 @@ from asyncgpu._base import collector
 from asyncgpu._base.checks import number, whole
 from asyncgpu._base.errors import AsyncGPUError, ClockError, ScopeError
 from asyncgpu._base.records import Timeline
-from asyncgpu._runtime.clock import CLOCK_MAX_AGE_S, placement
+from asyncgpu._runtime.clock import placement
 from asyncgpu._runtime.device import Device
 from asyncgpu._runtime.hooks import check_queue
 from asyncgpu._runtime.stream import Stream
@@ -65,7 +65,20 @@ from asyncgpu._timing.step_trace import TraceStream
 __all__ = ["Step", "StepTimer", "step_timer"]
 
 _NEW, _OPEN, _DONE = 0, 1, 2
-EVENTS_HARVEST_S = 0.05  #: the events source's default harvest cadence (s): a harvest costs ~20 µs a step
+#: The events source's default harvest cadence (s). A harvest runs Python under the GIL, taken from the loop's
+#: threads: a fixed part per harvest (waking, the batch's numpy analysis, the ring) and ~4 µs a step per device. On a
+#: host-bound torch loop of ~4.7 ms steps on 2× H100, each harvest every 50 ms made the steps it overlapped ~1.1 ms
+#: longer, 1.5-2.0 % of the loop's time (`dev/diag_step_events.py` ``overlap``): a slower cadence spreads the fixed
+#: part (the live view redraws twice a second, so results this late are still fresh there).
+EVENTS_HARVEST_S = 0.25
+#: The step timer's default clock age (s): its harvests re-measure a device's clock calibration older than this
+#: before placing steps. Each calibration pings the device from the harvest thread (~50 driver calls, each letting
+#: go of the GIL and taking it back from the loop's threads): on that 2× H100 loop one took ~1.4 ms and made the steps
+#: it overlapped ~2.5 ms longer: at `gpu_timer`'s 0.25 s, 1.2-1.7 % of the loop's time. Placement between two
+#: calibrations extrapolates with the device's measured drift; its error grows with the age by the drift's own
+#: error (~2 µs over the span it was measured on: ≤ 4 µs at this age one second into a run, after twenty
+#: seconds ≤ 0.2 µs), small beside steps of milliseconds. `gpu_timer` keeps 0.25 s for µs-exact activities.
+STEPS_CLOCK_MAX_AGE_S = 2.0
 #: the CUPTI source's default cadence (s): each harvest flushes CUPTI and parses its records under the GIL, taken from
 #: the loop's threads. Part of that is fixed per flush (4 H100s, ~80,000 records a second: the flushes cost the
 #: loop 4.5 % of its time every 0.5 s, 3.0-3.4 % every 1 s, 2.2-3.0 % every 2 s), so a slower cadence costs less
@@ -675,7 +688,7 @@ def step_timer(
     label: str = "steps",
     harvest_s: float | None = None,
     refresh_hz: float = 2.0,
-    max_clock_age_s: float = CLOCK_MAX_AGE_S,
+    max_clock_age_s: float = STEPS_CLOCK_MAX_AGE_S,
     source: str = "events",
     chain: bool = True,
 ) -> StepTimer:
@@ -691,8 +704,11 @@ def step_timer(
     ``"auto"`` draws only when stdout is a terminal, ``True`` always, ``False`` (default) never. ``trace``: a
     path to stream the steps to as a Perfetto trace (`asyncgpu._timing.step_trace`: valid at every packet boundary,
     open it while it grows). ``harvest_s``: how often (seconds) finished steps are taken (default
-    `EVENTS_HARVEST_S`, 0.05; with the CUPTI source `CUPTI_HARVEST_S`, 2.0: each harvest flushes CUPTI, whose fixed
-    cost a slower cadence spreads; steps reach the results that late). ``max_clock_age_s`` as in `gpu_timer`.
+    `EVENTS_HARVEST_S`, 0.25; with the CUPTI source `CUPTI_HARVEST_S`, 2.0: each harvest flushes CUPTI, whose fixed
+    cost a slower cadence spreads; steps reach the results that late). ``max_clock_age_s``: a harvest re-measures a
+    device's clock calibration older than this (seconds; default `STEPS_CLOCK_MAX_AGE_S`, 2.0, where `gpu_timer`
+    takes 0.25: each calibration costs the loop's threads GIL time, and steps of milliseconds need no µs-exact
+    placement; ``math.inf``: never re-measure).
 
     ``source``: where busy time comes from. ``"events"`` (default): the step's event pair (device time while the
     host still issued the step counts as the host's). ``"cupti"``: CUPTI's record of every kernel, memset and
@@ -718,6 +734,7 @@ def step_timer(
     if harvest_s is not None:
         harvest_s = number("harvest_s", harvest_s, unit="seconds", minimum=1e-4)
     refresh_hz = number("refresh_hz", refresh_hz, unit="redraws per second", minimum=2.0)
+    max_clock_age_s = number("max_clock_age_s", max_clock_age_s, unit="seconds", infinite="never re-measure")
     wants_live(live)  # (checks the value)
     cupti.check_source(source)
     return StepTimer(
