@@ -27,6 +27,23 @@ def test_calibration_of_a_host_device_is_exact():
         cal.globaltimer_to_host_ns(0)
 
 
+def test_events_placed_in_a_batch_read_as_placed_one_by_one(dev):
+    from asyncgpu._runtime.clock import placement
+
+    events = []
+    for _ in range(5):
+        dev.stream.spin_us(20)
+        events.append(dev.record())
+    dev.synchronize()
+    place = placement(dev)
+    raws = [ev._raw for ev in events]
+    one_by_one = [place.host_ns(raw) for raw in raws]
+    assert place.host_ns_many(raws).tolist() == one_by_one  # (the same arithmetic: equal to the last bit)
+    assert np.all(np.diff(one_by_one) > 0) and place.host_ns_many([]).shape == (0,)
+    for ev in events:
+        ev.release()
+
+
 async def test_records_carry_absolute_host_times(two_devs):
     t_before = time.perf_counter_ns()
     async with gpu_timer(two_devs) as t:

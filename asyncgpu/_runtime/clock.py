@@ -217,6 +217,15 @@ class Placement:
             return math.nan
         return self.anchor_ns + self.device._internal.bd.elapsed_ms(self.anchor, raw_event) * 1e6 * self.rate
 
+    def host_ns_many(self, raw_events: list[Any]) -> np.ndarray:
+        """`host_ns` of each of ``raw_events`` (float64 ns, the same arithmetic): one driver call per event, the
+        Python around them once. Raises `NotReadyError` if any is pending. Any thread."""
+        if self.anchor is None:
+            return np.full(len(raw_events), math.nan)
+        elapsed, anchor = self.device._internal.bd.elapsed_ms, self.anchor
+        ms = np.fromiter((elapsed(anchor, raw) for raw in raw_events), np.float64, len(raw_events))
+        return self.anchor_ns + ms * 1e6 * self.rate
+
     def trim(
         self, kind: str, start_ns: float, duration_ns: float, name: str | None = None, spills: bool = False
     ) -> tuple[float, float]:

@@ -181,6 +181,14 @@ class EventPool:
             return
         self._free.append(raw)
 
+    def give_many(self, raws: list[Any]) -> None:
+        """`give` each of ``raws`` (a harvest's batch)."""
+        if self._closed:
+            for raw in raws:
+                self.discard(raw)
+            return
+        self._free.extend(raws)
+
     def discard(self, raw: Any) -> None:
         """Destroy an event taken from this pool that will not come back (its device is closing or failed):
         ``created`` counts down, so `stats` stays true."""

@@ -398,12 +398,15 @@ class StepTimer:
         issued = np.array([it.issued for it in done], np.float64).reshape(n, nd)
         start, end = np.empty((n, nd)), np.empty((n, nd))
         for d, place in enumerate(places):
-            for i, it in enumerate(done):
-                # (a chained step's start event is the step before's end event, placed just now: one driver
-                # call per event, not two)
-                raw = it.starts[d]
-                start[i, d] = end[i - 1, d] if i and raw is done[i - 1].ends[d] else place.host_ns(raw)
-                end[i, d] = place.host_ns(it.ends[d])
+            ends = [it.ends[d] for it in done]
+            starts = [it.starts[d] for it in done]
+            end[:, d] = place.host_ns_many(ends)
+            # (a chained step's start event is the step before's end event, placed just now: one driver call per
+            # event, not two)
+            own = [i for i in range(n) if not (i and starts[i] is ends[i - 1])]
+            start[1:, d] = end[:-1, d]
+            if own:
+                start[own, d] = place.host_ns_many([starts[i] for i in own])
         # A step's device span starts no earlier than its entry: a start event taken from the previous step's end
         # (`_chained`) completed before it when the stream was idle, where one recorded at the entry would have
         # completed a few µs after it.
@@ -412,11 +415,9 @@ class StepTimer:
             for it in done:
                 it.kept = it is self._tail
         for d, s in enumerate(self._streams):
-            pool = s._internal.dev.timing_pool
-            for it in done:
-                pool.give(it.starts[d])
-                if not (it.lent or it.kept):
-                    pool.give(it.ends[d])
+            s._internal.dev.timing_pool.give_many(
+                [it.starts[d] for it in done] + [it.ends[d] for it in done if not (it.lent or it.kept)]
+            )
         if self._cupti is None:
             self._publish(index, begin, exit_, start, end, issued, None)
             return n
