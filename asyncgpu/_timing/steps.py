@@ -65,12 +65,13 @@ from asyncgpu._timing.step_trace import TraceStream
 __all__ = ["Step", "StepTimer", "step_timer"]
 
 _NEW, _OPEN, _DONE = 0, 1, 2
-#: The events source's default harvest cadence (s). A harvest runs Python under the GIL, taken from the loop's
-#: threads: a fixed part per harvest (waking, the batch's numpy analysis, the ring) and ~4 µs a step per device. On a
-#: host-bound torch loop of ~4.7 ms steps on 2× H100, each harvest every 50 ms made the steps it overlapped ~1.1 ms
-#: longer, 1.5-2.0 % of the loop's time (`dev/diag_step_events.py` ``overlap``): a slower cadence spreads the fixed
-#: part (the live view redraws twice a second, so results this late are still fresh there).
-EVENTS_HARVEST_S = 0.25
+#: The events source's default harvest cadence (s): the live view's default redraw period, so each redraw has new
+#: steps. A harvest runs Python under the GIL, taken from the loop's threads, and what it costs the loop is mostly
+#: fixed per harvest, not per step: on a host-bound torch loop of ~3-4.7 ms steps on one and two H100s a harvest made
+#: the steps it overlapped ~1.1 ms longer whether it took 16 steps or 80 (`dev/diag_step_events.py` ``overlap``):
+#: every 50 ms that was 1.2-3.1 % of the loop's time, every 0.25 s 0.4-0.95 %. A slower cadence costs less; steps
+#: reach the results (ring, live view, trace, rank exchange) that late.
+EVENTS_HARVEST_S = 0.5
 #: The step timer's default clock age (s): its harvests re-measure a device's clock calibration older than this
 #: before placing steps. Each calibration pings the device from the harvest thread (~50 driver calls, each letting
 #: go of the GIL and taking it back from the loop's threads): on that 2× H100 loop one took ~1.4 ms and made the steps
@@ -705,7 +706,7 @@ def step_timer(
     ``"auto"`` draws only when stdout is a terminal, ``True`` always, ``False`` (default) never. ``trace``: a
     path to stream the steps to as a Perfetto trace (`asyncgpu._timing.step_trace`: valid at every packet boundary,
     open it while it grows). ``harvest_s``: how often (seconds) finished steps are taken (default
-    `EVENTS_HARVEST_S`, 0.25; with the CUPTI source `CUPTI_HARVEST_S`, 2.0: each harvest flushes CUPTI, whose fixed
+    `EVENTS_HARVEST_S`, 0.5; with the CUPTI source `CUPTI_HARVEST_S`, 2.0: each harvest flushes CUPTI, whose fixed
     cost a slower cadence spreads; steps reach the results that late). ``max_clock_age_s``: a harvest re-measures a
     device's clock calibration older than this (seconds; default `STEPS_CLOCK_MAX_AGE_S`, 2.0, where `gpu_timer`
     takes 0.25: each calibration costs the loop's threads GIL time, and steps of milliseconds need no µs-exact
