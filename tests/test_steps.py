@@ -475,10 +475,10 @@ async def test_with_cupti_an_early_harvest_takes_events_and_holds_the_steps_for_
             assert not flushes and s.steps == 0, s  # (placed and held: no flush is due for an hour)
         else:
             assert len(flushes) >= 2 and s.steps >= 20, (len(flushes), s)
-        before_exit = len(flushes)
     s = st.stats()
-    assert s.steps == 40 and s.dropped == 0, s
-    assert len(flushes) == before_exit + 1  # the exit's
+    assert s.steps == 40 and s.dropped == 0, s  # (what was still held at the exit, the exit's flush published)
+    if held_cap > 40:
+        assert len(flushes) == 1  # the exit's: every step was held for it
     await _aquiet([dev])
 
 
