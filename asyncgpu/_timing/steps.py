@@ -67,15 +67,15 @@ __all__ = ["Step", "StepTimer", "step_timer"]
 _NEW, _OPEN, _DONE = 0, 1, 2
 #: The events source's default harvest cadence (s): the live view's default redraw period, so each redraw has new
 #: steps. A harvest runs Python under the GIL, taken from the loop's threads, and what it costs the loop is mostly
-#: fixed per harvest, not per step: on a host-bound torch loop of ~3-4.7 ms steps on one and two H100s a harvest made
-#: the steps it overlapped ~1.1 ms longer whether it took 16 steps or 80 (`dev/diag_step_events.py` ``overlap``):
-#: every 50 ms that was 1.2-3.1 % of the loop's time, every 0.25 s 0.4-0.95 %. A slower cadence costs less; steps
-#: reach the results (ring, live view, trace, rank exchange) that late.
+#: fixed per harvest, not per step: on a host-bound torch loop of ~3-5 ms steps on one, two and four H100s a harvest
+#: made the steps it overlapped 0.6-1.3 ms longer whether it took 16 steps or 80 (`dev/diag_step_events.py`
+#: ``overlap``): every 50 ms that was 1.2-3.1 % of the loop's time, every 0.25 s 0.4-0.95 %, every 0.5 s 0.3-0.4 %. A
+#: slower cadence costs less; steps reach the results (ring, live view, trace, rank exchange) that late.
 EVENTS_HARVEST_S = 0.5
 #: The step timer's default clock age (s): its harvests re-measure a device's clock calibration older than this
 #: before placing steps. Each calibration pings the device from the harvest thread (~50 driver calls, each letting
-#: go of the GIL and taking it back from the loop's threads): on that 2× H100 loop one took ~1.4 ms and made the steps
-#: it overlapped ~2.5 ms longer: at `gpu_timer`'s 0.25 s, 1.2-1.7 % of the loop's time. Placement between two
+#: go of the GIL and taking it back from the loop's threads): on that loop one took 1-2 ms and the steps that
+#: overlapped it were 1.1-4.8 ms longer: at `gpu_timer`'s 0.25 s, 0.5-2.8 % of the loop's time. Placement between two
 #: calibrations extrapolates with the device's measured drift; its error grows with the age by the drift's own
 #: error (~2 µs over the span it was measured on: ≤ 4 µs at this age one second into a run, after twenty
 #: seconds ≤ 0.2 µs), small beside steps of milliseconds. `gpu_timer` keeps 0.25 s for µs-exact activities.
