@@ -123,15 +123,26 @@ async def test_untimed_replay_right_behind_a_timed_one(dev):
 
 
 async def test_cancelled_scope_gives_part_events_back_later(dev):
+    """The graph cannot end before the cancelled scope has finished: it waits on a gate, an event of a side stream
+    held until the test releases it. (A 100 ms spin against a 20 ms deadline once ended first on one H100: the
+    verdict then hung on how long the scope's entry and shielded exit took.)"""
     with dev.stream.capture() as graph:
-        dev.stream.spin_us(100_000)
+        dev.stream.spin_us(1_000)
+    side = dev.streams[1]
     before = dev.pool_stats().in_use
-    with anyio.move_on_after(0.02) as cancel:
-        async with gpu_timer(dev) as t:
-            graph.launch()
-            await anyio.sleep(10)
-    assert cancel.cancelled_caught
-    assert [r.complete for r in t.records] == [False, False]
+    token = dev._internal.bd.hold(side._internal.raw)
+    assert token is not None
+    try:
+        with side.record(timing=False) as gate:
+            dev.stream.wait(gate)
+        with anyio.move_on_after(0.02) as cancel:
+            async with gpu_timer(dev) as t:
+                graph.launch()
+                await anyio.sleep(10)
+        assert cancel.cancelled_caught
+        assert [r.complete for r in t.records] == [False, False]
+    finally:
+        dev._internal.bd.release(token)
     await anyio.to_thread.run_sync(dev.synchronize)
     for _ in range(400):  # deferred releases land once the device passes the events
         if dev.pool_stats().in_use == before:
