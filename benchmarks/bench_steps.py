@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -191,6 +192,10 @@ async def host_cost(devs: list, n: int = 200, reps: int = 5) -> dict[str, Any]:
     }
 
 
+def _us_or_none(ns: float | None) -> float | None:
+    return None if ns is None else ns / 1e3
+
+
 async def harvest_share(devs: list, work: list, steps: int, **timer: float) -> dict[str, Any]:
     """What the step timer's harvest thread costs the loop: ``steps`` marked steps in one timer (``timer``:
     `asyncgpu.step_timer`'s ``harvest_s``, ``max_clock_age_s``), each step's host interval kept, and the intervals of
@@ -199,6 +204,7 @@ async def harvest_share(devs: list, work: list, steps: int, **timer: float) -> d
     others, as a share of the run's time, is the harvest thread's cost (``share_pct``). The marks' own cost is the
     same in every class (``neighbours`` measures it); whole runs against bare runs cannot resolve either."""
     from asyncgpu._runtime import internal
+    from asyncgpu._timing.steps import _clock_age
 
     cals: list[tuple[int, int]] = []
     harvests: list[tuple[int, int]] = []
@@ -267,6 +273,8 @@ async def harvest_share(devs: list, work: list, steps: int, **timer: float) -> d
         "harvests": len([h for h in harvests if h[0] < end]),
         "harvest_us": [(b - a) / 1e3 for a, b in harvests if a < end],
         "neither_mean_ms": base,
+        "clock_ages_s": [st._clock_age_s(d) for d in devs],  # (where each device's clock age ended)
+        "clock_errors_us": [_us_or_none(_clock_age(d).error_ns) for d in devs],
         "classes": classes,
         "share_pct": sum(c["share_pct"] for c in classes.values()),
     }
@@ -449,8 +457,9 @@ def main(argv: list[str] | None = None) -> int:
         cal = f", each {statistics.median(r['calibration_us']):.0f} µs p50" if r["calibration_us"] else ""
         print(
             f"harvest thread, {loop}: {r['share_pct']:+.2f} % of the loop's time ({r['steps']} marked steps in "
-            f"{r['wall_s']:.1f} s; {r['harvests']} harvests, each {statistics.median(r['harvest_us']):.0f} µs p50; "
-            f"{r['calibrations']} clock calibrations{cal}; the steps that overlap them against the others' mean)"
+            f"{r['wall_s']:.1f} s; {r['harvests']} harvests, each {statistics.median(r['harvest_us'] or [math.nan]):.0f} µs p50; "
+            f"{r['calibrations']} clock calibrations{cal}; the steps that overlap them against the others' mean; "
+            f"clock ages at the end {', '.join(f'{a:.0f}' for a in r['clock_ages_s'])} s)"
         )
         doc.setdefault("harvest_thread", {})[loop] = r
     for loop, rows in results.items():

@@ -195,7 +195,9 @@ async def overlap(devs: list, work: list, steps: int, label: str = "overlap", **
         f"{label:<14} {r['steps']} marked steps in {r['wall_s']:.2f} s, {timer or 'defaults'}; "
         f"{r['calibrations']} calibrations ({r['calibrations'] / r['wall_s']:.1f}/s over {len(devs)} devices), each "
         f"{_us(r['calibration_us'])} µs p50/p90 on the harvest thread; {r['harvests']} harvests, each "
-        f"{_us(r['harvest_us'])} µs (calibrations included)"
+        f"{_us(r['harvest_us'])} µs (calibrations included); clock ages at the end "
+        f"{', '.join(f'{a:.1f}' for a in r['clock_ages_s'])} s, last extrapolation errors "
+        f"{', '.join('-' if e is None else f'{e:+.2f}' for e in r['clock_errors_us'])} µs"
     )
     for name, c in r["classes"].items():
         print(

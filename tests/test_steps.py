@@ -25,9 +25,10 @@ import asyncgpu
 from asyncgpu._analysis.balance import balance
 from asyncgpu._analysis.steps import step_split
 from asyncgpu._base.records import Timeline
+from asyncgpu._runtime.clock import ClockCalibration, extrapolation_error_ns
 from asyncgpu._timing.step_live import LiveView, wants_live
 from asyncgpu._timing.step_stats import Quantiles, StepRing
-from asyncgpu._timing.steps import CUPTI_HARVEST_S, EVENTS_HARVEST_S
+from asyncgpu._timing.steps import CUPTI_HARVEST_S, EVENTS_HARVEST_S, STEPS_CLOCK_AGE_S, STEPS_CLOCK_ERROR_NS, _ClockAge
 from asyncgpu._trace.perfetto import packet_bounds
 from asyncgpu.errors import ScopeError
 
@@ -640,6 +641,66 @@ async def test_steps_on_a_named_stream(anyio_backend):
     assert min(r.devices[0].span_ms for r in st.steps()) >= 0.4
 
 
+# -- the clock age ----------------------------------------------------------------------------------------------------
+def _cal(taken_s: float, host_ns: float, drift_ppm: float | None = 10.0, stamped: bool = True) -> ClockCalibration:
+    """A calibration taken at ``taken_s`` whose best ``%globaltimer`` stamp (``taken_s`` in device ns) stands at
+    host time ``host_ns``."""
+    point = (int(taken_s * 1e9), float(host_ns)) if stamped else None
+    return ClockCalibration(
+        device="gpu", host_ns=0, bound_ns=0.0, samples=16, rtt_ns=0.0, taken_ns=int(taken_s * 1e9),
+        drift_ppm=drift_ppm, gt_point=point,
+    )  # fmt: skip
+
+
+def test_extrapolation_error_is_the_old_drifts_miss_at_the_new_point():
+    true_rate = 1 / (1 + 11e-6)  # the device runs 11 ppm fast; the old calibration measured 10
+    old, new = _cal(0.0, 0.0), _cal(1.0, 1e9 * true_rate)
+    assert extrapolation_error_ns(old, new) == pytest.approx(1e9 * (1 / (1 + 10e-6) - true_rate), abs=1e-3)
+    assert 980 < extrapolation_error_ns(old, new) < 1000  # (~1 µs a second for 1 ppm)
+    assert extrapolation_error_ns(old, _cal(1.0, 0.0, stamped=False)) is None
+
+
+def test_the_step_timers_clock_age_follows_the_error_it_measures():
+    shortest, longest = STEPS_CLOCK_AGE_S
+    age, rate = _ClockAge(), 1 / (1 + 10e-6)
+    assert age.age_s == shortest
+    t = 0.0
+    age.seen(_cal(t, t * 1e9 * rate))  # (the first: nothing to compare with)
+    assert age.age_s == shortest and age.error_ns is None
+    ages = []
+    for _ in range(5):  # exact extrapolations: the age doubles, up to the longest
+        t += age.age_s
+        age.seen(_cal(t, t * 1e9 * rate))
+        ages.append(age.age_s)
+    assert ages == [2 * shortest, 4 * shortest, 8 * shortest, longest, longest]
+    assert abs(age.error_ns) < 1.0
+    t += age.age_s  # a miss of three times the allowed error: the age shrinks to a third of the span
+    age.seen(_cal(t, t * 1e9 * rate + 3 * STEPS_CLOCK_ERROR_NS))
+    assert age.age_s == pytest.approx(longest / 3)
+    assert age.error_ns == pytest.approx(-3 * STEPS_CLOCK_ERROR_NS)  # (it placed the point 15 µs early)
+    last = age.last
+    age.seen(last)  # (the same calibration again: nothing new)
+    age.seen(None)  # (no calibration: the device's clock is not aligned)
+    age.seen(_cal(t + 1, 0.0, stamped=False))  # (no %globaltimer point: nothing to compare)
+    assert age.age_s == pytest.approx(longest / 3)
+    t += 1
+    age.seen(_cal(t, t * 1e9 * rate - 100 * STEPS_CLOCK_ERROR_NS))  # far off: the shortest age, not less
+    assert age.age_s == shortest
+
+
+async def test_a_fixed_clock_age_and_the_adaptive_one(anyio_backend):
+    devs = asyncgpu.devices("host", count=2)
+    fixed = asyncgpu.step_timer(devs, max_clock_age_s=0.5)
+    assert [fixed._clock_age_s(d) for d in devs] == [0.5, 0.5]
+    async with asyncgpu.step_timer(devs) as st:  # (host clocks have no %globaltimer: the shortest age stays)
+        for i in range(5):
+            with st.step(i):
+                for d in devs:
+                    d.stream.spin_us(10)
+    assert [st._clock_age_s(d) for d in devs] == [STEPS_CLOCK_AGE_S[0]] * 2
+    assert len(st.steps()) == 5
+
+
 # -- bad input --------------------------------------------------------------------------------------------------------
 async def test_bad_input_gets_clear_errors(anyio_backend):
     dev = asyncgpu.device(0, backend="host")
@@ -653,7 +714,7 @@ async def test_bad_input_gets_clear_errors(anyio_backend):
         asyncgpu.step_timer(dev, max_clock_age_s=math.nan)
     with pytest.raises(ValueError, match="max_clock_age_s is in seconds"):
         asyncgpu.step_timer(dev, max_clock_age_s=-1)
-    assert asyncgpu.step_timer(dev, max_clock_age_s=math.inf)._max_age_s == math.inf  # (never re-measure)
+    assert asyncgpu.step_timer(dev, max_clock_age_s=math.inf)._clock_age_s(dev) == math.inf  # (never re-measure)
     st = asyncgpu.step_timer(dev)
     with pytest.raises(ScopeError, match="has not been entered"):
         with st.step():

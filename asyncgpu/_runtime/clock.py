@@ -57,6 +57,7 @@ __all__ = [
     "Placement",
     "calibrate",
     "check_alignment",
+    "extrapolation_error_ns",
     "placement",
     "stale",
 ]
@@ -342,6 +343,17 @@ def _intersect(bd: Any, anchor: Any, raws: list, brackets: np.ndarray) -> tuple[
     if most < least:
         return mid, half
     return int((least + most) / 2), (most - least) / 2
+
+
+def extrapolation_error_ns(old: ClockCalibration, new: ClockCalibration) -> float | None:
+    """How far ``old``, extrapolated with its drift, placed the instant that the later ``new`` measured: the host
+    time ``old`` gives ``new``'s best ``%globaltimer`` stamp minus the host time ``new`` measured for it (ns,
+    signed); None where either has no ``%globaltimer`` point. It holds both calibrations' own errors (each within
+    its ``globaltimer_bound_ns``) beside the extrapolation's. Never blocks."""
+    if old.gt_point is None or new.gt_point is None:
+        return None
+    stamp, host = new.gt_point
+    return float(old.globaltimer_to_host_ns(stamp)) - host
 
 
 def stale(cal: ClockCalibration | None, max_age_s: float) -> bool:

@@ -53,7 +53,7 @@ from asyncgpu._base import collector
 from asyncgpu._base.checks import number, whole
 from asyncgpu._base.errors import AsyncGPUError, ClockError, ScopeError
 from asyncgpu._base.records import Timeline
-from asyncgpu._runtime.clock import placement
+from asyncgpu._runtime.clock import ClockCalibration, extrapolation_error_ns, placement
 from asyncgpu._runtime.device import Device
 from asyncgpu._runtime.hooks import check_queue
 from asyncgpu._runtime.stream import Stream
@@ -72,14 +72,21 @@ _NEW, _OPEN, _DONE = 0, 1, 2
 #: ``overlap``): every 50 ms that was 1.2-3.1 % of the loop's time, every 0.25 s 0.4-0.95 %, every 0.5 s 0.3-0.4 %. A
 #: slower cadence costs less; steps reach the results (ring, live view, trace, rank exchange) that late.
 EVENTS_HARVEST_S = 0.5
-#: The step timer's default clock age (s): its harvests re-measure a device's clock calibration older than this
-#: before placing steps. Each calibration pings the device from the harvest thread (~50 driver calls, each letting
-#: go of the GIL and taking it back from the loop's threads): on that loop one took 1-2 ms and the steps that
-#: overlapped it were 1.1-4.8 ms longer: at `gpu_timer`'s 0.25 s, 0.5-2.8 % of the loop's time. Placement between two
-#: calibrations extrapolates with the device's measured drift; its error grows with the age by the drift's own
-#: error (~2 µs over the span it was measured on: ≤ 4 µs at this age one second into a run, after twenty
-#: seconds ≤ 0.2 µs), small beside steps of milliseconds. `gpu_timer` keeps 0.25 s for µs-exact activities.
-STEPS_CLOCK_MAX_AGE_S = 2.0
+#: The step timer's clock ages (s), shortest and longest (``max_clock_age_s=None``, the default, `_ClockAge`): its
+#: harvests re-measure a device's clock calibration older than the device's current age before placing steps. Each
+#: calibration pings the device from the harvest thread (~50 driver calls, each letting go of the GIL and taking it
+#: back from the loop's threads): on a host-bound torch loop one took 1-2 ms and the steps that overlapped it were
+#: 1.1-4.8 ms longer; at `gpu_timer`'s 0.25 s that was 0.5-2.8 % of the loop's time, at 2 s 0.16-0.23 % on two and
+#: four H100s. Between calibrations placement extrapolates with the device's drift (measured since its first
+#: calibration); how far that extrapolation went off is measured at each re-measure, and the age follows it
+#: (`STEPS_CLOCK_ERROR_NS`). `gpu_timer` keeps 0.25 s for µs-exact activities.
+STEPS_CLOCK_AGE_S = (2.0, 30.0)
+#: How far (ns) the step timer lets a device's extrapolated clock go off between calibrations: at each re-measure
+#: the previous calibration's placement of the new one's ``%globaltimer`` point is compared with the new one's
+#: (`asyncgpu._runtime.clock.extrapolation_error_ns`, both calibrations' own bounds included, ~1-2 µs), and the next
+#: age is the one at which that error, growing with the age, would reach this (at most twice the last age). Steps
+#: last milliseconds: 5 µs is a thousandth of a 5 ms step.
+STEPS_CLOCK_ERROR_NS = 5_000.0
 #: the CUPTI source's default cadence (s): each harvest flushes CUPTI and parses its records under the GIL, taken from
 #: the loop's threads. Part of that is fixed per flush (4 H100s, ~80,000 records a second: the flushes cost the
 #: loop 4.5 % of its time every 0.5 s, 3.0-3.4 % every 1 s, 2.2-3.0 % every 2 s), so a slower cadence costs less
@@ -155,6 +162,47 @@ class _Pending:
         self.kept = False  #: harvested, its end events not given back (the next step may take them)
 
 
+class _ClockAge:
+    """One device's clock age under the step timers' adaptive policy (`STEPS_CLOCK_AGE_S`, `STEPS_CLOCK_ERROR_NS`):
+    it starts at the shortest age; each new calibration seen (`seen`) is compared with the one before it, and the
+    age becomes the span between them scaled by ``STEPS_CLOCK_ERROR_NS`` / the error found there, at most twice the
+    age before, within `STEPS_CLOCK_AGE_S`. A calibration without ``%globaltimer`` (the host backend's, or one
+    whose kernel could not run) is passed over. The harvest thread."""
+
+    __slots__ = ("age_s", "last", "error_ns")
+
+    def __init__(self) -> None:
+        self.age_s = STEPS_CLOCK_AGE_S[0]
+        self.last: ClockCalibration | None = None
+        self.error_ns: float | None = None  #: the latest extrapolation error found (ns, signed)
+
+    def seen(self, cal: ClockCalibration | None) -> None:
+        if cal is None or cal is self.last or cal.gt_point is None:
+            return
+        old, self.last = self.last, cal
+        err = None if old is None else extrapolation_error_ns(old, cal)
+        if old is None or err is None:
+            return
+        span_s = (cal.taken_ns - old.taken_ns) / 1e9
+        if span_s <= 0:
+            return
+        self.error_ns = err
+        fit_s = span_s * STEPS_CLOCK_ERROR_NS / max(abs(err), 1.0)
+        shortest, longest = STEPS_CLOCK_AGE_S
+        self.age_s = min(longest, max(shortest, min(fit_s, 2.0 * self.age_s)))
+
+
+_AGES: dict[str, _ClockAge] = {}  # device name -> its adaptive clock age, for every step timer of the process
+
+
+def _clock_age(d: Device) -> _ClockAge:
+    """``d``'s adaptive clock age: one per device and process (what was learned of its clock outlives a timer)."""
+    age = _AGES.get(d.name)
+    if age is None:
+        age = _AGES.setdefault(d.name, _ClockAge())
+    return age
+
+
 @final
 class StepTimer:
     """Step timing over ``devices`` (see `step_timer`). Use it as ``async with`` (or ``with`` in a thread)."""
@@ -170,7 +218,7 @@ class StepTimer:
         label: str,
         harvest_s: float | None,
         refresh_hz: float,
-        max_clock_age_s: float,
+        max_clock_age_s: float | None,
         source: str = "events",
         chain: bool = True,
     ) -> None:
@@ -180,7 +228,8 @@ class StepTimer:
         self._keep, self._max_pending = keep, max_pending
         self._early = max_pending // 2 + 1  # closed steps waiting that wake the harvest thread early
         self._live_arg, self._trace_arg = live, trace
-        self._harvest_s, self._refresh_hz, self._max_age_s = harvest_s, refresh_hz, max_clock_age_s
+        self._harvest_s, self._refresh_hz = harvest_s, refresh_hz
+        self._fixed_age_s = max_clock_age_s  #: each device's clock age, or None: adaptive (`_ClockAge`)
         self._lock = threading.Lock()
         self._state = _NEW
         self._current: Step | None = None
@@ -380,7 +429,10 @@ class StepTimer:
                 if self._held and (final or self._flush_due()):
                     self._attribute()
                 return 0
-            places = [placement(s.device, max_age_s=self._max_age_s) for s in self._streams]
+            places = [placement(s.device, max_age_s=self._clock_age_s(s.device)) for s in self._streams]
+            if self._fixed_age_s is None:
+                for s, place in zip(self._streams, places):
+                    _clock_age(s.device).seen(place.calibration)
         except AsyncGPUError as exc:  # (a closed or failed device: nothing more will finish)
             self.error = exc
             with self._lock:
@@ -427,6 +479,10 @@ class StepTimer:
         if final or self._held_steps >= _MAX_HELD_STEPS or self._flush_due():
             self._attribute()
         return n
+
+    def _clock_age_s(self, d: Device) -> float:
+        """How old ``d``'s clock calibration may be when steps are placed (s)."""
+        return _clock_age(d).age_s if self._fixed_age_s is None else self._fixed_age_s
 
     def _flush_due(self) -> bool:
         return time.perf_counter() - self._flushed_s >= 0.9 * float(self._harvest_s or 0.0)
@@ -621,7 +677,7 @@ class StepTimer:
 
     async def _clock_of(self, d: Device) -> None:
         try:
-            await d.aclock(max_age_s=self._max_age_s)
+            await d.aclock(max_age_s=self._clock_age_s(d))
         except ClockError:
             pass  # (placed relative to the step's own events then; the timeline's clock says why)
 
@@ -650,7 +706,7 @@ class StepTimer:
             self._pick_source()
         for d in self.devices:  # every device's clock first (the first one measures the event pair's overhead too)
             try:
-                d.clock(max_age_s=self._max_age_s)
+                d.clock(max_age_s=self._clock_age_s(d))
             except ClockError:
                 pass
         self._start()
@@ -690,7 +746,7 @@ def step_timer(
     label: str = "steps",
     harvest_s: float | None = None,
     refresh_hz: float = 2.0,
-    max_clock_age_s: float = STEPS_CLOCK_MAX_AGE_S,
+    max_clock_age_s: float | None = None,
     source: str = "events",
     chain: bool = True,
 ) -> StepTimer:
@@ -708,9 +764,11 @@ def step_timer(
     open it while it grows). ``harvest_s``: how often (seconds) finished steps are taken (default
     `EVENTS_HARVEST_S`, 0.5; with the CUPTI source `CUPTI_HARVEST_S`, 2.0: each harvest flushes CUPTI, whose fixed
     cost a slower cadence spreads; steps reach the results that late). ``max_clock_age_s``: a harvest re-measures a
-    device's clock calibration older than this (seconds; default `STEPS_CLOCK_MAX_AGE_S`, 2.0, where `gpu_timer`
-    takes 0.25: each calibration costs the loop's threads GIL time, and steps of milliseconds need no µs-exact
-    placement; ``math.inf``: never re-measure).
+    device's clock calibration older than this (seconds; ``math.inf``: never re-measure). Default None: an age
+    per device that follows its measured extrapolation error, 2 to 30 s, keeping steps within
+    `STEPS_CLOCK_ERROR_NS` (5 µs) of a fresh calibration's placement (`STEPS_CLOCK_AGE_S`), where `gpu_timer`
+    takes 0.25 s: each calibration costs the loop's threads GIL time, and steps of milliseconds need no µs-exact
+    placement.
 
     ``source``: where busy time comes from. ``"events"`` (default): the step's event pair (device time while the
     host still issued the step counts as the host's). ``"cupti"``: CUPTI's record of every kernel, memset and
@@ -736,7 +794,8 @@ def step_timer(
     if harvest_s is not None:
         harvest_s = number("harvest_s", harvest_s, unit="seconds", minimum=1e-4)
     refresh_hz = number("refresh_hz", refresh_hz, unit="redraws per second", minimum=2.0)
-    max_clock_age_s = number("max_clock_age_s", max_clock_age_s, unit="seconds", infinite="never re-measure")
+    if max_clock_age_s is not None:
+        max_clock_age_s = number("max_clock_age_s", max_clock_age_s, unit="seconds", infinite="never re-measure")
     wants_live(live)  # (checks the value)
     cupti.check_source(source)
     return StepTimer(
