@@ -455,9 +455,10 @@ def main(argv: list[str] | None = None) -> int:
     doc["host_cost_per_step"] = cost
     for loop, r in results.pop("harvest thread", {}).items():
         cal = f", each {statistics.median(r['calibration_us']):.0f} µs p50" if r["calibration_us"] else ""
+        harvest_us = statistics.median(r["harvest_us"] or [math.nan])
         print(
             f"harvest thread, {loop}: {r['share_pct']:+.2f} % of the loop's time ({r['steps']} marked steps in "
-            f"{r['wall_s']:.1f} s; {r['harvests']} harvests, each {statistics.median(r['harvest_us'] or [math.nan]):.0f} µs p50; "
+            f"{r['wall_s']:.1f} s; {r['harvests']} harvests, each {harvest_us:.0f} µs p50; "
             f"{r['calibrations']} clock calibrations{cal}; the steps that overlap them against the others' mean; "
             f"clock ages at the end {', '.join(f'{a:.0f}' for a in r['clock_ages_s'])} s)"
         )

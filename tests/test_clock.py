@@ -177,6 +177,39 @@ def test_a_calibration_whose_drift_is_unknown_is_measured_again_sooner():
     assert _stale(None, math.inf)
 
 
+def test_the_drift_is_measured_from_the_newest_calibration_at_least_a_window_old():
+    """A GPU's drift moves with its load and temperature: each calibration measures it from the newest earlier one
+    at least `DRIFT_WINDOW_S` old (the oldest kept before there is one), and lets the older ones go."""
+    from asyncgpu._runtime.clock import DRIFT_WINDOW_S, ClockCalibration
+
+    dev = asyncgpu.device(0, backend="host")
+    internal = dev._internal
+    now = time.perf_counter_ns()
+
+    def cal(ago_s: float) -> ClockCalibration:
+        taken = now - int(ago_s * 1e9)
+        return ClockCalibration(
+            device="d", host_ns=taken, bound_ns=0.0, samples=1, rtt_ns=0.0, taken_ns=taken, gt_point=(taken, 0.0)
+        )
+
+    with internal.clock_lock:
+        saved = list(internal.clock_points)
+        try:
+            internal.clock_points.clear()
+            assert internal.drift_base() is None
+            young = [cal(0.5 * DRIFT_WINDOW_S), cal(0.25 * DRIFT_WINDOW_S)]
+            internal.clock_points.extend(young)
+            assert internal.drift_base() is young[0]  # (none a window old yet: the oldest)
+            old = [cal(3 * DRIFT_WINDOW_S), cal(2 * DRIFT_WINDOW_S), cal(1.5 * DRIFT_WINDOW_S)]
+            internal.clock_points.clear()
+            internal.clock_points.extend(old + young)
+            assert internal.drift_base() is old[2]  # the newest at least a window old
+            assert list(internal.clock_points) == old[2:] + young  # the older ones let go
+        finally:
+            internal.clock_points.clear()
+            internal.clock_points.extend(saved)
+
+
 @pytest.mark.gpu
 def test_a_fresh_process_first_calibration_places_stamps_within_its_bound():
     """The case that bit: a device's first calibration also measures the pair overheads (the process's first CUPTI

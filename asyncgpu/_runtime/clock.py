@@ -70,6 +70,14 @@ CLOCK_MAX_AGE_S = 0.25
 UNKNOWN_DRIFT_MAX_AGE_S = 0.05
 DEFAULT_SAMPLES = 16
 TIMEOUT_NS = 5_000_000
+#: A calibration measures the device's drift from the newest earlier one at least this old (s; the oldest kept
+#: before there is one): the drift moves with the GPU's load and temperature, so a recent slope extrapolates better
+#: than one from the device's first calibration. One H100 calibrated every 0.25 s, idle then busy then idle (37 to
+#: 43 °C): drift −7.5, −9.1, −10.2 ppm; points predicted 0.25 s ahead were off 0.33-0.39 µs p50 with the drift
+#: since the first calibration, 0.10-0.15 with this window; 2 s ahead 2.8-3.0 against 0.2-0.4
+#: (`dev/diag_clock_drift.py`, benchmarks/HISTORY.md run 51). A shorter window's slope carries more of the points'
+#: own error (~1 µs each): 0.5 ppm over 2 s, 0.1 µs at `CLOCK_MAX_AGE_S`.
+DRIFT_WINDOW_S = 2.0
 _MIN_DRIFT_SPAN_NS = 1_000_000_000
 #: A calibration whose best round trip is over this many times the best its device has had in this process is
 #: measured again once, and the tighter of the two kept: a host or link slowed down for the pings' fraction of a

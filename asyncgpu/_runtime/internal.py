@@ -24,7 +24,14 @@ import numpy as np
 from asyncgpu._backends.contract import BackendDevice
 from asyncgpu._base.errors import BackendError, ClosedError
 from asyncgpu._runtime import loops
-from asyncgpu._runtime.clock import CLOCK_MAX_AGE_S, DEFAULT_SAMPLES, ClockCalibration, calibrate, stale
+from asyncgpu._runtime.clock import (
+    CLOCK_MAX_AGE_S,
+    DEFAULT_SAMPLES,
+    DRIFT_WINDOW_S,
+    ClockCalibration,
+    calibrate,
+    stale,
+)
 from asyncgpu._runtime.engine import Engine
 from asyncgpu._runtime.event import Event
 from asyncgpu._runtime.pool import EventPool
@@ -83,7 +90,9 @@ class DeviceInternal:
         self.mark_seqs = itertools.count()
         self.clock_lock = threading.Lock()
         self.clock: ClockCalibration | None = None
-        self.clock_ref: ClockCalibration | None = None  # the oldest with a %globaltimer point: drift baseline
+        #: the latest calibrations with a %globaltimer point, the first of them the next one's drift baseline
+        #: (`drift_base`)
+        self.clock_points: deque[ClockCalibration] = deque()
         self.clock_retired: Any = None  # the previous anchor event, reused one refresh later
         self.clock_events: list[Any] = []  # raw timing events of the calibrations (not from the pools)
         self.kept_events: dict[int, Any] = {}  # id -> raw timing event a feature keeps for a while (see `keep`)
@@ -218,7 +227,8 @@ class DeviceInternal:
             for raw in (self.clock.anchor if self.clock else None, self.clock_retired, *self.clock_events):
                 if raw is not None:
                     self.bd.destroy_event(raw)
-            self.clock = self.clock_ref = self.clock_retired = None
+            self.clock = self.clock_retired = None
+            self.clock_points.clear()
             self.clock_events = []
         for raw in list(self.kept_events.values()):
             self.timing_pool.discard(raw)  # (kept events are the timing pool's)
@@ -239,15 +249,23 @@ class DeviceInternal:
             cal = self.clock
             if cal is None or refresh or stale(cal, max_age_s):  # (`cal is None`: for the type checker too)
                 self.check_open()
-                cal = calibrate(self, samples, previous=self.clock_ref)
-                if self.clock_ref is None and cal.gt_point is not None:
-                    self.clock_ref = cal
+                cal = calibrate(self, samples, previous=self.drift_base())
+                if cal.gt_point is not None:
+                    self.clock_points.append(cal)
                 if self.clock is not None:
                     if self.clock_retired is not None:
                         self.clock_events.append(self.clock_retired)
                     self.clock_retired = self.clock.anchor
                 self.clock = cal
             return cal
+
+    def drift_base(self) -> ClockCalibration | None:
+        """The calibration the next one measures its drift from (under `clock_lock`): the newest kept that is at
+        least `DRIFT_WINDOW_S` old, else the oldest kept; older ones are let go. None before the first."""
+        points, now_ns = self.clock_points, time.perf_counter_ns()
+        while len(points) > 1 and now_ns - points[1].taken_ns >= DRIFT_WINDOW_S * 1e9:
+            points.popleft()
+        return points[0] if points else None
 
     def learn_pair_excess(self, samples_ns: Any, kind: str = "kernel") -> None:
         """Take samples of what a held event pair added to work of ``kind`` (a kind of

@@ -77,10 +77,12 @@ EVENTS_HARVEST_S = 0.5
 #: calibration pings the device from the harvest thread (~50 driver calls, each letting go of the GIL and taking it
 #: back from the loop's threads): on a host-bound torch loop one took 1-2 ms and the steps that overlapped it were
 #: 1.1-4.8 ms longer; at `gpu_timer`'s 0.25 s that was 0.5-2.8 % of the loop's time, at 2 s 0.16-0.23 % on two and
-#: four H100s. Between calibrations placement extrapolates with the device's drift (measured since its first
-#: calibration); how far that extrapolation went off is measured at each re-measure, and the age follows it
-#: (`STEPS_CLOCK_ERROR_NS`). `gpu_timer` keeps 0.25 s for µs-exact activities.
-STEPS_CLOCK_AGE_S = (2.0, 30.0)
+#: four H100s. Between calibrations placement extrapolates with the device's drift (its latest slope,
+#: `asyncgpu._runtime.clock.DRIFT_WINDOW_S`); how far that went off is measured at each re-measure, and the age
+#: follows it (`STEPS_CLOCK_ERROR_NS`). The drift moves with the GPU's load and temperature: on one H100 going from
+#: idle to busy, points predicted 8 s ahead were off 1-4 µs p50 (8 max), 30 s ahead 26-51 µs; hence the longest age.
+#: `gpu_timer` keeps 0.25 s for µs-exact activities.
+STEPS_CLOCK_AGE_S = (2.0, 10.0)
 #: How far (ns) the step timer lets a device's extrapolated clock go off between calibrations: at each re-measure
 #: the previous calibration's placement of the new one's ``%globaltimer`` point is compared with the new one's
 #: (`asyncgpu._runtime.clock.extrapolation_error_ns`, both calibrations' own bounds included, ~1-2 µs), and the next
@@ -765,7 +767,7 @@ def step_timer(
     `EVENTS_HARVEST_S`, 0.5; with the CUPTI source `CUPTI_HARVEST_S`, 2.0: each harvest flushes CUPTI, whose fixed
     cost a slower cadence spreads; steps reach the results that late). ``max_clock_age_s``: a harvest re-measures a
     device's clock calibration older than this (seconds; ``math.inf``: never re-measure). Default None: an age
-    per device that follows its measured extrapolation error, 2 to 30 s, keeping steps within
+    per device that follows its measured extrapolation error, 2 to 10 s, keeping steps within
     `STEPS_CLOCK_ERROR_NS` (5 µs) of a fresh calibration's placement (`STEPS_CLOCK_AGE_S`), where `gpu_timer`
     takes 0.25 s: each calibration costs the loop's threads GIL time, and steps of milliseconds need no µs-exact
     placement.
