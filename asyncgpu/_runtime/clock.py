@@ -573,10 +573,11 @@ def check_alignment(devices: Iterable[Device], trials: int = 30, samples: int = 
                 peers[i] = pp
         for trial in range(1, trials + 1):
             # Each device calibrated as its timelines' placements calibrate it (`DeviceInternal.calibration`: its
-            # drift and pair overheads known from its first calibration), every device at once, right before the
-            # instant. A calibration from scratch would measure the pair overheads again (CUPTI rounds, up to a
-            # second) and ignore the drift: on 4× H100 (-20 ppm) the first device's offset was then stale by the
-            # others' calibrations and read the instant 0.9 µs apart on average, 1.5 µs p50 against the peer pings.
+            # drift from its recent calibrations, its pair overheads from its first), every device at once, right
+            # before the instant. A calibration from scratch would measure the pair overheads again (CUPTI rounds,
+            # up to a second) and ignore the drift: on 4× H100 (-20 ppm) the first device's offset was then stale by
+            # the others' calibrations and read the instant 0.9 µs apart on average, 1.5 µs p50 against the peer
+            # pings.
             cals = [d._internal.calibration(refresh=True, samples=samples) for d in devs]
             places = [placement(d, refresh=False, subtract_overhead=False) for d in devs]  # (events, as timelines)
             for i, bd in enumerate(bds):
