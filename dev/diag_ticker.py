@@ -1,6 +1,7 @@
 """What stalls the loop in the ticker test: the test's workload, with every thread's stack dumped at a late tick.
 
     PYTHONPATH=$PWD python dev/diag_ticker.py [asyncio|uvloop|trio] [repetitions] [dump file] [--calls] [--reserve]
+        [--bound N]
 
 As `tests/test_load.py::test_launches_wait_for_room_and_the_loop_keeps_ticking`: 10,000 launches and 1,000 events
 on 8 streams held 300 ms, from a task that awaits room, while a 1 ms ticker runs. Before each tick's sleep,
@@ -13,7 +14,8 @@ generation. Needs a CUDA GPU.
 thread, and each of the producer's launches over 0.4 ms is printed with the calls of other threads that overlap it
 (is a long launch the driver's alone, or does it wait on a driver lock that another asyncgpu thread holds: the
 waiter thread growing the event pool, say?). ``--reserve``: the non-timing pool holds 1,100 free events before the
-hold (no growth while the producer launches).
+hold (no growth while the producer launches). ``--bound N``: `QUEUE_BOUND` N for the run (does a shallower queue
+spare the loop the driver's long launches?).
 """
 
 from __future__ import annotations
@@ -147,7 +149,9 @@ async def once(rep: int, loop_name: str, out, reserve: bool = False) -> None:
     longest = max(pauses, key=lambda g: g[1], default=[t0, 0, None])
     msg = (
         f"{loop_name} rep {rep}: latest tick {ms.max():.3f} ms at {(late[worst][1] - t0) / 1e6:.1f} ms; p99 "
-        f"{np.percentile(ms, 99):.3f}; ticks 1.5 ms late or more: {int((ms >= 1.5).sum())}; marks (ms) {at}; "
+        f"{np.percentile(ms, 99):.3f}; ticks 1.5 ms late or more: {int((ms >= 1.5).sum())}, 2 ms or more: "
+        f"{int((ms >= 2.0).sum())}; launches over {LAUNCH_MIN_NS / 1e6} ms: {len(long_launches)} "
+        f"({sum(x[2] for x in long_launches) / 1e6:.1f} ms); marks (ms) {at}; "
         f"longest collection {longest[1] / 1e6:.2f} ms (generation {longest[2]}) at {(longest[0] - t0) / 1e6:.1f} ms"
     )
     me = threading.current_thread().name
@@ -183,7 +187,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", help="the stack dumps' file (as DUMPS)")
     p.add_argument("--calls", action="store_true", help="log backend calls over 50 µs, per long launch")
     p.add_argument("--reserve", action="store_true", help="1,100 free non-timing events before each hold")
+    p.add_argument("--bound", type=int, help="QUEUE_BOUND for this run (QUEUE_LIMIT 128 above it): a shallower queue")
     args = p.parse_args(argv)
+    if args.bound:
+        from asyncgpu._runtime import device, hooks, stream
+
+        for mod in (hooks, stream, device):
+            if hasattr(mod, "QUEUE_BOUND"):
+                mod.QUEUE_BOUND = args.bound
+            if hasattr(mod, "QUEUE_LIMIT"):
+                mod.QUEUE_LIMIT = args.bound + 128
     loop_name, reps = args.loop, args.reps
     path = args.out or args.dumps or f"ticker-dumps-{loop_name}.txt"
     backend, options = {"asyncio": ("asyncio", {}), "uvloop": ("asyncio", {"use_uvloop": True}), "trio": ("trio", {})}[

@@ -8,6 +8,7 @@ import threading
 import time
 
 import anyio
+import numpy as np
 import pytest
 
 import asyncgpu
@@ -231,21 +232,28 @@ async def test_wait_checks_at_the_call_and_returns_the_waiting_coroutine(dev):
 
 
 def test_elapsed_before_completion_raises_not_ready(dev):
+    """One pair, and a batch from one start (the harvests' `elapsed_since_ms`): NotReadyError while any end is
+    pending, then the pair's figure for each end."""
+    bd = dev._internal.bd
     start = dev.record()
     dev.stream.spin_us(100_000)
     end = dev.record()
     with pytest.raises(NotReadyError, match="wait"):
         end - start
+    with pytest.raises(NotReadyError, match="wait"):
+        bd.elapsed_since_ms(start._raw, [start._raw, end._raw])
     end.wait_sync()
     assert end - start > 90
+    batch = bd.elapsed_since_ms(start._raw, [end._raw, start._raw])
+    assert batch.dtype == np.float64 and batch.tolist() == [bd.elapsed_ms(start._raw, end._raw), 0.0]
     start.release()
     end.release()
 
 
 @pytest.mark.gpu
 def test_elapsed_through_libcuda_agrees_with_cuda_bindings():
-    """The harvests place events through libcuda's entry point (a call that keeps the GIL): the same figure as
-    cuda.bindings' call, and NotReadyError while pending."""
+    """The harvests place events through libcuda's entry point (a call that keeps the GIL), one at a time and in a
+    batch from one start: the same figures as cuda.bindings' call, and NotReadyError while any is pending."""
     from asyncgpu._backends.cuda.hotpath import CudaDeviceBase
 
     dev = asyncgpu.device(0, backend="cuda")
@@ -258,9 +266,13 @@ def test_elapsed_through_libcuda_agrees_with_cuda_bindings():
     end = dev.record()
     with pytest.raises(NotReadyError, match="wait"):
         bd.elapsed_ms(start._raw, end._raw)
+    with pytest.raises(NotReadyError, match="wait"):
+        bd.elapsed_since_ms(start._raw, [start._raw, end._raw])
     end.wait_sync()
     ours, theirs = bd.elapsed_ms(start._raw, end._raw), CudaDeviceBase.elapsed_ms(bd, start._raw, end._raw)
     assert ours == theirs and ours > 45
+    batch = bd.elapsed_since_ms(start._raw, [end._raw, start._raw, end._raw])
+    assert batch.dtype == np.float64 and batch.tolist() == [theirs, 0.0, theirs]
     start.release()
     end.release()
 

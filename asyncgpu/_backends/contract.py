@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ctypes
 from abc import ABC, abstractmethod
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -104,6 +104,12 @@ class BackendDevice(ABC):
     @abstractmethod
     def elapsed_ms(self, start: Any, end: Any) -> float:
         """Milliseconds between two completed timing events of this device."""
+
+    def elapsed_since_ms(self, start: Any, ends: Sequence[Any]) -> np.ndarray:
+        """`elapsed_ms` from ``start`` to each of ``ends`` (float64 ms): a harvest's batch, one call a backend may
+        make cheaper than ``len(ends)`` calls. Raises `NotReadyError` if any is pending."""
+        elapsed = self.elapsed_ms
+        return np.fromiter((elapsed(start, end) for end in ends), np.float64, len(ends))
 
     @abstractmethod
     def wait_event(self, raw_stream: Any, raw_event: Any) -> None:

@@ -36,7 +36,7 @@ import ctypes
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, cast, final
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence, cast, final
 
 import numpy as np
 
@@ -226,13 +226,12 @@ class Placement:
             return math.nan
         return self.anchor_ns + self.device._internal.bd.elapsed_ms(self.anchor, raw_event) * 1e6 * self.rate
 
-    def host_ns_many(self, raw_events: list[Any]) -> np.ndarray:
+    def host_ns_many(self, raw_events: Sequence[Any]) -> np.ndarray:
         """`host_ns` of each of ``raw_events`` (float64 ns, the same arithmetic): one driver call per event, the
         Python around them once. Raises `NotReadyError` if any is pending. Any thread."""
         if self.anchor is None:
             return np.full(len(raw_events), math.nan)
-        elapsed, anchor = self.device._internal.bd.elapsed_ms, self.anchor
-        ms = np.fromiter((elapsed(anchor, raw) for raw in raw_events), np.float64, len(raw_events))
+        ms = self.device._internal.bd.elapsed_since_ms(self.anchor, raw_events)
         return self.anchor_ns + ms * 1e6 * self.rate
 
     def trim(

@@ -55,7 +55,7 @@ from asyncgpu._base.errors import AsyncGPUError, ClockError, ScopeError
 from asyncgpu._base.records import Timeline
 from asyncgpu._runtime.clock import ClockCalibration, extrapolation_error_ns, placement
 from asyncgpu._runtime.device import Device
-from asyncgpu._runtime.hooks import check_queue
+from asyncgpu._runtime.hooks import QUEUE_LIMIT
 from asyncgpu._runtime.stream import Stream
 from asyncgpu._timing.step_cupti import StepRecords, totals
 from asyncgpu._timing.step_live import LiveView, wants_live
@@ -103,7 +103,8 @@ Listener = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
 def _record(s: Stream) -> Any:
     """A pooled timing event recorded on ``s`` now (as `Device.record`, without the `Event` object)."""
     si = s._internal
-    check_queue(si)  # (raises in a loop's thread when the stream is full, before anything is taken)
+    if si.ops - si.done_ops >= QUEUE_LIMIT:  # (`check_queue`, inlined: this runs per device and step)
+        si.check_room()  # (raises in a loop's thread when the stream is full, before anything is taken)
     pool = si.dev.timing_pool
     raw = pool.take()
     try:
@@ -446,33 +447,35 @@ class StepTimer:
                 self._give_back(item.starts, [] if item.lent else item.ends)
             self._give_back([], kept)
             return 0
+        # (the Python here runs per step under the GIL, taken from the loop's threads: one pass over the steps, the
+        # events transposed per device by zip, the rest in numpy)
         n, nd = len(done), len(self._streams)
-        index = np.array([it.index for it in done], np.int64)
-        begin = np.array([it.begin_ns for it in done], np.int64)
-        exit_ = np.array([it.exit_ns for it in done], np.int64)
+        head = np.array([(it.index, it.begin_ns, it.exit_ns) for it in done], np.int64).reshape(n, 3)
+        index, begin, exit_ = head[:, 0], head[:, 1], head[:, 2]
         issued = np.array([it.issued for it in done], np.float64).reshape(n, nd)
+        ends_by_dev = list(zip(*[it.ends for it in done]))
+        starts_by_dev = list(zip(*[it.starts for it in done]))
+        # (a chained step's start events are the step before's end events, placed just now: one driver call per
+        # event, not two)
+        own = [i for i in range(n) if not (i and done[i - 1].lent)]
         start, end = np.empty((n, nd)), np.empty((n, nd))
         for d, place in enumerate(places):
-            ends = [it.ends[d] for it in done]
-            starts = [it.starts[d] for it in done]
-            end[:, d] = place.host_ns_many(ends)
-            # (a chained step's start event is the step before's end event, placed just now: one driver call per
-            # event, not two)
-            own = [i for i in range(n) if not (i and starts[i] is ends[i - 1])]
+            end[:, d] = place.host_ns_many(ends_by_dev[d])
             start[1:, d] = end[:-1, d]
             if own:
+                starts = starts_by_dev[d]
                 start[own, d] = place.host_ns_many([starts[i] for i in own])
         # A step's device span starts no earlier than its entry: a start event taken from the previous step's end
         # (`_chained`) completed before it when the stream was idle, where one recorded at the entry would have
         # completed a few µs after it.
         np.maximum(start, begin[:, None], out=start)
         with self._lock:
-            for it in done:
-                it.kept = it is self._tail
+            tail = done[-1]
+            tail.kept = tail is self._tail  # (only the newest closed step can be the tail)
+        free = [i for i, it in enumerate(done) if not (it.lent or it.kept)]
         for d, s in enumerate(self._streams):
-            s._internal.dev.timing_pool.give_many(
-                [it.starts[d] for it in done] + [it.ends[d] for it in done if not (it.lent or it.kept)]
-            )
+            ends = ends_by_dev[d]
+            s._internal.dev.timing_pool.give_many([*starts_by_dev[d], *(ends[i] for i in free)])
         if self._cupti is None:
             self._publish(index, begin, exit_, start, end, issued, None)
             return n

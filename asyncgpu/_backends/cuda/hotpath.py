@@ -73,9 +73,9 @@ class CudaDeviceBase(BackendDevice):
         self._cal: _Calibration | None = None  # the clock calibration's page and stream, made on first use
         self._primer: _Primer | None = None  # the engine primers' kernel and buffers (`prime`), made on first use
         if drv.record_c is not None:  # (per instance, on purpose)
-            self.record, self.query, elapsed = _ctypes_hot_paths(drv)  # type: ignore[method-assign]
+            self.record, self.query, elapsed, since = _ctypes_hot_paths(drv)  # type: ignore[method-assign]
             if elapsed is not None:
-                self.elapsed_ms = elapsed  # type: ignore[method-assign]
+                self.elapsed_ms, self.elapsed_since_ms = elapsed, since  # type: ignore[method-assign]
 
     # -- streams and events ------------------------------------------------------------------------------
     def make_current(self) -> None:
