@@ -208,6 +208,7 @@ async def harvest_share(devs: list, work: list, steps: int, **timer: float) -> d
 
     cals: list[tuple[int, int]] = []
     harvests: list[tuple[int, int]] = []
+    harvest_cpu: list[int] = []  # (each harvest's own thread's CPU ns: what it could have taken from the loop)
     spans: list[tuple[int, int]] = []
     real_cal = internal.calibrate
 
@@ -224,16 +225,18 @@ async def harvest_share(devs: list, work: list, steps: int, **timer: float) -> d
             real_harvest = st._harvest
 
             def timed_harvest(final: bool = False) -> int:
-                t0 = time.perf_counter_ns()
+                t0, cpu0 = time.perf_counter_ns(), time.thread_time_ns()
                 try:
                     return real_harvest(final)
                 finally:
                     harvests.append((t0, time.perf_counter_ns()))
+                    harvest_cpu.append(time.thread_time_ns() - cpu0)
 
             st._harvest = timed_harvest  # type: ignore[method-assign]
             await run_steps(devs, work, 20, st)
             cals.clear()
             harvests.clear()
+            harvest_cpu.clear()
             for _ in range(steps):
                 t0 = time.perf_counter_ns()
                 await run_steps(devs, work, 1, st)
@@ -272,6 +275,7 @@ async def harvest_share(devs: list, work: list, steps: int, **timer: float) -> d
         "calibration_us": [(b - a) / 1e3 for a, b in cals if a < end],
         "harvests": len([h for h in harvests if h[0] < end]),
         "harvest_us": [(b - a) / 1e3 for a, b in harvests if a < end],
+        "harvest_cpu_us": [c / 1e3 for (a, _), c in zip(harvests, harvest_cpu) if a < end],
         "neither_mean_ms": base,
         "clock_ages_s": [st._clock_age_s(d) for d in devs],  # (where each device's clock age ended)
         "clock_errors_us": [_us_or_none(_clock_age(d).error_ns) for d in devs],
@@ -456,9 +460,11 @@ def main(argv: list[str] | None = None) -> int:
     for loop, r in results.pop("harvest thread", {}).items():
         cal = f", each {statistics.median(r['calibration_us']):.0f} µs p50" if r["calibration_us"] else ""
         harvest_us = statistics.median(r["harvest_us"] or [math.nan])
+        cpu_us = statistics.median(r["harvest_cpu_us"] or [math.nan])
         print(
             f"harvest thread, {loop}: {r['share_pct']:+.2f} % of the loop's time ({r['steps']} marked steps in "
-            f"{r['wall_s']:.1f} s; {r['harvests']} harvests, each {harvest_us:.0f} µs p50; "
+            f"{r['wall_s']:.1f} s; {r['harvests']} harvests, each {harvest_us:.0f} µs p50 ({cpu_us:.0f} µs of its "
+            "thread's CPU); "
             f"{r['calibrations']} clock calibrations{cal}; the steps that overlap them against the others' mean; "
             f"clock ages at the end {', '.join(f'{a:.0f}' for a in r['clock_ages_s'])} s)"
         )
