@@ -432,7 +432,11 @@ class StepTimer:
                 if self._held and (final or self._flush_due()):
                     self._attribute()
                 return 0
-            places = [placement(s.device, max_age_s=self._clock_age_s(s.device)) for s in self._streams]
+            # (step events are placed, never trimmed: no per-kind overheads to gather)
+            places = [
+                placement(s.device, max_age_s=self._clock_age_s(s.device), subtract_overhead=False)
+                for s in self._streams
+            ]
             if self._fixed_age_s is None:
                 for s, place in zip(self._streams, places):
                     _clock_age(s.device).seen(place.calibration)
