@@ -584,6 +584,7 @@ async def test_chained_steps_beside_a_busy_harvest_leak_no_event(anyio_backend, 
             if rng.random() < 0.2:
                 await anyio.sleep(0.001)
     s = st.stats()
+    assert st.error is None
     assert s.steps + s.dropped == 150 and s.pending == 0
     assert all(r.begin_ns <= dv.start_ns <= dv.end_ns for r in st.steps() for dv in r.devices)
     await _aquiet(devs)

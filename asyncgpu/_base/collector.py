@@ -75,11 +75,22 @@ def users() -> int:
     return _users[0]
 
 
-def _kept() -> np.ndarray:
-    """The kept collections, oldest first: int64 ``(start ns, end ns, generation)`` rows."""
-    n = _count[0]  # (before the copy: a collection that the copy's allocation starts is not in it)
-    ring = _ring.copy()
-    return ring[np.arange(max(0, n - KEEP), n) % KEEP]
+def _kept_since(t_ns: float) -> np.ndarray:
+    """The kept collections that end after ``t_ns``, oldest first: int64 ``(start ns, end ns, generation)`` rows.
+    A binary search over the ring (collections are kept in time order), then a copy of those rows only: a busy
+    process collects hundreds of times a second, and a harvest asks for its last half second, not all `KEEP`."""
+    n = _count[0]  # (first: a collection that the copy's allocation starts is not in it)
+    lo, hi, item = max(0, n - KEEP), n, _ring.item
+    while lo < hi:  # the oldest kept collection that ends after t_ns
+        mid = (lo + hi) // 2
+        if item(mid % KEEP, 1) > t_ns:
+            hi = mid
+        else:
+            lo = mid + 1
+    a, b = lo % KEEP, n % KEEP
+    if lo == n:
+        return _ring[:0].copy()
+    return _ring[a:b].copy() if a < b else np.concatenate((_ring[a:], _ring[:b]))
 
 
 def pauses_between(begin_ns: int, end_ns: int) -> list[tuple[int, int, int]]:
@@ -107,8 +118,10 @@ def pauses_in(begin_ns: np.ndarray, end_ns: np.ndarray) -> tuple[np.ndarray, np.
     so a window's share is the difference of the collector's running total at its two ends."""
     begin = np.asarray(begin_ns, np.float64)
     end = np.asarray(end_ns, np.float64)
-    pauses = _kept().astype(np.float64)
-    if not len(pauses) or not len(begin):
+    if not len(begin):
+        return np.zeros(0), np.zeros(0, np.int64)
+    pauses = _kept_since(float(begin.min())).astype(np.float64)
+    if not len(pauses):
         return np.zeros(len(begin)), np.zeros(len(begin), np.int64)
     starts, ends = pauses[:, 0], pauses[:, 1]
     before = np.concatenate(([0.0], np.cumsum(ends - starts)))  # the collector's total before each collection

@@ -52,8 +52,10 @@ class Quantiles:
         b = np.zeros(v.shape, np.int64)
         pos = ok & (v > 1.0)
         b[pos] = np.minimum(np.log(v[pos]) / self._log_ratio, self.counts.shape[1] - 1).astype(np.int64)
-        cols = np.broadcast_to(np.arange(v.shape[1]), v.shape)
-        np.add.at(self.counts, (cols[ok], b[ok]), 1)
+        # (one bincount over the flattened (series, bucket) index: `np.add.at` with a pair of index arrays took
+        # ~0.6 ms a harvest beside a busy loop, under the GIL)
+        flat = (b + np.arange(v.shape[1]) * self.counts.shape[1])[ok]
+        self.counts += np.bincount(flat, minlength=self.counts.size).reshape(self.counts.shape)
         self.total += ok.sum(axis=0)
 
     def quantile(self, q: float | list[float]) -> np.ndarray:
