@@ -117,6 +117,40 @@ def test_quantiles_within_their_stated_error():
     assert q.counts.nbytes == before  # constant memory
 
 
+@pytest.mark.parametrize("batches", [(3, 4, 2, 6), (5, 5, 1), (1, 1, 1, 1, 1, 1, 1), (12,), (4, 9, 3)])
+def test_the_ring_keeps_every_batch_in_order_through_its_wrap(batches):
+    """Batches of steps written across the ring's end (and larger than the ring): the kept ones are the last
+    ``keep``, oldest first, each with its own columns."""
+    keep, nd = 5, 2
+    ring = StepRing(("host:0", "host:1"), keep=keep)
+    n = sum(batches)
+    begin = np.arange(n) * 10 * MS
+    start = begin[:, None] + np.array([1.0, 2.0]) * MS
+    end = start + (1 + np.arange(n))[:, None] * np.array([0.1, 0.2]) * MS
+    exit_ = begin + 0.5 * MS
+    a = 0
+    for k in batches:
+        sl = slice(a, a + k)
+        split = step_split(begin[sl], exit_[sl], start[sl], end[sl], start[sl])
+        ring.add(
+            np.arange(a, a + k),
+            begin[sl].astype(np.int64),
+            exit_[sl].astype(np.int64),
+            start[sl],
+            end[sl],
+            start[sl],
+            split,
+        )
+        a += k
+    recent = ring.recent()
+    assert [r.index for r in recent] == list(range(n - keep, n))
+    for r in recent:
+        assert r.begin_ns == begin[r.index] and len(r.devices) == nd
+        for d, dv in enumerate(r.devices):
+            assert dv.start_ns == start[r.index, d] and dv.end_ns == end[r.index, d]
+    assert ring.stats("t", 0, 0, 0, keep).steps == n
+
+
 def test_ring_keeps_the_last_steps_and_aggregates_all():
     ring = StepRing(("host:0", "host:1"), keep=4)
     n = 10
