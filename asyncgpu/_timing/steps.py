@@ -55,7 +55,7 @@ from asyncgpu._base.errors import AsyncGPUError, ClockError, ScopeError
 from asyncgpu._base.records import Timeline
 from asyncgpu._runtime.clock import ClockCalibration, extrapolation_error_ns, placement
 from asyncgpu._runtime.device import Device
-from asyncgpu._runtime.hooks import QUEUE_LIMIT
+from asyncgpu._runtime.hooks import check_queue
 from asyncgpu._runtime.stream import Stream
 from asyncgpu._timing.step_cupti import StepRecords, totals
 from asyncgpu._timing.step_live import LiveView, wants_live
@@ -103,8 +103,7 @@ Listener = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
 def _record(s: Stream) -> Any:
     """A pooled timing event recorded on ``s`` now (as `Device.record`, without the `Event` object)."""
     si = s._internal
-    if si.ops - si.done_ops >= QUEUE_LIMIT:  # (`check_queue`, inlined: this runs per device and step)
-        si.check_room()  # (raises in a loop's thread when the stream is full, before anything is taken)
+    check_queue(si)  # (raises in a loop's thread when the stream is full, before anything is taken)
     pool = si.dev.timing_pool
     raw = pool.take()
     try:

@@ -102,15 +102,18 @@ def _ctypes_hot_paths(drv: _Driver) -> tuple:
             return False
         raise drv.error(result(err), "cuEventQuery")
 
+    def elapsed_failed(err: int) -> Exception:
+        if err == not_ready:
+            return NotReadyError("the device has not reached that event yet: await event.wait() first")
+        return drv.error(result(err), "cuEventElapsedTime")
+
     def elapsed_ms(start: Any, end: Any) -> float:
         ms = c_float()
         assert elapsed_c is not None
         err = elapsed_c(byref(ms), start[3], end[3])
-        if not err:
-            return ms.value
-        if err == not_ready:
-            raise NotReadyError("the device has not reached that event yet: await event.wait() first")
-        raise drv.error(result(err), "cuEventElapsedTime")
+        if err:
+            raise elapsed_failed(err)
+        return ms.value
 
     def elapsed_since_ms(start: Any, ends: Sequence[Any]) -> np.ndarray:
         # one output float for the batch, its pointer made once: the per-call Python is the call itself
@@ -120,9 +123,7 @@ def _ctypes_hot_paths(drv: _Driver) -> tuple:
         for i, end in enumerate(ends):
             err = elapsed_c(ptr, handle, end[3])
             if err:
-                if err == not_ready:
-                    raise NotReadyError("the device has not reached that event yet: await event.wait() first")
-                raise drv.error(result(err), "cuEventElapsedTime")
+                raise elapsed_failed(err)
             out[i] = ms.value
         return out
 
