@@ -8,7 +8,10 @@ the host's drift cancels. Methods:
 - ``event``: a pooled timing event, recorded as the step timer records (`cuEventRecord`);
 - ``event-notiming``: an event made with ``CU_EVENT_DISABLE_TIMING``;
 - ``write-value``: `cuStreamWriteValue32` of a counter to mapped host memory (no timestamp: the cost of any op);
-- ``stamp-kernel``: a one-thread kernel that writes ``%globaltimer`` to mapped host memory (cuda.core's launch).
+- ``stamp-kernel``: a one-thread kernel that writes ``%globaltimer`` to mapped host memory (cuda.core's launch);
+- ``event-second``: two pooled timing events recorded back to back, the second timed (does the first op after the
+  step's launches pay for them all?);
+- ``event-keepgil``: ``event`` through a ctypes entry point that keeps the GIL (is the cost the GIL's way back?).
 
     PYTHONPATH=$PWD python dev/diag_mark_cost.py [--devices N] [--steps 200]
 
@@ -25,7 +28,7 @@ import numpy as np
 
 import asyncgpu
 
-METHODS = ("event", "event-notiming", "write-value", "stamp-kernel")
+METHODS = ("event", "event-notiming", "write-value", "stamp-kernel", "event-second", "event-keepgil")
 STAMP = r"""
 extern "C" __global__ void stamp(unsigned long long* out) {
     unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); *out = t;
@@ -53,13 +56,29 @@ class Marks:
         self.plain = bd.create_event(False)
         self.count = 0
         self.d = bd._drv.d
+        import ctypes
+
+        from asyncgpu._backends.cuda.driver import LIBCUDA
+
+        self.record_keep = ctypes.PyDLL(LIBCUDA).cuEventRecord
+        self.record_keep.restype = ctypes.c_int
+
+    def first(self, method: str) -> None:
+        """The untimed part of a method (``event-second``: its first record)."""
+        if method == "event-second":
+            self.mark("event")
 
     def mark(self, method: str) -> None:
         bd, raw = self.bd, self.raw
-        if method == "event":
+        if method in ("event", "event-second"):
             pool = self.dev._internal.timing_pool
             ev = pool.take()
             bd.record(ev, raw)
+            self.dev._internal.recycle_later(ev)
+        elif method == "event-keepgil":
+            pool = self.dev._internal.timing_pool
+            ev = pool.take()
+            assert self.record_keep(ev[3], raw[3]) == 0
             self.dev._internal.recycle_later(ev)
         elif method == "event-notiming":
             bd.record(self.plain, raw)
@@ -108,12 +127,14 @@ def main() -> int:
             w(d.stream)
         t0 = clock()
         for mk in marks:
+            mk.first(m)
             t = clock()
             mk.mark(m)
             busy[m].append((clock() - t) / 1e3)
         whole[m].append((clock() - t0) / 1e3)
         sync()
         for mk in marks:
+            mk.first(m)
             t = clock()
             mk.mark(m)
             drained[m].append((clock() - t) / 1e3)
