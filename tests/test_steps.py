@@ -445,21 +445,49 @@ async def test_the_harvest_places_a_chained_steps_shared_event_once(anyio_backen
 
 async def test_a_wait_inside_the_step_after_issued_leaves_the_device_bounding_it(anyio_backend, two_devs):
     devs = two_devs
+    host = []  # per step, the test's own instants: all issued (after issued()), each wait back
     async with asyncgpu.step_timer(devs) as st:
         for i in range(20):
             with st.step(i) as step:
                 for d, us in zip(devs, [300, 1500]):
                     d.stream.spin_us(us)
                 step.issued()  # everything is issued: the wait below is the devices'
+                issued = time.perf_counter_ns()
+                woken = []
                 for d in devs:  # (a loss.item() inside the step)
                     with d.record() as done:
                         await done.wait()
+                    woken.append(time.perf_counter_ns())
+            host.append((issued, *woken))
             with pytest.raises(ScopeError, match="not open"):
                 step.issued()
-    s = st.stats()
-    assert s.stragglers.get(devs[1].name, 0) >= 0.8 * s.steps, s.stragglers
-    rec = st.steps()[-1]
-    assert rec.devices[1].busy_ms >= 0.5 * rec.step_ms  # (the wait is not the host's launch-bound time)
+    recs = st.steps()
+    assert len(recs) == 20
+
+    def table() -> str:  # (µs from each step's entry: where a step named the host spent its time)
+        rows = ["step straggler   step   issued  wait0  wait1   exit | dev1 start end launch-bound | tail"]
+        for r, (t1, w0, w1) in zip(recs, host):
+            b, d1, last = r.begin_ns, r.devices[1], max(d.end_ns for d in r.devices)
+            rows.append(
+                f"{r.index:4d} {r.straggler:>9} {r.step_ms * 1e3:6.0f} {(t1 - b) / 1e3:8.0f} {(w0 - b) / 1e3:6.0f}"
+                f" {(w1 - b) / 1e3:6.0f} {(r.exit_ns - b) / 1e3:6.0f} | {(d1.start_ns - b) / 1e3:10.0f}"
+                f" {(d1.end_ns - b) / 1e3:4.0f} {d1.launch_bound_ms * 1e3:12.0f} | {(r.exit_ns - last) / 1e3:4.0f}"
+            )
+        return "\n".join(rows)
+
+    clear = 0
+    for r, (t1, _, w1) in zip(recs, host):
+        d1 = r.devices[1]
+        # the wait after issued() is never the host's: launch-bound ends by the test's own issued instant
+        assert d1.launch_bound_ms * 1e6 <= t1 - r.begin_ns + 50_000, table()
+        assert d1.end_ns <= w1 + 50_000, table()  # (the device's end is placed before the wait saw it)
+        host_ms = d1.launch_bound_ms + max(r.exit_ns - max(d.end_ns for d in r.devices), 0.0) / 1e6
+        if host_ms < 0.25 * r.step_ms:  # a step the host did not hold up: the second device bounds it
+            clear += 1
+            assert r.straggler == devs[1].name, table()
+            assert d1.busy_ms >= 0.5 * r.step_ms, table()
+    # (a step the host held up a millisecond, as busy machines do, rightly names the host; most steps do not)
+    assert clear >= 10, table()
 
 
 async def _short_steps(st, dev, n: int) -> None:
