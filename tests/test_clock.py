@@ -238,17 +238,22 @@ def test_two_gpus_stamp_one_instant_within_the_target():
     devs = asyncgpu.devices("cuda", count=2)
     result = asyncgpu.check_alignment(devs, trials=10)
     s = result["summary"]
+    # (each trial's figures, ns, in every message: which trial missed, and whether the pings' own bound was wide then)
+    trials = {
+        k: np.round(result[k]).astype(int).tolist()
+        for k in ("aligned", "events_aligned", "peer_aligned", "peer_events_aligned", "peer_bound")
+    }
     assert s["raw"]["median_abs_ns"] > 1_000  # the GPUs' clocks really are apart
     # %globaltimer stamps, and the events after them, of one instant: the issue's target is 1 µs p50 (1.5 µs max,
     # met over 30 trials in benchmarks/bench_clock.py, but not in every run of 10: single trials reach 4-5 µs)
-    assert s["aligned"]["median_abs_ns"] <= 1_000, s
-    assert s["events_aligned"]["median_abs_ns"] <= 1_500, s
+    assert s["aligned"]["median_abs_ns"] <= 1_000, trials
+    assert s["events_aligned"]["median_abs_ns"] <= 1_500, trials
     if result["peer_pairs"]:
         # Against GPU-to-GPU pings (no host link in the way): asyncgpu's own error across the GPUs, the issue's
         # target (1 µs p50, 1.5 µs max)
-        assert s["peer_aligned"]["median_abs_ns"] <= 1_000 and s["peer_aligned"]["max_abs_ns"] <= 1_500, s
-        assert s["peer_events_aligned"]["median_abs_ns"] <= 1_000, s
-        assert 0 < s["peer_bound"]["median_abs_ns"] < 2_000, s  # (the pings' half intersection: a peer link's µs)
+        assert s["peer_aligned"]["median_abs_ns"] <= 1_000 and s["peer_aligned"]["max_abs_ns"] <= 1_500, trials
+        assert s["peer_events_aligned"]["median_abs_ns"] <= 1_000, trials
+        assert 0 < s["peer_bound"]["median_abs_ns"] < 2_000, trials  # (the pings' half intersection: a peer link's µs)
 
 
 @pytest.mark.gpu
