@@ -5,8 +5,9 @@ Cost on the loop's thread, per step: a pooled timing event per device at the ste
 device), a host clock read per device and two more, and an append to a queue; nothing waits for a device. A step
 that follows the previous one directly (nothing launched through asyncgpu on its streams in between: ``chain``)
 starts where that one's exit events are, so its entry records nothing; otherwise its entry records one event per
-device too. An event recorded behind a step's queued work costs the driver ~7 µs p50 (26 µs p90) per device on
-H100 (``dev/diag_mark_cost.py``), one on a drained stream ~4 µs: the exit's records are most of a step's cost.
+device too. The first operation after a step's launches costs the driver ~13-14 µs per device on H100, whichever it
+is, and the next one ~4-5 µs, as on a drained stream (``dev/diag_mark_cost.py``, run 53): an exit's record takes the
+first cost from the loop's own next operation (its ``loss.item()``) and adds about a drained record's.
 A harvest thread (``asyncgpu-steps``) wakes every ``harvest_s`` seconds (`EVENTS_HARVEST_S`, or `CUPTI_HARVEST_S`
 with the CUPTI source), queries (never synchronizes) the end events of the oldest pending steps, places the finished
 ones on the host clock (`asyncgpu._runtime.clock.placement`, the timer's placement), gives their events back to the
