@@ -22,7 +22,9 @@ any profiler has run in the process; each run after ``--warmup`` steps of its ow
   device at each step's exit, steps back to back chained, harvested off the loop's thread);
 * ``steps, neighbours``: the same cost measured step by step: in one step timer, steps marked and unmarked in turn
   (M U U M, ``--neighbours`` groups of four), each marked step against its unmarked neighbour, so that the loop's drift
-  cancels within a pair of steps (a whole run's step time wanders by more than the marking costs);
+  cancels within a pair of steps (a whole run's step time wanders by more than the marking costs); each class's
+  steps also by phase (the work, the step's exit, the records and the waits that follow, and how many waits found
+  their event done at once): where a marked step's extra time goes;
 * ``harvest thread`` (`harvest_share`): what neighbours cancel, the timer's own thread: ``--harvest-steps`` marked
   steps in one timer, the steps that overlap its harvests or its clock calibrations against the others (their time
   beyond the others' mean, as a share of the run's);
@@ -331,20 +333,45 @@ async def bench(devs: list, args: argparse.Namespace, modes: tuple[str, ...]) ->
 async def neighbours(devs: list, work: list, groups: int) -> dict[str, Any]:
     """``groups`` of four steps in one step timer, marked in the order M U U M (``2 * groups`` neighbour pairs), each
     step timed with its wait for the devices: the median of the marked steps' ratios to their unmarked neighbours,
-    with its interval, as the other modes report theirs."""
+    with its interval, as the other modes report theirs.
+
+    Each step is also timed by phase (`PHASES`, µs), marked and unmarked apart: the work (the devices' tasks, launched
+    and back), the step's exit (nothing for an unmarked step), the records of the waits' events, and the waits; and
+    how many waits found their event complete at once (`Event.wait`'s fast path, no trip through the engine): where a
+    marked step's extra time goes."""
     marked: list[float] = []
     ratios: list[float] = []
+    phases: dict[bool, list[list[float]]] = {True: [], False: []}
+    at_once = {True: 0, False: 0}
     async with asyncgpu.step_timer(devs, max_pending=4 * groups + 64) as st:
         await run_steps(devs, work, 10, st)
         last: dict[bool, float] = {}
         for k in range(4 * groups):
             mark = k % 4 in (0, 3)
-            t0 = time.perf_counter()
-            await run_steps(devs, work, 1, st if mark else None)
-            last[mark] = (time.perf_counter() - t0) * 1e3
+            t0 = time.perf_counter_ns()
+            if mark:
+                with st.step():
+                    await _one(devs, work)
+                    t1 = time.perf_counter_ns()
+            else:
+                await _one(devs, work)
+                t1 = time.perf_counter_ns()
+            t2 = time.perf_counter_ns()
+            rec_ns = wait_ns = 0
+            for d in devs:  # (as `run_steps`: each device's event recorded, then waited for)
+                a = time.perf_counter_ns()
+                with d.record() as done:
+                    b = time.perf_counter_ns()
+                    at_once[mark] += done.query()
+                    await done.wait()
+                rec_ns, wait_ns = rec_ns + b - a, wait_ns + time.perf_counter_ns() - b
+            t3 = time.perf_counter_ns()
+            phases[mark].append([(t1 - t0) / 1e3, (t2 - t1) / 1e3, rec_ns / 1e3, wait_ns / 1e3])
+            last[mark] = (t3 - t0) / 1e6
             if k % 2 == 1:  # (a neighbour pair: steps 0-1 and 2-3 of each four)
                 marked.append(last[True])
                 ratios.append(last[True] / last[False])
+    waits = 2 * groups * len(devs)
     return {
         "median_ms": statistics.median(marked),
         "min_ms": min(marked),
@@ -353,7 +380,15 @@ async def neighbours(devs: list, work: list, groups: int) -> dict[str, Any]:
         "ratio_ci95": ci95(ratios),
         "paired_ratios": ratios,
         "reps_ms": marked,
+        "phases_us": {
+            cls: {p: float(np.median([row[i] for row in phases[m]])) for i, p in enumerate(PHASES)}
+            for cls, m in (("marked", True), ("unmarked", False))
+        },
+        "waits_at_once": {"marked": at_once[True] / waits, "unmarked": at_once[False] / waits},
     }
+
+
+PHASES = ("work", "step exit", "wait records", "waits")  # `neighbours`' phases of a step
 
 
 def ci95(ratios: list[float], resamples: int = 4000) -> list[float]:
@@ -478,6 +513,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"    {m:<26} {r['median_ms']:9.3f} {r['min_ms']:9.3f} {r['max_ms']:9.3f}   {r['ratio_to_bare']:.4f}x "
                 f"[{lo:.4f}, {hi:.4f}] {{{min(pr):.3f}, {max(pr):.3f}}}"
             )
+            if r.get("phases_us"):
+                ph, once = r["phases_us"], r["waits_at_once"]
+                for cls in ("marked", "unmarked"):
+                    parts = ", ".join(f"{p} {ph[cls][p]:.1f}" for p in PHASES)
+                    print(f"    {'':26} {cls} steps, µs p50: {parts}; waits done at once {100 * once[cls]:.0f} %")
             if r.get("exit_ms") and m == "steps cupti":
                 print(
                     f"    {'':26} runs of ≥ {r['run_s']:.1f} s; the timer's exit (its last flush and parse, once a "
