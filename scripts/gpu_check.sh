@@ -120,11 +120,12 @@ step "dev/diag_overhead_drift (the pair overhead: when measured)" 120 40 python3
 step "dev/diag_exit (a torch loop under the step timer exits 0)" 120 4 python3 dev/diag_exit.py --devices "$NGPU" --repeat 2 --steps 200 --variants full,no-close
 step "dev/check_unheld (the hold tests fail without their fixes)" 120 4 python3 dev/check_unheld.py
 step "examples/train_loop.py (2000 steps, streamed trace)" 180 6 python3 examples/train_loop.py --steps 2000 --trace "$OUT/train.pftrace"
+# (timing before steps: a call that runs out of time has the short suite's figures)
+step "benchmarks timing (bench_accuracy, bench_clock)" 210 26 "${BENCH[@]}" --limit 120 timing
 step "benchmarks steps (bench_steps: step timing's overhead vs torch.profiler)" 420 46 "${BENCH[@]}" --limit 400 steps
 step "benchmarks kprofile (bench_kprofile)" 120 20 "${BENCH[@]}" --limit 110 kprofile
 step "benchmarks peers (bench_peers)" 120 18 "${BENCH[@]}" --limit 110 peers
 step "benchmarks handoff (bench_handoff)" 150 22 "${BENCH[@]}" --limit 140 handoff
-step "benchmarks timing (bench_accuracy, bench_clock)" 210 26 "${BENCH[@]}" --limit 120 timing
 step "benchmarks waits (bench_wait, bench_load --queue --cost --ticker)" 700 66 "${BENCH[@]}" --limit 400 waits
 [ -d "$OUT/benchmarks" ] && python3 -m benchmarks.table "$OUT/benchmarks" > "$OUT/benchmarks/table.md" 2>> "$ALL"
 echo
