@@ -23,8 +23,8 @@ any profiler has run in the process; each run after ``--warmup`` steps of its ow
 * ``steps, neighbours``: the same cost measured step by step: in one step timer, steps marked and unmarked in turn
   (M U U M, ``--neighbours`` groups of four), each marked step against its unmarked neighbour, so that the loop's drift
   cancels within a pair of steps (a whole run's step time wanders by more than the marking costs); each class's
-  steps also by phase (the work, the step's exit, the records and the waits that follow, and how many waits found
-  their event done at once): where a marked step's extra time goes;
+  steps also by phase (the step's entry, the work, its exit, the records and the waits that follow, and how many
+  waits found their event done at once): where a marked step's extra time goes;
 * ``harvest thread`` (`harvest_share`): what neighbours cancel, the timer's own thread: ``--harvest-steps`` marked
   steps in one timer, the steps that overlap its harvests or its clock calibrations against the others (their time
   beyond the others' mean, as a share of the run's);
@@ -330,33 +330,34 @@ async def bench(devs: list, args: argparse.Namespace, modes: tuple[str, ...]) ->
     return out
 
 
-async def neighbours(devs: list, work: list, groups: int) -> dict[str, Any]:
-    """``groups`` of four steps in one step timer, marked in the order M U U M (``2 * groups`` neighbour pairs), each
-    step timed with its wait for the devices: the median of the marked steps' ratios to their unmarked neighbours,
-    with its interval, as the other modes report theirs.
+async def neighbours(devs: list, work: list, groups: int, source: str = "events") -> dict[str, Any]:
+    """``groups`` of four steps in one step timer (``source``), marked in the order M U U M (``2 * groups`` neighbour
+    pairs), each step timed with its wait for the devices: the median of the marked steps' ratios to their unmarked
+    neighbours, with its interval, as the other modes report theirs.
 
-    Each step is also timed by phase (`PHASES`, µs), marked and unmarked apart: the work (the devices' tasks, launched
-    and back), the step's exit (nothing for an unmarked step), the records of the waits' events, and the waits; and
-    how many waits found their event complete at once (`Event.wait`'s fast path, no trip through the engine): where a
-    marked step's extra time goes."""
-    marked: list[float] = []
+    Each step is also timed by phase (`PHASES`, µs), marked and unmarked apart: entering the step (nothing for an
+    unmarked one), the work (the devices' tasks, launched and back), leaving the step, the records of the waits'
+    events, and the waits; and how many waits found their event complete at once (`Event.wait`'s fast path, no trip
+    through the engine): where a marked step's extra time goes."""
+    steps_ms: dict[bool, list[float]] = {True: [], False: []}
     ratios: list[float] = []
     phases: dict[bool, list[list[float]]] = {True: [], False: []}
     at_once = {True: 0, False: 0}
-    async with asyncgpu.step_timer(devs, max_pending=4 * groups + 64) as st:
+    async with asyncgpu.step_timer(devs, source=source, max_pending=4 * groups + 64) as st:
         await run_steps(devs, work, 10, st)
-        last: dict[bool, float] = {}
         for k in range(4 * groups):
             mark = k % 4 in (0, 3)
             t0 = time.perf_counter_ns()
             if mark:
                 with st.step():
-                    await _one(devs, work)
                     t1 = time.perf_counter_ns()
+                    await _one(devs, work)
+                    t2 = time.perf_counter_ns()
             else:
-                await _one(devs, work)
                 t1 = time.perf_counter_ns()
-            t2 = time.perf_counter_ns()
+                await _one(devs, work)
+                t2 = time.perf_counter_ns()
+            t3 = time.perf_counter_ns()
             rec_ns = wait_ns = 0
             for d in devs:  # (as `run_steps`: each device's event recorded, then waited for)
                 a = time.perf_counter_ns()
@@ -365,13 +366,12 @@ async def neighbours(devs: list, work: list, groups: int) -> dict[str, Any]:
                     at_once[mark] += done.query()
                     await done.wait()
                 rec_ns, wait_ns = rec_ns + b - a, wait_ns + time.perf_counter_ns() - b
-            t3 = time.perf_counter_ns()
-            phases[mark].append([(t1 - t0) / 1e3, (t2 - t1) / 1e3, rec_ns / 1e3, wait_ns / 1e3])
-            last[mark] = (t3 - t0) / 1e6
+            t4 = time.perf_counter_ns()
+            phases[mark].append([(t1 - t0) / 1e3, (t2 - t1) / 1e3, (t3 - t2) / 1e3, rec_ns / 1e3, wait_ns / 1e3])
+            steps_ms[mark].append((t4 - t0) / 1e6)
             if k % 2 == 1:  # (a neighbour pair: steps 0-1 and 2-3 of each four)
-                marked.append(last[True])
-                ratios.append(last[True] / last[False])
-    waits = 2 * groups * len(devs)
+                ratios.append(steps_ms[True][-1] / steps_ms[False][-1])
+    marked, waits = steps_ms[True], 2 * groups * len(devs)
     return {
         "median_ms": statistics.median(marked),
         "min_ms": min(marked),
@@ -380,6 +380,7 @@ async def neighbours(devs: list, work: list, groups: int) -> dict[str, Any]:
         "ratio_ci95": ci95(ratios),
         "paired_ratios": ratios,
         "reps_ms": marked,
+        "unmarked_ms": steps_ms[False],
         "phases_us": {
             cls: {p: float(np.median([row[i] for row in phases[m]])) for i, p in enumerate(PHASES)}
             for cls, m in (("marked", True), ("unmarked", False))
@@ -388,7 +389,7 @@ async def neighbours(devs: list, work: list, groups: int) -> dict[str, Any]:
     }
 
 
-PHASES = ("work", "step exit", "wait records", "waits")  # `neighbours`' phases of a step
+PHASES = ("step entry", "work", "step exit", "wait records", "waits")  # `neighbours`' phases of a step
 
 
 def ci95(ratios: list[float], resamples: int = 4000) -> list[float]:

@@ -5,26 +5,25 @@ interleaved in pairs (bare first, then the variant first), in one process.
 
 Variants: ``default``; ``no-harvest`` (harvest_s=3600: the harvest thread sleeps while timed); ``harvest-250ms``
 (fewer harvests, each of more steps); ``big-pool`` (the timing pool grown ahead with ``prepare(events=...)``: no
-reclaim or growth while timed); ``records-keep-gil`` (every event record, bare and timed, through a
-``ctypes.PyDLL`` ``cuEventRecord`` that keeps the GIL for its ~1 µs: does getting the GIL back after each of the
-step's records, with the workers' threads launching, cost the loop's thread more than the record?); ``switch-1ms``
+reclaim or growth while timed); ``records-keep-gil`` (every event record, bare and timed, through a ``ctypes.PyDLL``
+``cuEventRecord`` that keeps the GIL for its ~1 µs: does getting the GIL back after each of the step's records, with
+the workers' threads launching, cost the loop's thread more than the record?); ``switch-1ms``
 (``sys.setswitchinterval(0.001)`` for bare and timed alike: a thread that waits for the GIL waits less);
 ``idle-timer`` (the timer open, its harvest thread running, but no ``st.step()``: is it the records or the timer's
-threads?); ``alternate`` (one timer, steps marked and unmarked in turn, ABBA at step granularity: the marking's
-cost per step, paired with its neighbours so that the loop's drift cancels, and the time spent entering and leaving
-``st.step()`` inside a real loop); ``alternate-keep-gil`` (the same, every record keeping the GIL); ``spill``
-(one marked step, then seven unmarked: each step's time by its distance from the marked one: does a mark's cost
-land on the steps after it, which ``alternate`` counts as the unmarked side?); ``toggle`` (the whole timer, open and
-closed, between neighbours: ``8 * --steps`` steps in blocks of 40, alternately bare and inside a step timer that
-marks every step, opened and closed at the blocks' edges; each timed block's median step against the mean of the
-bare blocks on either side: the open timer's threads and the marks together, the loop's drift cancelled, the
-entry and exit left out); ``overlap`` (one timer marking every step, ``8 * --steps`` steps, each step's host interval
-kept, and the timer's harvests and the clock calibrations they make timed on the harvest thread: the steps that
-overlap a calibration, a harvest without one, and neither, against each other: what the timer's own thread costs
-the loop, which ``alternate`` cancels and whole runs cannot resolve; ``overlap-50ms`` the same at the harvest cadence
-and clock age of run 49, 50 ms and 0.25 s). Each other variant also prints the
-step times' p10/p50/p90/p99 bare and timed: a shift of every step is a per-step cost, a
-longer tail is a stall (a thread that waits for the GIL, a pool that grows).
+threads?); ``alternate`` (one timer, steps marked and unmarked in turn, M U U M: `benchmarks.bench_steps.neighbours`,
+the marking's cost per step, paired with its neighbours so that the loop's drift cancels, and each phase of a step
+inside a real loop); ``alternate-keep-gil`` (the same, every record keeping the GIL); ``spill`` (one marked step,
+then seven unmarked: each step's time by its distance from the marked one: does a mark's cost land on the steps after
+it, which ``alternate`` counts as the unmarked side?); ``toggle`` (the whole timer, open and closed, between
+neighbours: ``8 * --steps`` steps in blocks of 40, alternately bare and inside a step timer that marks every step,
+opened and closed at the blocks' edges; each timed block's median step against the mean of the bare blocks on either
+side: the open timer's threads and the marks together, the loop's drift cancelled, the entry and exit left out);
+``overlap`` (one timer marking every step, ``8 * --steps`` steps, each step's host interval kept, and the timer's
+harvests and the clock calibrations they make timed on the harvest thread: the steps that overlap a calibration, a
+harvest without one, and neither, against each other: what the timer's own thread costs the loop, which ``alternate``
+cancels and whole runs cannot resolve; ``overlap-50ms`` the same at the harvest cadence and clock age of run 49, 50
+ms and 0.25 s). Each other variant also prints the step times' p10/p50/p90/p99 bare and timed: a shift of every step
+is a per-step cost, a longer tail is a stall (a thread that waits for the GIL, a pool that grows).
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ import anyio
 import numpy as np
 
 import asyncgpu
-from benchmarks.bench_steps import ci95, harvest_share, run_steps, torch_work
+from benchmarks.bench_steps import ci95, harvest_share, neighbours, run_steps, torch_work
 
 VARIANTS = (
     "default",
@@ -80,63 +79,24 @@ async def timed(devs: list, work: list, steps: int, variant: str | None, into: l
 
 
 async def alternate(devs: list, work: list, steps: int, label: str = "alternate", source: str = "events") -> dict:
-    """``4 * steps`` steps in one timer (``source``), marked in the order M U U M (repeated); per pair of neighbours
-    the ratio of the marked step's time to the unmarked one's, and where a step's time went (µs): entering
-    ``st.step()``, the workers' part, leaving it, and the wait for the devices after it. Prints them; returns the
-    unmarked and marked steps' times (ms), the ratios and their 95 % interval."""
-    from asyncgpu._timing import steps as steps_module
-
-    parts: dict[bool, list[tuple[float, ...]]] = {True: [], False: []}
-    made, real = [0], steps_module._record
-
-    def counted(s: asyncgpu.Stream) -> object:
-        made[0] += 1
-        return real(s)
-
-    steps_module._record = counted  # type: ignore[assignment]
-    entry_records = 0
-    async with asyncgpu.step_timer(devs, source=source, max_pending=8 * steps) as st:
-        await run_steps(devs, work, 20, st)
-        for k in range(4 * steps):
-            mark = k % 4 in (0, 3)
-            step = st.step() if mark else None
-            n = made[0]
-            t0 = time.perf_counter()
-            if step is not None:
-                step.__enter__()
-            t1 = time.perf_counter()
-            entry_records += made[0] - n
-            await _one_step(devs, work)
-            t2 = time.perf_counter()
-            if step is not None:
-                step.__exit__(None, None, None)
-            t3 = time.perf_counter()
-            for d in devs:
-                with d.record() as done:
-                    await done.wait()
-            t4 = time.perf_counter()
-            parts[mark].append((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0))
-    steps_module._record = real  # type: ignore[assignment]
-    marked, plain = np.array(parts[True]) * 1e6, np.array(parts[False]) * 1e6
-    ratios = marked[:, 4] / plain[:, 4]
-    lo, hi = ci95(list(ratios))
+    """``4 * steps`` steps in one timer (``source``), marked in the order M U U M: `benchmarks.bench_steps.neighbours`
+    (per pair of neighbours the ratio of the marked step's time to the unmarked one's, and where a step's time went:
+    entering ``st.step()``, the workers' part, leaving it, the records and the waits after it). Prints them; returns
+    the unmarked and marked steps' times (ms), the ratios and their 95 % interval."""
+    r = await neighbours(devs, work, steps, source=source)
+    lo, hi = r["ratio_ci95"]
     print(
-        f"{label:<14} {np.median(plain[:, 4]) / 1e3:8.3f} {np.median(marked[:, 4]) / 1e3:9.3f}  "
-        f"{np.median(ratios):.4f} [{lo:.4f}, {hi:.4f}] (step by step, {len(ratios)} neighbour pairs; "
-        f"{entry_records / len(marked):.2f} events recorded per marked step's entry: 0 when chained)"
+        f"{label:<14} {np.median(r['unmarked_ms']):8.3f} {r['median_ms']:9.3f}  {r['ratio_to_bare']:.4f} "
+        f"[{lo:.4f}, {hi:.4f}] (step by step, {len(r['paired_ratios'])} neighbour pairs)"
     )
-    for name, a in (("unmarked", plain), ("marked", marked)):
-        p50 = np.median(a, axis=0)
+    for cls, ms in (("unmarked", r["unmarked_ms"]), ("marked", r["reps_ms"])):
+        parts = ", ".join(f"{p} {v:.1f}" for p, v in r["phases_us"][cls].items())
+        step_us = np.percentile(ms, [50, 90]) * 1e3
         print(
-            f"{'':<14} {name:<8} µs p50: entry {p50[0]:.1f}, workers {p50[1]:.1f}, exit {p50[2]:.1f}, "
-            f"wait {p50[3]:.1f}, step {p50[4]:.1f} (p90 {np.percentile(a[:, 4], 90):.1f})"
+            f"{'':<14} {cls:<8} µs p50: {parts}; step {step_us[0]:.1f} (p90 {step_us[1]:.1f}); waits done at once "
+            f"{100 * r['waits_at_once'][cls]:.0f} %"
         )
-    return {
-        "bare_ms": list(plain[:, 4] / 1e3),
-        "cupti_ms": list(marked[:, 4] / 1e3),
-        "ratios": list(ratios),
-        "ci95": [lo, hi],
-    }
+    return {"bare_ms": r["unmarked_ms"], "cupti_ms": r["reps_ms"], "ratios": r["paired_ratios"], "ci95": [lo, hi]}
 
 
 async def spill(devs: list, work: list, steps: int, period: int = 8) -> None:
@@ -209,12 +169,6 @@ async def overlap(devs: list, work: list, steps: int, label: str = "overlap", **
 
 def _us(values: list[float]) -> str:
     return f"{np.median(values):.0f}/{np.percentile(values, 90):.0f}" if values else "-"
-
-
-async def _one_step(devs: list, work: list) -> None:
-    async with anyio.create_task_group() as tg:
-        for d, w in zip(devs, work):
-            tg.start_soon(d.run, w)
 
 
 def _quantiles(ms: list[float]) -> str:

@@ -1186,7 +1186,8 @@ def test_bench_steps_runs_on_the_host_backend(tmp_path):
     assert len(nb["paired_ratios"]) == 12  # (6 groups M U U M: 12 pairs)
     # each class's steps by phase: an unmarked step has no step exit to pay; the work and the waits take time in both
     ph = nb["phases_us"]
-    assert set(ph) == {"marked", "unmarked"} and set(ph["marked"]) == {"work", "step exit", "wait records", "waits"}
+    assert set(ph) == {"marked", "unmarked"}
+    assert set(ph["marked"]) == {"step entry", "work", "step exit", "wait records", "waits"}
     assert ph["marked"]["step exit"] > ph["unmarked"]["step exit"] and ph["unmarked"]["work"] > 0
     assert all(0.0 <= x <= 1.0 for x in nb["waits_at_once"].values())
     assert "torch.profiler cuda" in doc["skipped"] and doc["host_cost_per_step"]["enter_exit_us"]["median"] > 0
