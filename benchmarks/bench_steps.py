@@ -21,8 +21,9 @@ any profiler has run in the process; each run after ``--warmup`` steps of its ow
 * ``steps``: ``asyncgpu.step_timer(devs)`` around the loop, ``with st.step(i):`` around each step (a pooled event per
   device at each step's exit, steps back to back chained, harvested off the loop's thread);
 * ``steps, neighbours``: the same cost measured step by step: in one step timer, steps marked and unmarked in turn
-  (M U U M, ``--neighbours`` groups of four), each marked step against its unmarked neighbour, so that the loop's drift
-  cancels within a pair of steps (a whole run's step time wanders by more than the marking costs); each class's
+  (L M U U L M, ``--neighbours`` groups of six; L, a marked lead-in not counted, lets each counted marked step chain
+  as in an always-on loop), each marked step against its unmarked neighbour, so that the loop's drift cancels within
+  a pair of steps (a whole run's step time wanders by more than the marking costs); each class's
   steps also by phase (the step's entry, the work, its exit, the records and the waits that follow, and how many
   waits found their event done at once): where a marked step's extra time goes;
 * ``harvest thread`` (`harvest_share`): what neighbours cancel, the timer's own thread: ``--harvest-steps`` marked
@@ -331,9 +332,12 @@ async def bench(devs: list, args: argparse.Namespace, modes: tuple[str, ...]) ->
 
 
 async def neighbours(devs: list, work: list, groups: int, source: str = "events") -> dict[str, Any]:
-    """``groups`` of four steps in one step timer (``source``), marked in the order M U U M (``2 * groups`` neighbour
-    pairs), each step timed with its wait for the devices: the median of the marked steps' ratios to their unmarked
-    neighbours, with its interval, as the other modes report theirs.
+    """``groups`` of six steps in one step timer (``source``), marked in the order L M U U L M (``2 * groups``
+    neighbour pairs), each step timed with its wait for the devices: the median of the marked steps' (M) ratios to
+    their unmarked neighbours (U), with its interval, as the other modes report theirs. A lead-in step (L, marked,
+    not counted) comes before each counted marked step, so that it follows a marked step and chains (its entry
+    records nothing), as every step of an always-on loop does: a marked step after an unmarked one records its own
+    start events, which the always-on case never pays.
 
     Each step is also timed by phase (`PHASES`, µs), marked and unmarked apart: entering the step (nothing for an
     unmarked one), the work (the devices' tasks, launched and back), leaving the step, the records of the waits'
@@ -343,10 +347,13 @@ async def neighbours(devs: list, work: list, groups: int, source: str = "events"
     ratios: list[float] = []
     phases: dict[bool, list[list[float]]] = {True: [], False: []}
     at_once = {True: 0, False: 0}
-    async with asyncgpu.step_timer(devs, source=source, max_pending=4 * groups + 64) as st:
+    async with asyncgpu.step_timer(devs, source=source, max_pending=6 * groups + 64) as st:
         await run_steps(devs, work, 10, st)
-        for k in range(4 * groups):
-            mark = k % 4 in (0, 3)
+        for k in range(6 * groups):
+            if k % 6 in (0, 4):  # (a lead-in: marked, not counted)
+                await run_steps(devs, work, 1, st)
+                continue
+            mark = k % 6 in (1, 5)
             t0 = time.perf_counter_ns()
             if mark:
                 with st.step():
@@ -369,7 +376,7 @@ async def neighbours(devs: list, work: list, groups: int, source: str = "events"
             t4 = time.perf_counter_ns()
             phases[mark].append([(t1 - t0) / 1e3, (t2 - t1) / 1e3, (t3 - t2) / 1e3, rec_ns / 1e3, wait_ns / 1e3])
             steps_ms[mark].append((t4 - t0) / 1e6)
-            if k % 2 == 1:  # (a neighbour pair: steps 0-1 and 2-3 of each four)
+            if k % 6 in (2, 5):  # (a neighbour pair: M U, then U L M)
                 ratios.append(steps_ms[True][-1] / steps_ms[False][-1])
     marked, waits = steps_ms[True], 2 * groups * len(devs)
     return {
@@ -436,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", type=int, default=8192, help="matmul size of the gpu-bound loop")
     ap.add_argument("--matmuls", type=int, default=4, help="matmuls per step of the gpu-bound loop")
     ap.add_argument(
-        "--neighbours", type=int, default=150, help="`steps, neighbours`: groups M U U M (each two neighbour pairs)"
+        "--neighbours", type=int, default=120, help="`steps, neighbours`: groups L M U U L M (each two neighbour pairs)"
     )
     ap.add_argument(
         "--harvest-steps", type=int, default=1200, help="`harvest thread`: marked steps in one timer (0: not run)"

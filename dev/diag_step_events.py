@@ -10,20 +10,20 @@ reclaim or growth while timed); ``records-keep-gil`` (every event record, bare a
 the workers' threads launching, cost the loop's thread more than the record?); ``switch-1ms``
 (``sys.setswitchinterval(0.001)`` for bare and timed alike: a thread that waits for the GIL waits less);
 ``idle-timer`` (the timer open, its harvest thread running, but no ``st.step()``: is it the records or the timer's
-threads?); ``alternate`` (one timer, steps marked and unmarked in turn, M U U M: `benchmarks.bench_steps.neighbours`,
-the marking's cost per step, paired with its neighbours so that the loop's drift cancels, and each phase of a step
-inside a real loop); ``alternate-keep-gil`` (the same, every record keeping the GIL); ``spill`` (one marked step,
-then seven unmarked: each step's time by its distance from the marked one: does a mark's cost land on the steps after
-it, which ``alternate`` counts as the unmarked side?); ``toggle`` (the whole timer, open and closed, between
-neighbours: ``8 * --steps`` steps in blocks of 40, alternately bare and inside a step timer that marks every step,
-opened and closed at the blocks' edges; each timed block's median step against the mean of the bare blocks on either
-side: the open timer's threads and the marks together, the loop's drift cancelled, the entry and exit left out);
-``overlap`` (one timer marking every step, ``8 * --steps`` steps, each step's host interval kept, and the timer's
-harvests and the clock calibrations they make timed on the harvest thread: the steps that overlap a calibration, a
-harvest without one, and neither, against each other: what the timer's own thread costs the loop, which ``alternate``
-cancels and whole runs cannot resolve; ``overlap-50ms`` the same at the harvest cadence and clock age of run 49, 50
-ms and 0.25 s). Each other variant also prints the step times' p10/p50/p90/p99 bare and timed: a shift of every step
-is a per-step cost, a longer tail is a stall (a thread that waits for the GIL, a pool that grows).
+threads?); ``alternate`` (one timer, steps marked and unmarked in turn, L M U U L M:
+`benchmarks.bench_steps.neighbours`, the marking's cost per step, paired with its neighbours so that the loop's drift
+cancels, and each phase of a step inside a real loop); ``alternate-keep-gil`` (the same, every record keeping the GIL);
+``spill`` (one marked step, then seven unmarked: each step's time by its distance from the marked one: does a mark's
+cost land on the steps after it, which ``alternate`` counts as the unmarked side?); ``toggle`` (the whole timer, open
+and closed, between neighbours: ``8 * --steps`` steps in blocks of 40, alternately bare and inside a step timer that
+marks every step, opened and closed at the blocks' edges; each timed block's median step against the mean of the bare
+blocks on either side: the open timer's threads and the marks together, the loop's drift cancelled, the entry and exit
+left out); ``overlap`` (one timer marking every step, ``8 * --steps`` steps, each step's host interval kept, and the
+timer's harvests and the clock calibrations they make timed on the harvest thread: the steps that overlap a calibration,
+a harvest without one, and neither, against each other: what the timer's own thread costs the loop, which ``alternate``
+cancels and whole runs cannot resolve; ``overlap-50ms`` the same at the harvest cadence and clock age of run 49, 50 ms
+and 0.25 s). Each other variant also prints the step times' p10/p50/p90/p99 bare and timed: a shift of every step is a
+per-step cost, a longer tail is a stall (a thread that waits for the GIL, a pool that grows).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ async def timed(devs: list, work: list, steps: int, variant: str | None, into: l
 
 
 async def alternate(devs: list, work: list, steps: int, label: str = "alternate", source: str = "events") -> dict:
-    """``4 * steps`` steps in one timer (``source``), marked in the order M U U M: `benchmarks.bench_steps.neighbours`
+    """``6 * steps`` steps in one timer (``source``), in the order L M U U L M: `benchmarks.bench_steps.neighbours`
     (per pair of neighbours the ratio of the marked step's time to the unmarked one's, and where a step's time went:
     entering ``st.step()``, the workers' part, leaving it, the records and the waits after it). Prints them; returns
     the unmarked and marked steps' times (ms), the ratios and their 95 % interval."""

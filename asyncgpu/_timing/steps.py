@@ -66,13 +66,18 @@ from asyncgpu._timing.step_trace import TraceStream
 __all__ = ["Step", "StepTimer", "step_timer"]
 
 _NEW, _OPEN, _DONE = 0, 1, 2
-#: The events source's default harvest cadence (s): the live view's default redraw period, so each redraw has new
-#: steps. A harvest runs Python under the GIL, taken from the loop's threads, and what it costs the loop is mostly
-#: fixed per harvest, not per step: on a host-bound torch loop of ~3-5 ms steps on one, two and four H100s a harvest
-#: made the steps it overlapped 0.6-1.3 ms longer whether it took 16 steps or 80 (`dev/diag_step_events.py`
-#: ``overlap``): every 50 ms that was 1.2-3.1 % of the loop's time, every 0.25 s 0.4-0.95 %, every 0.5 s 0.3-0.4 %. A
-#: slower cadence costs less; steps reach the results (ring, live view, trace, rank exchange) that late.
-EVENTS_HARVEST_S = 0.5
+#: The events source's default harvest cadence (s) without a live view; with one, the harvest follows the redraw
+#: period (``1 / refresh_hz``, 0.5 s by default), so each redraw has new steps. A harvest runs Python under the GIL,
+#: taken from the loop's threads, and what it costs the loop is mostly fixed per harvest, not per step: on a
+#: host-bound torch loop of ~3-5 ms steps on one, two and four H100s a harvest made the steps it overlapped 0.6-1.3 ms
+#: longer whether it took 16 steps or 80 (`dev/diag_step_events.py` ``overlap``): every 50 ms that was 1.2-3.1 % of
+#: the loop's time, every 0.25 s 0.4-0.95 %, every 0.5 s 0.3-1.1 % (`bench_steps`' harvest thread, runs 52-55). A
+#: slower cadence costs less; steps reach the results (ring, trace, rank exchange) that late. Steps faster than
+#: ``harvest_s / (max_pending / 2)`` wake it sooner (`DEFAULT_MAX_PENDING`).
+EVENTS_HARVEST_S = 1.0
+#: `step_timer`'s default ``max_pending``: half of it wakes the harvest before its cadence, so a 1 s cadence holds
+#: for steps of ≥ ~2 ms. Each pending step holds one or two pooled events per device.
+DEFAULT_MAX_PENDING = 1024
 #: The step timer's clock ages (s), shortest and longest (``max_clock_age_s=None``, the default, `_ClockAge`): its
 #: harvests re-measure a device's clock calibration older than the device's current age before placing steps. Each
 #: calibration pings the device from the harvest thread (~50 driver calls, each letting go of the GIL and taking it
@@ -620,7 +625,12 @@ class StepTimer:
             raise
         self._state = _OPEN
         if self._harvest_s is None:
-            self._harvest_s = CUPTI_HARVEST_S if self.source == "cupti" else EVENTS_HARVEST_S
+            if self.source == "cupti":
+                self._harvest_s = CUPTI_HARVEST_S
+            elif self._live is None:  # (a harvest costs the loop less, seldom)
+                self._harvest_s = EVENTS_HARVEST_S
+            else:  # (each redraw has new steps)
+                self._harvest_s = min(EVENTS_HARVEST_S, 1 / self._refresh_hz)
         self._thread = threading.Thread(target=self._run, name="asyncgpu-steps", daemon=True)
         self._thread.start()
         collector.acquire()  # (each step's host time in Python's garbage collection: `_publish`)
@@ -749,7 +759,7 @@ def step_timer(
     *,
     keep: int = 1000,
     streams: Mapping[Any, Any] | Any = None,
-    max_pending: int = 256,
+    max_pending: int = DEFAULT_MAX_PENDING,
     live: bool | str = False,
     trace: str | os.PathLike | None = None,
     label: str = "steps",
@@ -771,8 +781,9 @@ def step_timer(
     ``"auto"`` draws only when stdout is a terminal, ``True`` always, ``False`` (default) never. ``trace``: a
     path to stream the steps to as a Perfetto trace (`asyncgpu._timing.step_trace`: valid at every packet boundary,
     open it while it grows). ``harvest_s``: how often (seconds) finished steps are taken (default
-    `EVENTS_HARVEST_S`, 0.5; with the CUPTI source `CUPTI_HARVEST_S`, 2.0: each harvest flushes CUPTI, whose fixed
-    cost a slower cadence spreads; steps reach the results that late). ``max_clock_age_s``: a harvest re-measures a
+    `EVENTS_HARVEST_S`, 1.0, or the live view's redraw period when it draws; with the CUPTI source
+    `CUPTI_HARVEST_S`, 2.0: each harvest flushes CUPTI, whose fixed cost a slower cadence spreads; steps reach the
+    results that late). ``max_clock_age_s``: a harvest re-measures a
     device's clock calibration older than this (seconds; ``math.inf``: never re-measure). Default None: an age
     per device that follows its measured extrapolation error, 2 to 10 s, keeping steps within
     `STEPS_CLOCK_ERROR_NS` (5 µs) of a fresh calibration's placement (`STEPS_CLOCK_AGE_S`), where `gpu_timer`
