@@ -399,6 +399,32 @@ async def neighbours(devs: list, work: list, groups: int, source: str = "events"
 PHASES = ("step entry", "work", "step exit", "wait records", "waits")  # `neighbours`' phases of a step
 
 
+def always_on(results: dict[str, Any], shares: dict[str, Any]) -> dict[str, Any]:
+    """Per loop, what an always-on step timer costs in all (%): the marks (`neighbours`: the median of the paired
+    ratios; and by phase, marked minus unmarked on the loop's own calls: the step's entry and exit and the records
+    after it, whose first pays for the step's launches in the driver, so an exit's record takes that from them. Work
+    and waits, which hold the devices' time, are left out: whole steps' noise does not blur it) plus the harvest
+    thread (`harvest_share`), which neighbours cancel."""
+    out = {}
+    for loop, rows in results.items():
+        nb, share = rows.get("steps, neighbours"), shares.get(loop)
+        if not nb or not share:
+            continue
+        ph = nb["phases_us"]
+        extra_us = sum(ph["marked"][p] - ph["unmarked"][p] for p in ("step entry", "step exit", "wait records"))
+        unmarked_us = statistics.median(nb["unmarked_ms"]) * 1e3
+        marks, by_phase = (nb["ratio_to_bare"] - 1) * 100, extra_us / unmarked_us * 100
+        out[loop] = {
+            "marks_pct": marks,
+            "phases_us": extra_us,
+            "phases_pct": by_phase,
+            "harvest_pct": share["share_pct"],
+            "total_pct": marks + share["share_pct"],
+            "total_by_phase_pct": by_phase + share["share_pct"],
+        }
+    return out
+
+
 def ci95(ratios: list[float], resamples: int = 4000) -> list[float]:
     """A 95 % bootstrap interval of the median of ``ratios`` (the pairs resampled with replacement; seeded, so a
     report reproduces): an overhead is shown below 1 % when the interval's top is below 1.01."""
@@ -500,7 +526,8 @@ def main(argv: list[str] | None = None) -> int:
         f"(loop's thread), harvest {cost['harvest_us']['median']:.2f} µs (harvest thread), medians of 5"
     )
     doc["host_cost_per_step"] = cost
-    for loop, r in results.pop("harvest thread", {}).items():
+    shares = results.pop("harvest thread", {})
+    for loop, r in shares.items():
         cal = f", each {statistics.median(r['calibration_us']):.0f} µs p50" if r["calibration_us"] else ""
         harvest_us = statistics.median(r["harvest_us"] or [math.nan])
         cpu_us = statistics.median(r["harvest_cpu_us"] or [math.nan])
@@ -531,6 +558,13 @@ def main(argv: list[str] | None = None) -> int:
                     f"    {'':26} runs of ≥ {r['run_s']:.1f} s; the timer's exit (its last flush and parse, once a "
                     f"run, left out above) {statistics.median(r['exit_ms']):.1f} ms p50"
                 )
+    doc["always_on"] = always_on(results, shares)
+    for loop, a in doc["always_on"].items():
+        print(
+            f"\nalways-on cost, {loop}: marks {a['marks_pct']:+.2f} % (neighbours' paired p50; by phase "
+            f"{a['phases_pct']:+.2f} %: {a['phases_us']:.1f} µs a step) + harvest thread {a['harvest_pct']:+.2f} % = "
+            f"{a['total_pct']:+.2f} % ({a['total_by_phase_pct']:+.2f} % by phase)"
+        )
     for m, why in skipped.items():
         print(f"skipped {m}: {why}")
     if args.out:
