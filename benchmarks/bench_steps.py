@@ -50,12 +50,14 @@ JSON goes to ``DIR/bench_steps.json`` with ``--out DIR``.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
 import platform
 import statistics
 import sys
+import threading
 import time
 from typing import Any, Callable
 
@@ -211,6 +213,19 @@ async def harvest_share(devs: list, work: list, steps: int, **timer: float) -> d
 
     cals: list[tuple[int, int]] = []
     harvests: list[tuple[int, int]] = []
+    # (Python's collections while the steps run, each (start ns, end ns, generation, on the harvest thread): a full
+    # collection in a process that holds torch takes tens of ms, whichever thread's allocations set it off)
+    collections: list[tuple[int, int, int, bool]] = []
+    started: dict[int, int] = {}
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        me = threading.get_ident()
+        if phase == "start":
+            started[me] = time.perf_counter_ns()
+        elif me in started:
+            collections.append((started.pop(me), time.perf_counter_ns(), info["generation"], me == harvest_ident[0]))
+
+    harvest_ident = [0]
     harvest_cpu: list[int] = []  # (each harvest's own thread's CPU ns: what it could have taken from the loop)
     spans: list[tuple[int, int]] = []
     real_cal = internal.calibrate
@@ -228,6 +243,7 @@ async def harvest_share(devs: list, work: list, steps: int, **timer: float) -> d
             real_harvest = st._harvest
 
             def timed_harvest(final: bool = False) -> int:
+                harvest_ident[0] = threading.get_ident()
                 t0, cpu0 = time.perf_counter_ns(), time.thread_time_ns()
                 try:
                     return real_harvest(final)
@@ -240,12 +256,16 @@ async def harvest_share(devs: list, work: list, steps: int, **timer: float) -> d
             cals.clear()
             harvests.clear()
             harvest_cpu.clear()
+            gc.callbacks.append(on_gc)
             for _ in range(steps):
                 t0 = time.perf_counter_ns()
                 await run_steps(devs, work, 1, st)
                 spans.append((t0, time.perf_counter_ns()))
+            gc.callbacks.remove(on_gc)
     finally:
         internal.calibrate = real_cal  # type: ignore[assignment]
+        if on_gc in gc.callbacks:
+            gc.callbacks.remove(on_gc)
     t0s, t1s = (np.array(c, np.int64) for c in zip(*spans))
     end = int(t1s[-1])
     wall_ns = float(end - t0s[0])
@@ -279,6 +299,12 @@ async def harvest_share(devs: list, work: list, steps: int, **timer: float) -> d
         "harvests": len([h for h in harvests if h[0] < end]),
         "harvest_us": [(b - a) / 1e3 for a, b in harvests if a < end],
         "harvest_cpu_us": [c / 1e3 for (a, _), c in zip(harvests, harvest_cpu) if a < end],
+        # (each collection of generation 1 or 2, and of 0 from 0.1 ms: µs, generation, whether the harvest ran it)
+        "collections": [
+            {"us": (b - a) / 1e3, "generation": g, "harvest_thread": h}
+            for a, b, g, h in collections
+            if g or b - a >= 100_000
+        ],
         "neither_mean_ms": base,
         "clock_ages_s": [st._clock_age_s(d) for d in devs],  # (where each device's clock age ended)
         "clock_errors_us": [_us_or_none(_clock_age(d).error_ns) for d in devs],
@@ -538,6 +564,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['calibrations']} clock calibrations{cal}; the steps that overlap them against the others' mean; "
             f"clock ages at the end {', '.join(f'{a:.0f}' for a in r['clock_ages_s'])} s)"
         )
+        for who, mine in (("the harvest thread", True), ("the loop's threads", False)):
+            got = [c for c in r["collections"] if c["harvest_thread"] == mine]
+            if got:
+                gens = ", ".join(f"gen {c['generation']} {c['us']:.0f} µs" for c in got[:12])
+                print(f"    Python's collections on {who}: {len(got)} ({gens}{', ...' if len(got) > 12 else ''})")
         doc.setdefault("harvest_thread", {})[loop] = r
     for loop, rows in results.items():
         head = "mode                      median ms   min ms    max ms   vs bare (paired p50 [95 % CI] {min, max})"
