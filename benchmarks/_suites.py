@@ -269,7 +269,17 @@ def _steps(runs: dict[str, Record]) -> list[tuple[str, str]]:
         what = "step timing: the harvest thread's share of the loop's time (steps that overlap its harvests)"
         return [(what, "; ".join(cells))] if cells else []
 
-    return _guard(ratios) + _guard(cost) + _guard(harvest)
+    def always_on() -> list[tuple[str, str]]:
+        cells = [
+            f"{loop} {a['total_pct']:+.2f} % (marks {a['marks_pct']:+.2f} %, by phase {a['phases_pct']:+.2f} %; "
+            f"harvest thread {a['harvest_pct']:+.2f} %)"
+            for loop, a in res.get("always_on", {}).items()
+        ]
+        n = len(res["devices"])
+        what = f"step timing, always on, {n} device{'s' if n != 1 else ''}: the marks plus the harvest thread"
+        return [(what, "; ".join(cells))] if cells else []
+
+    return _guard(ratios) + _guard(cost) + _guard(harvest) + _guard(always_on)
 
 
 # -- analysis at scale ----------------------------------------------------------------------------------------------
