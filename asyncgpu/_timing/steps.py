@@ -71,7 +71,8 @@ _NEW, _OPEN, _DONE = 0, 1, 2
 #: taken from the loop's threads, and what it costs the loop is mostly fixed per harvest, not per step: on a
 #: host-bound torch loop of ~3-5 ms steps on one, two and four H100s a harvest made the steps it overlapped 0.6-1.3 ms
 #: longer whether it took 16 steps or 80 (`dev/diag_step_events.py` ``overlap``): every 50 ms that was 1.2-3.1 % of
-#: the loop's time, every 0.25 s 0.4-0.95 %, every 0.5 s 0.3-1.1 % (`bench_steps`' harvest thread, runs 52-55). A
+#: the loop's time, every 0.25 s 0.4-0.95 %, every 0.5 s 0.3-1.1 %, every 1 s 0.21-0.22 % on one and two H100s
+#: (`bench_steps`' harvest thread, runs 52-54; on four, +1.40 %: two harvests of 24 and 48 ms of CPU). A
 #: slower cadence costs less; steps reach the results (ring, trace, rank exchange) that late. Steps faster than
 #: ``harvest_s / (max_pending / 2)`` wake it sooner (`DEFAULT_MAX_PENDING`).
 EVENTS_HARVEST_S = 1.0
