@@ -843,9 +843,11 @@ async def test_live_view_is_quiet_without_a_terminal_and_draws_on_one(anyio_back
     assert not wants_live("auto", io.StringIO())
     monkeypatch.setattr(sys, "stdout", io.StringIO())  # (not a terminal)
     async with asyncgpu.step_timer(devs, live="auto") as st:
-        assert st._live is None
+        assert st._live is None and st._harvest_s == EVENTS_HARVEST_S  # (nothing draws: the quiet cadence)
         await _loop(st, devs, 10, [100, 600])
     assert sys.stdout.getvalue() == ""
+    async with asyncgpu.step_timer(devs, live=True, refresh_hz=4) as drawn:  # (onto the captured stdout)
+        assert drawn._live is not None and drawn._harvest_s == 0.25  # (each redraw has new steps)
     out = io.StringIO()
     Console(file=out, width=100, force_terminal=True).print(st)
     text = out.getvalue()

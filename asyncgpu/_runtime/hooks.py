@@ -71,8 +71,8 @@ QUEUE_LIMIT = QUEUE_BOUND + 128
 
 def check_queue(si: StreamInternal) -> None:
     """The queue-full check before a launch or timing record onto the stream of ``si`` (``stream._internal``):
-    `StreamInternal.check_room` when asyncgpu's count says `QUEUE_LIMIT` launches are queued. The two hottest
-    paths (`launch`, `Device.record`) inline its comparison: ``if si.ops - si.done_ops >= QUEUE_LIMIT:
+    `StreamInternal.check_room` when asyncgpu's count says `QUEUE_LIMIT` launches are queued. The hottest paths
+    (`launch`, `Device.record`, a step's marks) inline its comparison: ``if si.ops - si.done_ops >= QUEUE_LIMIT:
     si.check_room()``."""
     if si.ops - si.done_ops >= QUEUE_LIMIT:
         si.check_room()

@@ -113,7 +113,8 @@ _now_ns = time.perf_counter_ns
 class _Mark(NamedTuple):
     """What a step's record on one stream needs, looked up once per timer: a step's entry and exit run between a
     loop's steps, with the CPU's caches full of the step's own work, where each lookup costs several times what it
-    costs in a tight loop (a chained entry took ~1.5 µs in a loop of entries, ~4.7 µs between steps of work)."""
+    costs in a tight loop (on the host backend a chained entry took ~1.5 µs in a loop of entries, ~4.7 µs between
+    steps of work)."""
 
     si: StreamInternal
     take: Callable[[], Any]  #: the device's timing pool's `take`
