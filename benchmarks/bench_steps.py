@@ -3,6 +3,7 @@ with torch.profiler's peers in the same run, on every GPU, interleaved.
 
     PYTHONPATH=$PWD python benchmarks/bench_steps.py [--devices N] [--steps 40] [--repeat 30] [--out DIR]
     PYTHONPATH=$PWD python benchmarks/bench_steps.py --backend host    # the script's logic: numpy work, no peers
+    PYTHONPATH=$PWD python benchmarks/bench_steps.py --parts           # the always-on cost's parts only (~1 min)
 
 Two loops, one task per GPU launching from its device's worker thread (``await dev.run(step)``) on the device's
 asyncgpu stream (handed to torch as an ``ExternalStream``), the loop reading every device's result after each step:
@@ -50,11 +51,13 @@ JSON goes to ``DIR/bench_steps.json`` with ``--out DIR``.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
 import json
 import math
 import os
 import platform
+import pstats
 import statistics
 import sys
 import threading
@@ -201,13 +204,16 @@ def _us_or_none(ns: float | None) -> float | None:
     return None if ns is None else ns / 1e3
 
 
-async def harvest_share(devs: list, work: list, steps: int, **timer: float) -> dict[str, Any]:
+async def harvest_share(devs: list, work: list, steps: int, profile: bool = False, **timer: float) -> dict[str, Any]:
     """What the step timer's harvest thread costs the loop: ``steps`` marked steps in one timer (``timer``:
     `asyncgpu.step_timer`'s ``harvest_s``, ``max_clock_age_s``), each step's host interval kept, and the intervals of
     the timer's harvests and of the clock calibrations made in them (on the harvest thread). Steps are classed as
     overlapping a calibration, a harvest without one, or neither; the overlapping steps' time beyond the mean of the
     others, as a share of the run's time, is the harvest thread's cost (``share_pct``). The marks' own cost is the
-    same in every class (``neighbours`` measures it); whole runs against bare runs cannot resolve either."""
+    same in every class (``neighbours`` measures it); whole runs against bare runs cannot resolve either.
+
+    ``profile``: each harvest under cProfile on its thread's CPU clock (which lengthens it), and the functions that
+    took the longest one's CPU kept (``longest_harvest_profile``): what runs in a harvest that takes tens of ms."""
     from asyncgpu._runtime import internal
     from asyncgpu._timing.steps import _clock_age
 
@@ -226,6 +232,7 @@ async def harvest_share(devs: list, work: list, steps: int, **timer: float) -> d
             collections.append((started.pop(me), time.perf_counter_ns(), info["generation"], me == harvest_ident[0]))
 
     harvest_ident = [0]
+    longest: list[Any] = [-1, None]  # (the CPU ns of the longest profiled harvest, and its profile)
     harvest_cpu: list[int] = []  # (each harvest's own thread's CPU ns: what it could have taken from the loop)
     spans: list[tuple[int, int]] = []
     real_cal = internal.calibrate
@@ -244,12 +251,15 @@ async def harvest_share(devs: list, work: list, steps: int, **timer: float) -> d
 
             def timed_harvest(final: bool = False) -> int:
                 harvest_ident[0] = threading.get_ident()
+                prof = cProfile.Profile(time.thread_time_ns, 1e-9) if profile else None
                 t0, cpu0 = time.perf_counter_ns(), time.thread_time_ns()
                 try:
-                    return real_harvest(final)
+                    return real_harvest(final) if prof is None else prof.runcall(real_harvest, final)
                 finally:
                     harvests.append((t0, time.perf_counter_ns()))
                     harvest_cpu.append(time.thread_time_ns() - cpu0)
+                    if prof is not None and harvest_cpu[-1] >= longest[0]:
+                        longest[0], longest[1] = harvest_cpu[-1], prof
 
             st._harvest = timed_harvest  # type: ignore[method-assign]
             await run_steps(devs, work, 20, st)
@@ -310,7 +320,17 @@ async def harvest_share(devs: list, work: list, steps: int, **timer: float) -> d
         "clock_errors_us": [_us_or_none(_clock_age(d).error_ns) for d in devs],
         "classes": classes,
         "share_pct": sum(c["share_pct"] for c in classes.values()),
-    }
+    } | ({"longest_harvest_profile": _top(longest[1])} if longest[1] is not None else {})
+
+
+def _top(prof: cProfile.Profile, n: int = 15) -> list[dict[str, Any]]:
+    """The ``n`` functions with the most CPU of their own in ``prof`` (µs), with their cumulative CPU and calls."""
+    st = pstats.Stats(prof)
+    rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:n]  # type: ignore[attr-defined]
+    return [
+        {"function": f"{file}:{line}({name})", "calls": nc, "own_us": tt * 1e6, "cumulative_us": ct * 1e6}
+        for (file, line, name), (_cc, nc, tt, ct, _callers) in rows
+    ]
 
 
 async def bench(devs: list, args: argparse.Namespace, modes: tuple[str, ...]) -> dict[str, Any]:
@@ -328,7 +348,7 @@ async def bench(devs: list, args: argparse.Namespace, modes: tuple[str, ...]) ->
         times: dict[str, list[float]] = {m: [] for m in modes}
         ratios: dict[str, list[float]] = {m: [] for m in modes}
         exits: dict[str, list[float]] = {m: [] for m in modes}
-        for m in modes[1:]:
+        for m in () if args.parts else modes[1:]:
             for k in range(args.repeat):
                 order = ("bare", m) if k % 2 == 0 else (m, "bare")
                 pair = {mode: await one_rep(devs, work, mode, args, exits[mode]) for mode in order}
@@ -349,11 +369,13 @@ async def bench(devs: list, args: argparse.Namespace, modes: tuple[str, ...]) ->
             }
             | ({"exit_ms": exits[m]} if exits[m] else {})
             for m, v in times.items()
+            if v
         }
         if "steps" in modes and args.neighbours:
             out[loop]["steps, neighbours"] = await neighbours(devs, work, args.neighbours)
         if "steps" in modes and args.harvest_steps:
-            out.setdefault("harvest thread", {})[loop] = await harvest_share(devs, work, args.harvest_steps)
+            share = await harvest_share(devs, work, args.harvest_steps, profile=args.profile_harvests)
+            out.setdefault("harvest thread", {})[loop] = share
     return out
 
 
@@ -500,6 +522,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--harvest-steps", type=int, default=1200, help="`harvest thread`: marked steps in one timer (0: not run)"
     )
+    ap.add_argument(
+        "--parts",
+        action="store_true",
+        help="only the always-on cost's parts (neighbours, the harvest share): no whole runs, no peers, no CUPTI child",
+    )
+    ap.add_argument(
+        "--profile-harvests",
+        action="store_true",
+        help="`harvest thread`: each harvest under cProfile; print what took the longest one's CPU",
+    )
     ap.add_argument("--out", metavar="DIR", help="also write DIR/bench_steps.json")
     ap.add_argument("--cupti-steps", type=int, default=40, help="the CUPTI child's runs: steps at a time")
     ap.add_argument(
@@ -533,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.cupti_child:
         modes = CUPTI_MODES
     results = anyio.run(bench, devs, args, modes)
-    if backend != "host" and not args.cupti_child:
+    if backend != "host" and not args.cupti_child and not args.parts:
         _cupti_child(argv if argv is not None else sys.argv[1:], results, skipped)
     doc = {
         "devices": [f"{d.name} {d.description}" for d in devs],
@@ -564,6 +596,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['calibrations']} clock calibrations{cal}; the steps that overlap them against the others' mean; "
             f"clock ages at the end {', '.join(f'{a:.0f}' for a in r['clock_ages_s'])} s)"
         )
+        if r.get("longest_harvest_profile"):
+            cpu_ms = max(r["harvest_cpu_us"] or [math.nan]) / 1e3
+            print(f"    the longest harvest ({cpu_ms:.1f} ms of CPU, profiled), by its functions' own CPU:")
+            for f in r["longest_harvest_profile"][:10]:
+                print(
+                    f"      {f['own_us']:9.0f} µs own {f['cumulative_us']:9.0f} µs in all {f['calls']:6d} calls  "
+                    f"{f['function']}"
+                )
         for who, mine in (("the harvest thread", True), ("the loop's threads", False)):
             got = [c for c in r["collections"] if c["harvest_thread"] == mine]
             if got:

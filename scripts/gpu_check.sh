@@ -123,6 +123,7 @@ step "examples/train_loop.py (2000 steps, streamed trace)" 180 6 python3 example
 # (timing before steps: a call that runs out of time has the short suite's figures)
 step "benchmarks timing (bench_accuracy, bench_clock)" 210 26 "${BENCH[@]}" --limit 120 timing
 step "benchmarks steps (bench_steps: step timing's overhead vs torch.profiler)" 420 46 "${BENCH[@]}" --limit 400 steps
+step "steps parts (bench_steps --parts: neighbours and the harvest share only, harvests profiled)" 240 40 python3 benchmarks/bench_steps.py --parts --profile-harvests --out "$OUT/steps_parts"
 step "benchmarks kprofile (bench_kprofile)" 120 20 "${BENCH[@]}" --limit 110 kprofile
 step "benchmarks peers (bench_peers)" 120 18 "${BENCH[@]}" --limit 110 peers
 step "benchmarks handoff (bench_handoff)" 150 22 "${BENCH[@]}" --limit 140 handoff
