@@ -623,6 +623,48 @@ async def test_chained_steps_give_every_event_back_however_the_harvest_falls(any
     await _aquiet([dev])
 
 
+async def test_a_dropped_step_keeps_the_end_events_a_harvest_is_placing(anyio_backend, monkeypatch):
+    """A chained step's start events are the step before's end events. When it is dropped (``max_pending``) while
+    the harvest thread places that step before, those events must stay out of the pool until the placing is over:
+    given back at once, a record taken meanwhile would re-record one under the harvest (it then fails, or places
+    the step at the new record's instant)."""
+    import asyncgpu._timing.steps as steps_module
+
+    dev = asyncgpu.device("host:0")
+    placing, go = threading.Event(), threading.Event()
+    real = steps_module.placement
+
+    def paused(*a, **k):  # (the harvest has taken its steps off the queue: hold it there)
+        placing.set()
+        assert go.wait(10)
+        return real(*a, **k)
+
+    monkeypatch.setattr(steps_module, "placement", paused)
+    async with asyncgpu.step_timer(dev, harvest_s=3600, max_pending=1) as st:
+        with st.step(0):
+            dev.stream.spin_us(50)
+        await dev.asynchronize()
+        st._wake.set()  # (a harvest now, on its thread: it takes step 0 and waits in `placement`)
+        assert await anyio.to_thread.run_sync(placing.wait, 10)
+        with st.step(1):  # (chained: its start events are step 0's end events)
+            pass
+        with st.step(2):  # (the queue holds one: step 1 is dropped)
+            pass
+        await dev.asynchronize()
+        dev._internal.reclaim(everything=True)
+        dev.stream.spin_us(100_000)  # (records behind it stay pending while the harvest places step 0)
+        held = [dev.record() for _ in range(64)]
+        go.set()
+        await anyio.to_thread.run_sync(lambda: time.sleep(0.05))
+        for e in held:
+            e.release()
+    assert st.error is None, st.error
+    assert st.stats().dropped == 1
+    first = st.steps()[0]
+    assert first.index == 0 and first.devices[0].end_ns < first.exit_ns + 50e6
+    await _aquiet([dev])
+
+
 @pytest.mark.parametrize("seed", range(4))
 async def test_chained_steps_beside_a_busy_harvest_leak_no_event(anyio_backend, seed):
     """Steps with and without work between them (chained or not), a harvest thread every 0.5 ms, and a pending

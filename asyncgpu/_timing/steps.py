@@ -16,11 +16,12 @@ launch-bound and dependency time, the straggler: the same rules as `asyncgpu.bal
 (the last ``keep`` steps in full, streaming quantiles and straggler counts over all), the trace stream and the live
 view, each fed from the harvest thread.
 
-Bounded: at most ``max_pending`` closed steps wait for their devices; one more drops the oldest (its events go
-back once the device passes them; `StepStats.dropped` counts it). When more than half of them wait, the step's exit
-wakes the harvest thread before its cadence: steps faster than ``harvest_s / max_pending`` are harvested, not
-dropped, as long as the devices keep up (with the CUPTI source that early harvest takes the steps' events and holds
-the placed steps for CUPTI's next flush, at most `_MAX_HELD_STEPS`). Nothing grows with the number of steps.
+Bounded: at most ``max_pending`` closed steps wait for their devices; one more drops the oldest (its events go back once
+the device passes them, its start events at the next harvest: when it chained, they are the end events of the step
+before it, which a harvest may be placing; `StepStats.dropped` counts it). When more than half of them wait, the step's
+exit wakes the harvest thread before its cadence: steps faster than ``harvest_s / max_pending`` are harvested, not
+dropped, as long as the devices keep up (with the CUPTI source that early harvest takes the steps' events and holds the
+placed steps for CUPTI's next flush, at most `_MAX_HELD_STEPS`). Nothing grows with the number of steps.
 
 One event pair per step per device cannot see gaps inside a step: the part of the device's span while the host was
 still issuing the step counts as the host's (launch-bound), the rest as busy (`DeviceStep.span_ms` is the upper
@@ -267,6 +268,9 @@ class StepTimer:
         self._dropped = 0
         self._chain = chain
         self._tail: _Pending | None = None  # the newest closed step, while the next may take its end events
+        #: start events of dropped steps, given back by the next harvest (`_close`): a chained step's start
+        #: events are the end events of the step before it, which the harvest thread may be placing right now
+        self._deferred: list[list] = []
         self._tail_ops: list[int] = []  # its streams' counts of work (`Step._ops`)
         self._ring = StepRing(tuple(d.name for d in devices), keep)
         self._collecting = False  # holds `collector` (from the harvest thread's start to `_finish`)
@@ -390,13 +394,24 @@ class StepTimer:
                 return
             old = self._pending.popleft()  # (never the tail: max_pending >= 1)
             self._dropped += 1
-        self._give_back(old.starts, [] if old.lent else old.ends)
+            self._deferred.append(old.starts)
+            if len(self._deferred) == self._early:  # (a bound on the events held back: the harvest gives them)
+                self._wake.set()
+        self._give_back([], [] if old.lent else old.ends)
 
     def _drop_tail(self) -> list:
         """No step will take the newest closed step's end events any more (under the timer's lock): those of them
         that nothing else gives back (it was harvested, its events kept), to give back."""
         tail, self._tail = self._tail, None
         return tail.ends if tail is not None and tail.kept and not tail.lent else []
+
+    def _give_deferred(self) -> None:
+        """Give back the start events of the steps dropped since the last harvest (the harvest thread, or the
+        timer's end once that thread is joined: nothing places events then)."""
+        with self._lock:
+            deferred, self._deferred = self._deferred, []
+        for starts in deferred:
+            self._give_back(starts, [])
 
     def _give_back(self, starts: list, ends: list) -> None:
         for s, raw in zip(self._streams, starts):
@@ -450,6 +465,7 @@ class StepTimer:
         early by steps that fill half of ``max_pending``, queries events only. So the flush's cadence, whose cost
         is partly fixed per flush, does not follow the loop's step rate."""
         done = []
+        self._give_deferred()  # (the previous harvest, which may have placed them, is over)
         try:
             with self._lock:
                 for _ in range(self._finished_prefix()):
@@ -676,6 +692,7 @@ class StepTimer:
             for item in left:
                 self._give_back(item.starts, [] if item.lent else item.ends)
             self._give_back([], kept)
+            self._give_deferred()
         finally:
             if self._collecting:
                 self._collecting = False
