@@ -482,7 +482,9 @@ async def test_a_wait_inside_the_step_after_issued_leaves_the_device_bounding_it
         assert d1.launch_bound_ms * 1e6 <= t1 - r.begin_ns + 50_000, table()
         assert d1.end_ns <= w1 + 50_000, table()  # (the device's end is placed before the wait saw it)
         host_ms = d1.launch_bound_ms + max(r.exit_ns - max(d.end_ns for d in r.devices), 0.0) / 1e6
-        if host_ms < 0.25 * r.step_ms:  # a step the host did not hold up: the second device bounds it
+        # a step the host did not hold up, and whose longer work did end last (a host device's thread that the OS
+        # left waiting a few ms ends its 300 µs later, and rightly bounds the step): the second device bounds it
+        if host_ms < 0.25 * r.step_ms and d1.end_ns >= r.devices[0].end_ns:
             clear += 1
             assert r.straggler == devs[1].name, table()
             assert d1.busy_ms >= 0.5 * r.step_ms, table()
