@@ -692,8 +692,8 @@ class StepTimer:
             for item in left:
                 self._give_back(item.starts, [] if item.lent else item.ends)
             self._give_back([], kept)
-            self._give_deferred()
         finally:
+            self._give_deferred()
             if self._collecting:
                 self._collecting = False
                 collector.release()
