@@ -251,9 +251,9 @@ class StepTimer:
         self.devices = tuple(devices)
         self.label = label
         self._streams = streams
-        self._sis = [s._internal for s in streams]
         self._marks = [
-            _Mark(si, si.dev.timing_pool.take, si.dev.timing_pool.give, si.bd.record, si.raw) for si in self._sis
+            _Mark(si, si.dev.timing_pool.take, si.dev.timing_pool.give, si.bd.record, si.raw)
+            for si in (s._internal for s in streams)
         ]
         self._keep, self._max_pending = keep, max_pending
         self._early = max_pending // 2 + 1  # closed steps waiting that wake the harvest thread early
@@ -342,7 +342,7 @@ class StepTimer:
             tail, self._tail = self._tail, None
             if tail is None:
                 return False
-            if self._chain and [si.work for si in self._sis] == self._tail_ops:
+            if self._chain and [m.si.work for m in self._marks] == self._tail_ops:
                 tail.lent = True
                 step._starts = list(tail.ends)
                 return True
@@ -361,7 +361,7 @@ class StepTimer:
             for m in self._marks:
                 issued.append(_now_ns())
                 ends.append(_record(m))
-            step._ops = [si.work for si in self._sis]
+            step._ops = [m.si.work for m in self._marks]
         except BaseException:
             for s, raw in zip(self._streams, ends):
                 s._internal.dev.recycle_later(raw)
@@ -408,6 +408,8 @@ class StepTimer:
     def _give_deferred(self) -> None:
         """Give back the start events of the steps dropped since the last harvest (the harvest thread, or the
         timer's end once that thread is joined: nothing places events then)."""
+        if not self._deferred:  # (most harvests: nothing was dropped; a drop being added now waits for the next)
+            return
         with self._lock:
             deferred, self._deferred = self._deferred, []
         for starts in deferred:
