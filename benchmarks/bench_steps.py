@@ -51,13 +51,11 @@ JSON goes to ``DIR/bench_steps.json`` with ``--out DIR``.
 from __future__ import annotations
 
 import argparse
-import cProfile
 import gc
 import json
 import math
 import os
 import platform
-import pstats
 import statistics
 import sys
 import threading
@@ -212,8 +210,9 @@ async def harvest_share(devs: list, work: list, steps: int, profile: bool = Fals
     others, as a share of the run's time, is the harvest thread's cost (``share_pct``). The marks' own cost is the
     same in every class (``neighbours`` measures it); whole runs against bare runs cannot resolve either.
 
-    ``profile``: each harvest under cProfile on its thread's CPU clock (which lengthens it), and the functions that
-    took the longest one's CPU kept (``longest_harvest_profile``): what runs in a harvest that takes tens of ms."""
+    ``profile``: each harvest's parts timed on its thread's CPU clock (`_harvest_parts`): per part, the CPU of all
+    harvests (``harvest_parts_cpu_us``) and of the longest one (``longest_harvest_parts_cpu_us``). (cProfile cannot
+    say it: on Python 3.12 it profiles every thread, the loop's too, against the one thread's clock.)"""
     from asyncgpu._runtime import internal
     from asyncgpu._timing.steps import _clock_age
 
@@ -232,7 +231,9 @@ async def harvest_share(devs: list, work: list, steps: int, profile: bool = Fals
             collections.append((started.pop(me), time.perf_counter_ns(), info["generation"], me == harvest_ident[0]))
 
     harvest_ident = [0]
-    longest: list[Any] = [-1, None]  # (the CPU ns of the longest profiled harvest, and its profile)
+    longest: list[Any] = [-1, None]  # (the CPU ns of the longest harvest, and its parts)
+    parts: dict[str, int] = {}  # (the current harvest's CPU ns per part, `_harvest_parts`)
+    all_parts: dict[str, int] = {}
     harvest_cpu: list[int] = []  # (each harvest's own thread's CPU ns: what it could have taken from the loop)
     spans: list[tuple[int, int]] = []
     real_cal = internal.calibrate
@@ -251,17 +252,22 @@ async def harvest_share(devs: list, work: list, steps: int, profile: bool = Fals
 
             def timed_harvest(final: bool = False) -> int:
                 harvest_ident[0] = threading.get_ident()
-                prof = cProfile.Profile(time.thread_time_ns, 1e-9) if profile else None
+                parts.clear()
                 t0, cpu0 = time.perf_counter_ns(), time.thread_time_ns()
                 try:
-                    return real_harvest(final) if prof is None else prof.runcall(real_harvest, final)
+                    return real_harvest(final)
                 finally:
                     harvests.append((t0, time.perf_counter_ns()))
                     harvest_cpu.append(time.thread_time_ns() - cpu0)
-                    if prof is not None and harvest_cpu[-1] >= longest[0]:
-                        longest[0], longest[1] = harvest_cpu[-1], prof
+                    if profile:
+                        parts["(the rest)"] = harvest_cpu[-1] - sum(v for k, v in parts.items() if "⊂" not in k)
+                        for k, v in parts.items():
+                            all_parts[k] = all_parts.get(k, 0) + v
+                        if harvest_cpu[-1] >= longest[0]:
+                            longest[0], longest[1] = harvest_cpu[-1], dict(parts)
 
             st._harvest = timed_harvest  # type: ignore[method-assign]
+            undo = _harvest_parts(st, devs, harvest_ident, parts) if profile else []
             await run_steps(devs, work, 20, st)
             cals.clear()
             harvests.clear()
@@ -272,6 +278,8 @@ async def harvest_share(devs: list, work: list, steps: int, profile: bool = Fals
                 await run_steps(devs, work, 1, st)
                 spans.append((t0, time.perf_counter_ns()))
             gc.callbacks.remove(on_gc)
+            for fn in undo:
+                fn()
     finally:
         internal.calibrate = real_cal  # type: ignore[assignment]
         if on_gc in gc.callbacks:
@@ -320,17 +328,55 @@ async def harvest_share(devs: list, work: list, steps: int, profile: bool = Fals
         "clock_errors_us": [_us_or_none(_clock_age(d).error_ns) for d in devs],
         "classes": classes,
         "share_pct": sum(c["share_pct"] for c in classes.values()),
-    } | ({"longest_harvest_profile": _top(longest[1])} if longest[1] is not None else {})
+    } | (
+        {
+            "harvest_parts_cpu_us": {k: v / 1e3 for k, v in all_parts.items()},
+            "longest_harvest_parts_cpu_us": {k: v / 1e3 for k, v in longest[1].items()},
+        }
+        if longest[1] is not None
+        else {}
+    )
 
 
-def _top(prof: cProfile.Profile, n: int = 15) -> list[dict[str, Any]]:
-    """The ``n`` functions with the most CPU of their own in ``prof`` (µs), with their cumulative CPU and calls."""
-    st = pstats.Stats(prof)
-    rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:n]  # type: ignore[attr-defined]
-    return [
-        {"function": f"{file}:{line}({name})", "calls": nc, "own_us": tt * 1e6, "cumulative_us": ct * 1e6}
-        for (file, line, name), (_cc, nc, tt, ct, _callers) in rows
-    ]
+def _harvest_parts(st: Any, devs: list, ident: list[int], parts: dict[str, int]) -> list[Callable[[], None]]:
+    """Time the parts of ``st``'s harvests on the harvest thread's CPU clock into ``parts`` (ns per part; a part
+    named "a ⊂ b" is inside part b): the queries for finished steps, the clock's placement (with its calibration),
+    the elapsed-time calls that place the events, the events given back to the pools, and the publishing (the
+    balance split, the collector's pauses, the ring). Returns the callables that undo the patches."""
+    from asyncgpu._runtime import clock, internal
+    from asyncgpu._timing import steps as steps_mod
+
+    undo: list[Callable[[], None]] = []
+
+    def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def part(*a: Any, **k: Any) -> Any:
+            if threading.get_ident() != ident[0]:
+                return fn(*a, **k)
+            c0 = time.thread_time_ns()
+            try:
+                return fn(*a, **k)
+            finally:
+                parts[name] = parts.get(name, 0) + time.thread_time_ns() - c0
+
+        return part
+
+    def patch(owner: Any, attr: str, name: str) -> None:
+        real = getattr(owner, attr)
+        in_dict = isinstance(owner, type) or attr in vars(owner)
+        setattr(owner, attr, timed(name, real))
+        undo.append((lambda: setattr(owner, attr, real)) if in_dict else (lambda: delattr(owner, attr)))
+
+    patch(st, "_finished_prefix", "finished steps (event queries)")
+    patch(st, "_give_deferred", "dropped steps' events given back")
+    patch(steps_mod, "placement", "clock placement")
+    patch(internal, "calibrate", "clock calibration ⊂ clock placement")
+    patch(clock.Placement, "host_ns_many", "events placed (elapsed-time calls)")
+    patch(type(devs[0]._internal.timing_pool), "give_many", "events given back to the pools")
+    patch(st, "_publish", "published")
+    patch(steps_mod, "step_split", "balance split ⊂ published")
+    patch(steps_mod.collector, "pauses_in", "collector's pauses ⊂ published")
+    patch(st._ring, "add", "ring ⊂ published")
+    return undo
 
 
 async def bench(devs: list, args: argparse.Namespace, modes: tuple[str, ...]) -> dict[str, Any]:
@@ -530,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--profile-harvests",
         action="store_true",
-        help="`harvest thread`: each harvest under cProfile; print what took the longest one's CPU",
+        help="`harvest thread`: each harvest's parts timed on its thread's CPU clock; print them",
     )
     ap.add_argument("--out", metavar="DIR", help="also write DIR/bench_steps.json")
     ap.add_argument("--cupti-steps", type=int, default=40, help="the CUPTI child's runs: steps at a time")
@@ -596,13 +642,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['calibrations']} clock calibrations{cal}; the steps that overlap them against the others' mean; "
             f"clock ages at the end {', '.join(f'{a:.0f}' for a in r['clock_ages_s'])} s)"
         )
-        if r.get("longest_harvest_profile"):
-            cpu_ms = max(r["harvest_cpu_us"] or [math.nan]) / 1e3
-            print(f"    the longest harvest ({cpu_ms:.1f} ms of CPU, profiled), by its functions' own CPU:")
-            for f in r["longest_harvest_profile"][:10]:
+        if r.get("harvest_parts_cpu_us"):
+            every, longest = r["harvest_parts_cpu_us"], r["longest_harvest_parts_cpu_us"]
+            total, n = sum(r["harvest_cpu_us"]), r["steps"]
+            harvests = len(r["harvest_cpu_us"])
+            print(f"    its parts, µs of the harvest thread's CPU: all {harvests} harvests (a step) | the longest")
+            for k in sorted(every, key=lambda k: -every[k]):
                 print(
-                    f"      {f['own_us']:9.0f} µs own {f['cumulative_us']:9.0f} µs in all {f['calls']:6d} calls  "
-                    f"{f['function']}"
+                    f"      {every[k]:9.0f} ({100 * every[k] / total:4.1f} %, {every[k] / n:6.2f} µs a step) | "
+                    f"{longest.get(k, 0.0):8.0f}  {k}"
                 )
         for who, mine in (("the harvest thread", True), ("the loop's threads", False)):
             got = [c for c in r["collections"] if c["harvest_thread"] == mine]
