@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from pathlib import Path
 
 import anyio
@@ -405,6 +406,30 @@ async def test_the_harvest_takes_the_finished_steps_with_a_few_queries(anyio_bac
     await _aquiet(devs)
 
 
+def test_the_finished_steps_are_found_from_the_back_in_a_few_queries(monkeypatch):
+    """Of ``n`` queued steps the first ``k`` finished: the harvest finds ``k`` exactly, for every ``n`` and ``k``,
+    with queries growing as the log of the unfinished steps (a loop's devices run a few steps behind its host:
+    a long queue with one unfinished step costs a handful of queries, not a search of the whole queue)."""
+    from asyncgpu._timing.steps import _Pending
+
+    dev = asyncgpu.devices("host", count=1)[0]
+    st = asyncgpu.step_timer([dev])
+    done_upto = [0]
+    calls = [0]
+
+    def query(raw: int) -> bool:
+        calls[0] += 1
+        return raw < done_upto[0]
+
+    monkeypatch.setattr(dev._internal.bd, "query", query)
+    for n in range(0, 70):
+        st._pending = deque(_Pending(i, 0, 0, [], [i], []) for i in range(n))
+        for k in range(n + 1):
+            done_upto[0], calls[0] = k, 0
+            assert st._finished_prefix() == k, (n, k)
+            assert calls[0] <= 1 + 2 * (1 + math.ceil(math.log2(n - k + 1))), (n, k, calls[0])
+
+
 @pytest.mark.parametrize("chain", [True, False])
 async def test_the_harvest_places_a_chained_steps_shared_event_once(anyio_backend, chain):
     """A chained step's start event is the step before's end event: the harvest reads its time once (one driver
@@ -568,12 +593,11 @@ async def test_back_to_back_steps_record_only_their_exit_events(anyio_backend, m
     """A step that follows the previous one directly takes that step's end events as its start (chain=True): its
     entry records nothing, and its devices' spans start at its entry at the earliest. Work launched between two
     steps makes the next one record its own start."""
-    from asyncgpu._timing import steps as steps_module
-
     devs = asyncgpu.devices("host", count=2)
-    made = []
-    real = steps_module._record
-    monkeypatch.setattr(steps_module, "_record", lambda s: made.append(s) or real(s))
+    made = []  # (every timing event taken from the devices' pools: the timer takes one per record)
+    for d in devs:
+        pool = d._internal.timing_pool
+        monkeypatch.setattr(pool, "take", lambda real=pool.take: made.append(1) or real())
     entries = []
     async with asyncgpu.step_timer(devs, keep=50, chain=chain) as st:
         for i in range(8):

@@ -44,6 +44,7 @@ import os
 import threading
 import time
 from collections import deque
+from itertools import chain
 from typing import Any, Callable, Mapping, NamedTuple, final
 
 import numpy as np
@@ -124,19 +125,27 @@ class _Mark(NamedTuple):
     raw: Any  #: the backend stream
 
 
-def _record(m: _Mark) -> Any:
-    """A pooled timing event recorded on ``m``'s stream now (as `Device.record`, without the `Event` object)."""
-    si = m.si
-    if si.ops - si.done_ops >= QUEUE_LIMIT:  # (`hooks.check_queue`, inlined as `Device.record` does)
-        si.check_room()  # (raises in a loop's thread when the stream is full, before anything is taken)
-    raw = m.take()
-    try:
-        m.record(raw, m.raw)
-    except BaseException:
-        m.give(raw)
-        raise
-    si.marked()
-    return raw
+def _record_all(marks: list[_Mark], raws: list, issued: list | None = None, works: list | None = None) -> None:
+    """A pooled timing event recorded now on each of ``marks``' streams, appended to ``raws`` (as `Device.record`
+    records, without the `Event` objects); ``issued`` gets each record's host instant (ns), ``works`` each stream's
+    `StreamInternal.work` after it. On failure ``raws`` holds the events recorded so far, for the caller to give
+    back. One call per step: its loop is most of what a step costs the loop's thread."""
+    for m in marks:
+        si = m.si
+        if si.ops - si.done_ops >= QUEUE_LIMIT:  # (`hooks.check_queue`, inlined as `Device.record` does)
+            si.check_room()  # (raises in a loop's thread when the stream is full, before anything is taken)
+        raw = m.take()
+        if issued is not None:
+            issued.append(_now_ns())
+        try:
+            m.record(raw, m.raw)
+        except BaseException:
+            m.give(raw)
+            raise
+        raws.append(raw)
+        si.marked()
+        if works is not None:
+            works.append(si.ops - si.marks)
 
 
 @final
@@ -323,8 +332,7 @@ class StepTimer:
             return
         starts = step._starts
         try:
-            for m in self._marks:
-                starts.append(_record(m))
+            _record_all(self._marks, starts)
         except BaseException:  # (a full stream in a loop's thread, a failed device): the recorded ones go back
             self._current = None
             for s, raw in zip(self._streams, starts):
@@ -356,17 +364,15 @@ class StepTimer:
             raise ScopeError(f"step {step.index} is not open: call issued() inside its `with st.step()` block")
         if step._ends:
             raise ScopeError(f"step {step.index} was already marked issued: call issued() once per step")
-        ends, issued = step._ends, step._issued
+        ends, issued, ops = step._ends, step._issued, step._ops
         try:
-            for m in self._marks:
-                issued.append(_now_ns())
-                ends.append(_record(m))
-            step._ops = [m.si.work for m in self._marks]
+            _record_all(self._marks, ends, issued, ops)
         except BaseException:
             for s, raw in zip(self._streams, ends):
                 s._internal.dev.recycle_later(raw)
             ends.clear()
             issued.clear()
+            ops.clear()
             raise
 
     def _close(self, step: Step) -> None:
@@ -439,17 +445,26 @@ class StepTimer:
     def _finished_prefix(self) -> int:
         """How many steps at the front of the queue the devices have finished (under the timer's lock). A stream
         passes its events in order, so the newest finished step says that every step before it finished too: the
-        newest is queried first, then a binary search, ``O(log n)`` queries in all (each a driver call that lets
-        go of the GIL, which a host-bound loop's threads then wait to get back)."""
-        pending, streams = self._pending, self._streams
+        newest is queried first, then the steps 2, 3, 5, 9, ... from the back until one has finished (a loop's
+        devices run a few steps behind its host), then a binary search between: ``O(log k)`` queries for ``k``
+        unfinished steps (each a driver call under the GIL, which a host-bound loop's threads wait for)."""
+        pending = self._pending
+        queries = [s._internal.dev.query for s in self._streams]
 
         def finished(item: _Pending) -> bool:
-            return all(s._internal.dev.query(raw) for s, raw in zip(streams, item.ends))
+            return all(q(raw) for q, raw in zip(queries, item.ends))
 
         n = len(pending)
         if not n or finished(pending[-1]):
             return n
         lo, hi = 0, n - 1  # the steps before lo finished; step hi did not
+        back = 1
+        while hi > 0:
+            at = max(0, n - 1 - back)
+            if finished(pending[at]):
+                lo = at + 1
+                break
+            hi, back = at, 2 * back
         while lo < hi:
             mid = (lo + hi) // 2
             if finished(pending[mid]):
@@ -498,9 +513,9 @@ class StepTimer:
         # (the Python here runs per step under the GIL, taken from the loop's threads: one pass over the steps, the
         # events transposed per device by zip, the rest in numpy)
         n, nd = len(done), len(self._streams)
-        head = np.array([(it.index, it.begin_ns, it.exit_ns) for it in done], np.int64).reshape(n, 3)
-        index, begin, exit_ = head[:, 0], head[:, 1], head[:, 2]
-        issued = np.array([it.issued for it in done], np.float64).reshape(n, nd)
+        head = np.fromiter(chain.from_iterable((it.index, it.begin_ns, it.exit_ns) for it in done), np.int64, 3 * n)
+        index, begin, exit_ = head[0::3], head[1::3], head[2::3]
+        issued = np.fromiter(chain.from_iterable([it.issued for it in done]), np.float64, n * nd).reshape(n, nd)
         ends_by_dev = list(zip(*[it.ends for it in done]))
         starts_by_dev = list(zip(*[it.starts for it in done]))
         # (a chained step's start events are the step before's end events, placed just now: one driver call per
