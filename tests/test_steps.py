@@ -410,7 +410,12 @@ def test_the_finished_steps_are_found_from_the_back_in_a_few_queries(monkeypatch
     """Of ``n`` queued steps the first ``k`` finished: the harvest finds ``k`` exactly, for every ``n`` and ``k``,
     with queries growing as the log of the unfinished steps (a loop's devices run a few steps behind its host:
     a long queue with one unfinished step costs a handful of queries, not a search of the whole queue)."""
-    from asyncgpu._timing.steps import _Pending
+    from asyncgpu._timing.steps import Step
+
+    def closed(i: int) -> Step:
+        step = Step(st, i)
+        step._ends = [i]
+        return step
 
     dev = asyncgpu.devices("host", count=1)[0]
     st = asyncgpu.step_timer([dev])
@@ -423,7 +428,7 @@ def test_the_finished_steps_are_found_from_the_back_in_a_few_queries(monkeypatch
 
     monkeypatch.setattr(dev._internal.bd, "query", query)
     for n in range(0, 70):
-        st._pending = deque(_Pending(i, 0, 0, [], [i], []) for i in range(n))
+        st._pending = deque(closed(i) for i in range(n))
         for k in range(n + 1):
             done_upto[0], calls[0] = k, 0
             assert st._finished_prefix() == k, (n, k)

@@ -45,7 +45,7 @@ import threading
 import time
 from collections import deque
 from itertools import chain
-from typing import Any, Callable, Mapping, NamedTuple, final
+from typing import Any, Callable, Mapping, NamedTuple, Sequence, final
 
 import numpy as np
 
@@ -125,11 +125,13 @@ class _Mark(NamedTuple):
     raw: Any  #: the backend stream
 
 
-def _record_all(marks: list[_Mark], raws: list, issued: list | None = None, works: list | None = None) -> None:
+def _record_all(marks: list[_Mark], raws: list, issued: list | None = None) -> int:
     """A pooled timing event recorded now on each of ``marks``' streams, appended to ``raws`` (as `Device.record`
-    records, without the `Event` objects); ``issued`` gets each record's host instant (ns), ``works`` each stream's
-    `StreamInternal.work` after it. On failure ``raws`` holds the events recorded so far, for the caller to give
-    back. One call per step: its loop is most of what a step costs the loop's thread."""
+    records, without the `Event` objects); ``issued`` gets each record's host instant (ns). Returns the streams'
+    `StreamInternal.work` summed after the records (each stream's only grows: equal sums, no work on any of them
+    in between). On failure ``raws`` holds the events recorded so far, for the caller to give back. One call per
+    step: its loop is most of what a step costs the loop's thread."""
+    work = 0
     for m in marks:
         si = m.si
         if si.ops - si.done_ops >= QUEUE_LIMIT:  # (`hooks.check_queue`, inlined as `Device.record` does)
@@ -144,24 +146,46 @@ def _record_all(marks: list[_Mark], raws: list, issued: list | None = None, work
             raise
         raws.append(raw)
         si.marked()
-        if works is not None:
-            works.append(si.ops - si.marks)
+        work += si.ops - si.marks
+    return work
+
+
+_NONE: tuple = ()  # a step's events and instants before it has any (no list made per step for nothing)
 
 
 @final
 class Step:
     """``with st.step(i) as step:`` — one step of a `StepTimer` (a sync context manager: usable in tasks and plain
-    threads). Made by `StepTimer.step`; used once."""
+    threads). Made by `StepTimer.step`; used once.
 
-    __slots__ = ("_timer", "index", "_begin_ns", "_starts", "_ends", "_issued", "_ops", "_done")
+    Closed, it waits in its timer's queue for its devices (the harvest thread takes it from there): its host
+    instants (ns) and its events, one per stream. Ownership of the events, for the pools: a step gives back its
+    start events (its own, or the previous step's end events that it took, `StepTimer._chained`) and its end events
+    unless the next step took them (``_lent``) or might still take them (``_kept``: harvested while it was the
+    newest closed step; then whoever decides gives them back). The flags change under the timer's lock."""
+
+    __slots__ = (
+        "_timer",
+        "index",
+        "_begin_ns",
+        "_exit_ns",
+        "_starts",
+        "_ends",
+        "_issued",
+        "_work",
+        "_done",
+        "_lent",
+        "_kept",
+    )
 
     def __init__(self, timer: StepTimer, index: int) -> None:
         self._timer, self.index = timer, index
-        self._begin_ns, self._done = 0, False
-        self._starts: list[Any] = []
-        self._ends: list[Any] = []
-        self._issued: list[int] = []
-        self._ops: list[int] = []  # each stream's count of work right after the end events (`StepTimer._chained`)
+        self._begin_ns = self._exit_ns = 0  # the host's entry and exit (ns; 0: not yet)
+        self._starts: Sequence[Any] = _NONE
+        self._ends: Sequence[Any] = _NONE
+        self._issued: Sequence[int] = _NONE  # each end event's record instant (ns)
+        self._work = 0  # the streams' work right after the end events (`_record_all`, `StepTimer._chained`)
+        self._done = self._lent = self._kept = False
 
     def __enter__(self) -> Step:
         self._timer._open(self)
@@ -178,23 +202,6 @@ class Step:
 
     def __repr__(self) -> str:
         return f"<asyncgpu step {self.index}>"
-
-
-class _Pending:
-    """A closed step waiting for its devices: its host instants (ns) and its events, one per stream.
-
-    Ownership of the events, for the pools: a step gives back its start events (its own, or the previous step's
-    end events that it took, `StepTimer._chained`) and its end events unless the next step took them (``lent``) or
-    might still take them (``kept``: harvested while it was the newest closed step; then whoever decides gives
-    them back). Flags change under the timer's lock."""
-
-    __slots__ = ("index", "begin_ns", "exit_ns", "starts", "ends", "issued", "lent", "kept")
-
-    def __init__(self, index: int, begin_ns: int, exit_ns: int, starts: list, ends: list, issued: list) -> None:
-        self.index, self.begin_ns, self.exit_ns = index, begin_ns, exit_ns
-        self.starts, self.ends, self.issued = starts, ends, issued
-        self.lent = False  #: the next step's start events are this step's end events
-        self.kept = False  #: harvested, its end events not given back (the next step may take them)
 
 
 class _ClockAge:
@@ -273,14 +280,13 @@ class StepTimer:
         self._state = _NEW
         self._current: Step | None = None
         self._next_index = 0
-        self._pending: deque[_Pending] = deque()
+        self._pending: deque[Step] = deque()  # closed steps, oldest first, waiting for the harvest
         self._dropped = 0
         self._chain = chain
-        self._tail: _Pending | None = None  # the newest closed step, while the next may take its end events
+        self._tail: Step | None = None  # the newest closed step, while the next may take its end events
         #: start events of dropped steps, given back by the next harvest (`_close`): a chained step's start
         #: events are the end events of the step before it, which the harvest thread may be placing right now
-        self._deferred: list[list] = []
-        self._tail_ops: list[int] = []  # its streams' counts of work (`Step._ops`)
+        self._deferred: list[Sequence[Any]] = []
         self._ring = StepRing(tuple(d.name for d in devices), keep)
         self._collecting = False  # holds `collector` (from the harvest thread's start to `_finish`)
         self._listeners: list[Listener] = []
@@ -319,7 +325,7 @@ class StepTimer:
         if self._state != _OPEN:
             state = "has not been entered" if self._state == _NEW else "has ended"
             raise ScopeError(f"step_timer {self.label!r} {state}: open steps inside `async with step_timer(...)`")
-        if step._done or step._starts:
+        if step._done or step._begin_ns:
             raise ScopeError(f"step {step.index} was already used: open a new one with st.step()")
         if self._current is not None:
             raise ScopeError(
@@ -330,15 +336,15 @@ class StepTimer:
         step._begin_ns = _now_ns()
         if self._tail is not None and self._chained(step):
             return
-        starts = step._starts
+        starts: list[Any] = []
         try:
             _record_all(self._marks, starts)
         except BaseException:  # (a full stream in a loop's thread, a failed device): the recorded ones go back
-            self._current = None
+            self._current, step._begin_ns = None, 0
             for s, raw in zip(self._streams, starts):
                 s._internal.dev.recycle_later(raw)
-            starts.clear()
             raise
+        step._starts = starts
 
     def _chained(self, step: Step) -> bool:
         """Whether ``step`` takes the newest closed step's end events as its start events: when ``chain`` is on and
@@ -346,17 +352,20 @@ class StepTimer:
         recorded (no work, wait or timed block: `StreamInternal.work`), a start event
         recorded now would complete at the same device instant (the stream runs in order). Otherwise that step's
         end events go back to the pools here if it was harvested already. The loop's thread; never blocks."""
+        work = 0
+        for m in self._marks:
+            work += m.si.ops - m.si.marks  # (`StreamInternal.work`, summed as `_record_all` sums it)
         with self._lock:
             tail, self._tail = self._tail, None
             if tail is None:
                 return False
-            if self._chain and [m.si.work for m in self._marks] == self._tail_ops:
-                tail.lent = True
-                step._starts = list(tail.ends)
+            if self._chain and work == tail._work:
+                tail._lent = True
+                step._starts = tail._ends  # (never changed once recorded: shared, not copied)
                 return True
-            kept = tail.kept
+            kept = tail._kept
         if kept:
-            self._give_back([], tail.ends)
+            self._give_back([], tail._ends)
         return False
 
     def _issue(self, step: Step) -> None:
@@ -364,16 +373,15 @@ class StepTimer:
             raise ScopeError(f"step {step.index} is not open: call issued() inside its `with st.step()` block")
         if step._ends:
             raise ScopeError(f"step {step.index} was already marked issued: call issued() once per step")
-        ends, issued, ops = step._ends, step._issued, step._ops
+        ends: list[Any] = []
+        issued: list[int] = []
         try:
-            _record_all(self._marks, ends, issued, ops)
+            step._work = _record_all(self._marks, ends, issued)
         except BaseException:
             for s, raw in zip(self._streams, ends):
                 s._internal.dev.recycle_later(raw)
-            ends.clear()
-            issued.clear()
-            ops.clear()
             raise
+        step._ends, step._issued = ends, issued
 
     def _close(self, step: Step) -> None:
         if self._current is not step:
@@ -388,11 +396,10 @@ class StepTimer:
             raise
         self._current = None
         step._done = True
-        item = _Pending(step.index, step._begin_ns, _now_ns(), step._starts, step._ends, step._issued)
-        step._starts, step._ends, step._issued = [], [], []
+        step._exit_ns = _now_ns()
         with self._lock:
-            self._pending.append(item)
-            self._tail, self._tail_ops = item, step._ops
+            self._pending.append(step)
+            self._tail = step
             waiting = len(self._pending)
             if waiting <= self._max_pending:
                 if waiting == self._early:  # (once per filling: the harvest takes them, or they were dropped)
@@ -400,16 +407,16 @@ class StepTimer:
                 return
             old = self._pending.popleft()  # (never the tail: max_pending >= 1)
             self._dropped += 1
-            self._deferred.append(old.starts)
+            self._deferred.append(old._starts)
             if len(self._deferred) == self._early:  # (a bound on the events held back: the harvest gives them)
                 self._wake.set()
-        self._give_back([], [] if old.lent else old.ends)
+        self._give_back([], [] if old._lent else old._ends)
 
-    def _drop_tail(self) -> list:
+    def _drop_tail(self) -> Sequence[Any]:
         """No step will take the newest closed step's end events any more (under the timer's lock): those of them
         that nothing else gives back (it was harvested, its events kept), to give back."""
         tail, self._tail = self._tail, None
-        return tail.ends if tail is not None and tail.kept and not tail.lent else []
+        return tail._ends if tail is not None and tail._kept and not tail._lent else []
 
     def _give_deferred(self) -> None:
         """Give back the start events of the steps dropped since the last harvest (the harvest thread, or the
@@ -421,7 +428,7 @@ class StepTimer:
         for starts in deferred:
             self._give_back(starts, [])
 
-    def _give_back(self, starts: list, ends: list) -> None:
+    def _give_back(self, starts: Sequence[Any], ends: Sequence[Any]) -> None:
         for s, raw in zip(self._streams, starts):
             s._internal.dev.recycle_later(raw)
         for s, raw in zip(self._streams, ends):
@@ -451,8 +458,8 @@ class StepTimer:
         pending = self._pending
         queries = [s._internal.dev.query for s in self._streams]
 
-        def finished(item: _Pending) -> bool:
-            return all(q(raw) for q, raw in zip(queries, item.ends))
+        def finished(step: Step) -> bool:
+            return all(q(raw) for q, raw in zip(queries, step._ends))
 
         n = len(pending)
         if not n or finished(pending[-1]):
@@ -507,20 +514,20 @@ class StepTimer:
                 self._dropped += len(done)
                 kept = self._drop_tail()  # (nothing takes their events now)
             for item in done:
-                self._give_back(item.starts, [] if item.lent else item.ends)
+                self._give_back(item._starts, [] if item._lent else item._ends)
             self._give_back([], kept)
             return 0
         # (the Python here runs per step under the GIL, taken from the loop's threads: one pass over the steps, the
         # events transposed per device by zip, the rest in numpy)
         n, nd = len(done), len(self._streams)
-        head = np.fromiter(chain.from_iterable((it.index, it.begin_ns, it.exit_ns) for it in done), np.int64, 3 * n)
+        head = np.fromiter(chain.from_iterable((it.index, it._begin_ns, it._exit_ns) for it in done), np.int64, 3 * n)
         index, begin, exit_ = head[0::3], head[1::3], head[2::3]
-        issued = np.fromiter(chain.from_iterable([it.issued for it in done]), np.float64, n * nd).reshape(n, nd)
-        ends_by_dev = list(zip(*[it.ends for it in done]))
-        starts_by_dev = list(zip(*[it.starts for it in done]))
+        issued = np.fromiter(chain.from_iterable([it._issued for it in done]), np.float64, n * nd).reshape(n, nd)
+        ends_by_dev = list(zip(*[it._ends for it in done]))
+        starts_by_dev = list(zip(*[it._starts for it in done]))
         # (a chained step's start events are the step before's end events, placed just now: one driver call per
         # event, not two)
-        own = [i for i in range(n) if not (i and done[i - 1].lent)]
+        own = [i for i in range(n) if not (i and done[i - 1]._lent)]
         start, end = np.empty((n, nd)), np.empty((n, nd))
         for d, place in enumerate(places):
             end[:, d] = place.host_ns_many(ends_by_dev[d])
@@ -534,8 +541,8 @@ class StepTimer:
         np.maximum(start, begin[:, None], out=start)
         with self._lock:
             tail = done[-1]
-            tail.kept = tail is self._tail  # (only the newest closed step can be the tail)
-        free = [i for i, it in enumerate(done) if not (it.lent or it.kept)]
+            tail._kept = tail is self._tail  # (only the newest closed step can be the tail)
+        free = [i for i, it in enumerate(done) if not (it._lent or it._kept)]
         for d, s in enumerate(self._streams):
             ends = ends_by_dev[d]
             s._internal.dev.timing_pool.give_many([*starts_by_dev[d], *(ends[i] for i in free)])
@@ -707,7 +714,7 @@ class StepTimer:
                 self._held, self._held_steps = [], 0
                 kept = self._drop_tail()
             for item in left:
-                self._give_back(item.starts, [] if item.lent else item.ends)
+                self._give_back(item._starts, [] if item._lent else item._ends)
             self._give_back([], kept)
         finally:
             self._give_deferred()
@@ -728,7 +735,7 @@ class StepTimer:
         if step is None:
             return None
         self._give_back(step._starts, step._ends)
-        step._starts, step._ends, step._done = [], [], True
+        step._starts, step._ends, step._done = _NONE, _NONE, True
         return f"step {step.index} was never closed: its `with st.step()` block did not end before the timer's"
 
     def _drain_events(self) -> list[Any]:
