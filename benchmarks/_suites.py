@@ -274,6 +274,7 @@ def _steps(runs: dict[str, Record]) -> list[tuple[str, str]]:
             f"{loop} {a['total_pct']:+.2f} % (marks {a['marks_pct']:+.2f} %, by phase {a['phases_pct']:+.2f} %; "
             f"harvest thread {a['harvest_pct']:+.2f} %)"
             for loop, a in res.get("always_on", {}).items()
+            if a["total_pct"] is not None  # (a run without the harvest share is no always-on figure)
         ]
         n = len(res["devices"])
         what = f"step timing, always on, {n} device{'s' if n != 1 else ''}: the marks plus the harvest thread"

@@ -498,23 +498,25 @@ def always_on(results: dict[str, Any], shares: dict[str, Any]) -> dict[str, Any]
     ratios; and by phase, marked minus unmarked on the loop's own calls: the step's entry and exit and the records
     after it, whose first pays for the step's launches in the driver, so an exit's record takes that from them. Work
     and waits, which hold the devices' time, are left out: whole steps' noise does not blur it) plus the harvest
-    thread (`harvest_share`), which neighbours cancel."""
+    thread (`harvest_share`), which neighbours cancel: None where the harvest share did not run
+    (``--harvest-steps 0``), with the totals."""
     out = {}
     for loop, rows in results.items():
         nb, share = rows.get("steps, neighbours"), shares.get(loop)
-        if not nb or not share:
+        if not nb:
             continue
         ph = nb["phases_us"]
         extra_us = sum(ph["marked"][p] - ph["unmarked"][p] for p in ("step entry", "step exit", "wait records"))
         unmarked_us = statistics.median(nb["unmarked_ms"]) * 1e3
         marks, by_phase = (nb["ratio_to_bare"] - 1) * 100, extra_us / unmarked_us * 100
+        harvest = share["share_pct"] if share else None
         out[loop] = {
             "marks_pct": marks,
             "phases_us": extra_us,
             "phases_pct": by_phase,
-            "harvest_pct": share["share_pct"],
-            "total_pct": marks + share["share_pct"],
-            "total_by_phase_pct": by_phase + share["share_pct"],
+            "harvest_pct": harvest,
+            "total_pct": None if harvest is None else marks + harvest,
+            "total_by_phase_pct": None if harvest is None else by_phase + harvest,
         }
     return out
 
@@ -679,9 +681,15 @@ def main(argv: list[str] | None = None) -> int:
                 )
     doc["always_on"] = always_on(results, shares)
     for loop, a in doc["always_on"].items():
+        marks = (
+            f"marks {a['marks_pct']:+.2f} % (neighbours' paired p50; by phase {a['phases_pct']:+.2f} %: "
+            f"{a['phases_us']:.1f} µs a step)"
+        )
+        if a["harvest_pct"] is None:
+            print(f"\nalways-on cost, {loop}: {marks}; the harvest thread not run (--harvest-steps 0)")
+            continue
         print(
-            f"\nalways-on cost, {loop}: marks {a['marks_pct']:+.2f} % (neighbours' paired p50; by phase "
-            f"{a['phases_pct']:+.2f} %: {a['phases_us']:.1f} µs a step) + harvest thread {a['harvest_pct']:+.2f} % = "
+            f"\nalways-on cost, {loop}: {marks} + harvest thread {a['harvest_pct']:+.2f} % = "
             f"{a['total_pct']:+.2f} % ({a['total_by_phase_pct']:+.2f} % by phase)"
         )
     for m, why in skipped.items():

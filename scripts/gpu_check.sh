@@ -124,6 +124,7 @@ step "examples/train_loop.py (2000 steps, streamed trace)" 180 6 python3 example
 step "benchmarks timing (bench_accuracy, bench_clock)" 210 26 "${BENCH[@]}" --limit 120 timing
 step "benchmarks steps (bench_steps: step timing's overhead vs torch.profiler)" 420 46 "${BENCH[@]}" --limit 400 steps
 step "steps parts (bench_steps --parts: neighbours and the harvest share only, harvests profiled)" 240 40 python3 benchmarks/bench_steps.py --parts --profile-harvests --out "$OUT/steps_parts"
+[ -d .ab/asyncgpu ] && step "steps a/b (a step's cost: the baseline in .ab/ and this tree in turn, scripts/ab_steps.sh)" 300 40 bash scripts/ab_steps.sh
 step "benchmarks kprofile (bench_kprofile)" 120 20 "${BENCH[@]}" --limit 110 kprofile
 step "benchmarks peers (bench_peers)" 120 18 "${BENCH[@]}" --limit 110 peers
 step "benchmarks handoff (bench_handoff)" 150 22 "${BENCH[@]}" --limit 140 handoff
