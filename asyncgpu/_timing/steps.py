@@ -146,7 +146,7 @@ def _record_all(marks: list[_Mark], raws: list, issued: list | None = None) -> i
             raise
         raws.append(raw)
         si.marked()
-        work += si.ops - si.marks
+        work += si.work
     return work
 
 
@@ -173,19 +173,18 @@ class Step:
         "_ends",
         "_issued",
         "_work",
-        "_done",
         "_lent",
         "_kept",
     )
 
     def __init__(self, timer: StepTimer, index: int) -> None:
         self._timer, self.index = timer, index
-        self._begin_ns = self._exit_ns = 0  # the host's entry and exit (ns; 0: not yet)
+        self._begin_ns = self._exit_ns = 0  # the host's entry and exit (ns; 0: not yet; an entry: used)
         self._starts: Sequence[Any] = _NONE
         self._ends: Sequence[Any] = _NONE
         self._issued: Sequence[int] = _NONE  # each end event's record instant (ns)
         self._work = 0  # the streams' work right after the end events (`_record_all`, `StepTimer._chained`)
-        self._done = self._lent = self._kept = False
+        self._lent = self._kept = False
 
     def __enter__(self) -> Step:
         self._timer._open(self)
@@ -325,7 +324,7 @@ class StepTimer:
         if self._state != _OPEN:
             state = "has not been entered" if self._state == _NEW else "has ended"
             raise ScopeError(f"step_timer {self.label!r} {state}: open steps inside `async with step_timer(...)`")
-        if step._done or step._begin_ns:
+        if step._begin_ns:
             raise ScopeError(f"step {step.index} was already used: open a new one with st.step()")
         if self._current is not None:
             raise ScopeError(
@@ -353,8 +352,8 @@ class StepTimer:
         recorded now would complete at the same device instant (the stream runs in order). Otherwise that step's
         end events go back to the pools here if it was harvested already. The loop's thread; never blocks."""
         work = 0
-        for m in self._marks:
-            work += m.si.ops - m.si.marks  # (`StreamInternal.work`, summed as `_record_all` sums it)
+        for m in self._marks:  # (as `_record_all` sums it)
+            work += m.si.work
         with self._lock:
             tail, self._tail = self._tail, None
             if tail is None:
@@ -391,11 +390,9 @@ class StepTimer:
                 self._issue(step)
         except BaseException:
             self._current = None
-            step._done = True
             self._give_back(step._starts, [])
             raise
         self._current = None
-        step._done = True
         step._exit_ns = _now_ns()
         with self._lock:
             self._pending.append(step)
@@ -735,7 +732,7 @@ class StepTimer:
         if step is None:
             return None
         self._give_back(step._starts, step._ends)
-        step._starts, step._ends, step._done = _NONE, _NONE, True
+        step._starts = step._ends = _NONE
         return f"step {step.index} was never closed: its `with st.step()` block did not end before the timer's"
 
     def _drain_events(self) -> list[Any]:
