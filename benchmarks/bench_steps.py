@@ -198,20 +198,11 @@ async def host_cost(devs: list, n: int = 200, reps: int = 5) -> dict[str, Any]:
     }
 
 
-def _last_cpu(tid: int) -> int:
-    """The CPU that thread ``tid`` of this process last ran on (Linux: field 39 of its ``stat``)."""
-    with open(f"/proc/self/task/{tid}/stat", "rb") as f:
-        stat = f.read()
-    return int(stat[stat.rindex(b")") + 2 :].split()[36])
-
-
 def _us_or_none(ns: float | None) -> float | None:
     return None if ns is None else ns / 1e3
 
 
-async def harvest_share(
-    devs: list, work: list, steps: int, profile: bool = False, pin_loop_cpu: bool = False, **timer: float
-) -> dict[str, Any]:
+async def harvest_share(devs: list, work: list, steps: int, profile: bool = False, **timer: float) -> dict[str, Any]:
     """What the step timer's harvest thread costs the loop: ``steps`` marked steps in one timer (``timer``:
     `asyncgpu.step_timer`'s ``harvest_s``, ``max_clock_age_s``), each step's host interval kept, and the intervals of
     the timer's harvests and of the clock calibrations made in them (on the harvest thread). Steps are classed as
@@ -221,10 +212,7 @@ async def harvest_share(
 
     ``profile``: each harvest's parts timed on its thread's CPU clock (`_harvest_parts`): per part, the CPU of all
     harvests (``harvest_parts_cpu_us``) and of the longest one (``longest_harvest_parts_cpu_us``). (cProfile cannot
-    say it: on Python 3.12 it profiles every thread, the loop's too, against the one thread's clock.)
-
-    ``pin_loop_cpu`` (Linux): each harvest moves its thread onto the CPU the loop's thread last ran on, and back to
-    its own CPUs after (is a harvest slow beside the loop because it wakes on a cold CPU?)."""
+    say it: on Python 3.12 it profiles every thread, the loop's too, against the one thread's clock.)"""
     from asyncgpu._runtime import internal
     from asyncgpu._timing.steps import _clock_age
 
@@ -262,19 +250,13 @@ async def harvest_share(
         async with asyncgpu.step_timer(devs, max_pending=max(256, steps), **timer) as st:  # type: ignore[arg-type]
             real_harvest = st._harvest
 
-            loop_tid, cpus = threading.get_native_id(), os.sched_getaffinity(0) if pin_loop_cpu else set()
-
             def timed_harvest(final: bool = False) -> int:
                 harvest_ident[0] = threading.get_ident()
                 parts.clear()
                 t0, cpu0 = time.perf_counter_ns(), time.thread_time_ns()
-                if pin_loop_cpu:
-                    os.sched_setaffinity(0, {_last_cpu(loop_tid)})
                 try:
                     return real_harvest(final)
                 finally:
-                    if pin_loop_cpu:
-                        os.sched_setaffinity(0, cpus)
                     harvests.append((t0, time.perf_counter_ns()))
                     harvest_cpu.append(time.thread_time_ns() - cpu0)
                     if profile:
