@@ -9,6 +9,8 @@
 #   ONLY=REGEX: run only the steps whose name matches (e.g. ONLY='demo|workers|balance')
 #   SKIP=REGEX: leave out the steps whose name matches (e.g. SKIP='waits|timing'; a suite's step names its scripts)
 #   REPEAT=N: the two GPU-suite steps N times in a row (e.g. ONLY='pytest -m gpu' REPEAT=3 for three one-GPU runs)
+#   PARTS_REPEAT=N: the step 'steps parts' N times, then each run's always-on cost and the medians (e.g.
+#     ONLY='steps parts' PARTS_REPEAT=3: ~45 s a run)
 #   COPY_VARIANTS=LIST: on 2+ GPUs, the copy test's reproduction per variant (e.g. COPY_VARIANTS='base streams1
 #     streams2 primer-generic'; default base)
 #   CUPTI_VARIANTS=LIST: the variants dev/diag_step_cupti runs (e.g. CUPTI_VARIANTS=default,toggle,alternate)
@@ -123,7 +125,11 @@ step "examples/train_loop.py (2000 steps, streamed trace)" 180 6 python3 example
 # (timing before steps: a call that runs out of time has the short suite's figures)
 step "benchmarks timing (bench_accuracy, bench_clock)" 210 26 "${BENCH[@]}" --limit 120 timing
 step "benchmarks steps (bench_steps: step timing's overhead vs torch.profiler)" 420 46 "${BENCH[@]}" --limit 400 steps
-step "steps parts (bench_steps --parts: neighbours and the harvest share only, harvests profiled)" 240 40 python3 benchmarks/bench_steps.py --parts --profile-harvests --out "$OUT/steps_parts"
+for r in $(seq "${PARTS_REPEAT:-1}"); do  # (one reading moves from run to run by about its own size)
+  run=""; [ "${PARTS_REPEAT:-1}" -gt 1 ] && run=" (run $r)"
+  step "steps parts$run (bench_steps --parts: neighbours and the harvest share only, harvests profiled)" 240 40 python3 benchmarks/bench_steps.py --parts --profile-harvests --out "$OUT/steps_parts/$r"
+done
+ls "$OUT"/steps_parts/*/bench_steps.json >/dev/null 2>&1 && step "steps parts, always on (benchmarks/steps_summary.py: each run and the medians)" 30 4 bash -c "python3 benchmarks/steps_summary.py \"$OUT\"/steps_parts/*/bench_steps.json"
 [ -d .ab/asyncgpu ] && step "steps a/b (a step's cost: the baseline in .ab/ and this tree in turn, scripts/ab_steps.sh)" 300 40 bash scripts/ab_steps.sh
 step "benchmarks kprofile (bench_kprofile)" 120 20 "${BENCH[@]}" --limit 110 kprofile
 step "benchmarks peers (bench_peers)" 120 18 "${BENCH[@]}" --limit 110 peers

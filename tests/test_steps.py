@@ -1269,6 +1269,23 @@ def test_bench_steps_runs_on_the_host_backend(tmp_path):
     assert "skipped torch.profiler cuda" in out.stdout
 
 
+def test_the_parts_summary_gives_each_runs_always_on_cost_and_the_medians():
+    from benchmarks.steps_summary import render, summary
+
+    def run(marks: float, phases: float, harvest: float | None) -> dict:
+        total = None if harvest is None else marks + harvest
+        row = {"marks_pct": marks, "phases_pct": phases, "harvest_pct": harvest, "total_pct": total}
+        row["total_by_phase_pct"] = None if harvest is None else phases + harvest
+        return {"always_on": {"host-bound": row}}
+
+    docs = [run(0.5, 0.6, 0.4), run(1.5, 0.7, 0.7), run(0.2, 0.6, 0.3), run(9.0, 9.0, None)]
+    rows = summary(docs)
+    assert rows["host-bound"]["total_pct"] == pytest.approx([0.9, 2.2, 0.5])  # (the run without a share left out)
+    lines = render(rows)
+    assert "median +0.90 %" in lines[0] and "median +1.00 %" in lines[0], lines
+    assert lines[-1] == "KEY always on, median of 3: host-bound +0.90 % (+1.00)", lines
+
+
 # -- ranks ------------------------------------------------------------------------------------------------------------
 WORLD, EVERY, STEPS = 2, 5, 30
 
