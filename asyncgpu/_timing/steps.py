@@ -340,8 +340,7 @@ class StepTimer:
             _record_all(self._marks, starts)
         except BaseException:  # (a full stream in a loop's thread, a failed device): the recorded ones go back
             self._current, step._begin_ns = None, 0
-            for s, raw in zip(self._streams, starts):
-                s._internal.dev.recycle_later(raw)
+            self._give_back(starts, [])
             raise
         step._starts = starts
 
@@ -377,8 +376,7 @@ class StepTimer:
         try:
             step._work = _record_all(self._marks, ends, issued)
         except BaseException:
-            for s, raw in zip(self._streams, ends):
-                s._internal.dev.recycle_later(raw)
+            self._give_back([], ends)
             raise
         step._ends, step._issued = ends, issued
 
