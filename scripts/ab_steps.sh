@@ -18,7 +18,9 @@ if [ "${1:-}" = "--make" ]; then
 fi
 [ -d "$ROOT/.ab/asyncgpu" ] || { echo "no baseline: run 'bash scripts/ab_steps.sh --make BASE' here first, carry .ab"; exit 2; }
 SITE=""
-if [ "${WHEELS:-1}" = 1 ] && ls "$ROOT"/.whl/*.whl >/dev/null 2>&1; then  # (WHEELS=0: the installed packages)
+if [[ ":${PYTHONPATH:-}:" == *":/tmp/site:"* ]]; then  # (run by gpu_check.sh, which installed the wheels there)
+  SITE=/tmp/site:
+elif [ "${WHEELS:-1}" = 1 ] && ls "$ROOT"/.whl/*.whl >/dev/null 2>&1; then  # (WHEELS=0: the installed packages)
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$ROOT"/.whl/*.whl || exit 1
   SITE=/tmp/site:
 fi
