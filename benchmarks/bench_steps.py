@@ -420,7 +420,8 @@ async def bench(devs: list, args: argparse.Namespace, modes: tuple[str, ...]) ->
         if "steps" in modes and args.neighbours:
             out[loop]["steps, neighbours"] = await neighbours(devs, work, args.neighbours)
         if "steps" in modes and args.harvest_steps:
-            share = await harvest_share(devs, work, args.harvest_steps, profile=args.profile_harvests)
+            timer = {} if args.harvest_s is None else {"harvest_s": args.harvest_s}
+            share = await harvest_share(devs, work, args.harvest_steps, profile=args.profile_harvests, **timer)
             out.setdefault("harvest thread", {})[loop] = share
     return out
 
@@ -571,6 +572,12 @@ def main(argv: list[str] | None = None) -> int:
         "--harvest-steps", type=int, default=1200, help="`harvest thread`: marked steps in one timer (0: not run)"
     )
     ap.add_argument(
+        "--harvest-s",
+        type=float,
+        default=None,
+        help="`harvest thread`: the timer's harvest_s (default: the step timer's own, EVENTS_HARVEST_S)",
+    )
+    ap.add_argument(
         "--parts",
         action="store_true",
         help="only the always-on cost's parts (neighbours, the harvest share): no whole runs, no peers, no CUPTI child",
@@ -638,7 +645,9 @@ def main(argv: list[str] | None = None) -> int:
         harvest_us = statistics.median(r["harvest_us"] or [math.nan])
         cpu_us = statistics.median(r["harvest_cpu_us"] or [math.nan])
         print(
-            f"harvest thread, {loop}: {r['share_pct']:+.2f} % of the loop's time ({r['steps']} marked steps in "
+            f"harvest thread, {loop}: {r['share_pct']:+.2f} % of the loop's time ("
+            + (f"harvest_s {r['timer']['harvest_s']:g}; " if "harvest_s" in r["timer"] else "")
+            + f"{r['steps']} marked steps in "
             f"{r['wall_s']:.1f} s; {r['harvests']} harvests, each {harvest_us:.0f} µs p50 ({cpu_us:.0f} µs of its "
             "thread's CPU); "
             f"{r['calibrations']} clock calibrations{cal}; the steps that overlap them against the others' mean; "

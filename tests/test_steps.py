@@ -597,8 +597,9 @@ async def test_pending_steps_are_bounded_and_dropped_steps_give_their_events_bac
 async def test_back_to_back_steps_record_only_their_exit_events(anyio_backend, monkeypatch, chain):
     """A step that follows the previous one directly takes that step's end events as its start (chain=True): its
     entry records nothing, and its devices' spans start at its entry at the earliest. Work launched between two
-    steps makes the next one record its own start."""
+    steps on the timer's streams makes the next one record its own start; work on another stream does not."""
     devs = asyncgpu.devices("host", count=2)
+    other = devs[1].create_stream()  # (not the timer's: work on it moves the process's count, not the timer's streams)
     made = []  # (every timing event taken from the devices' pools: the timer takes one per record)
     for d in devs:
         pool = d._internal.timing_pool
@@ -614,6 +615,8 @@ async def test_back_to_back_steps_record_only_their_exit_events(anyio_backend, m
             assert len(made) - n == entries[-1] + 2  # (the exit: one event per device)
             if i == 4:
                 devs[0].stream.spin_us(100)  # device work between steps
+            if i == 6:
+                other.spin_us(100)
             for d in devs:
                 with d.record() as done:  # (a plain record: no launch slot, not counted as work)
                     await done.wait()

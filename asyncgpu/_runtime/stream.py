@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from asyncgpu._runtime.hooks import CaptureHook
     from asyncgpu._runtime.internal import DeviceInternal
 
-__all__ = ["MAX_ITERATIONS", "QUEUE_BOUND", "QUEUE_LIMIT", "SEQ_BITS", "Stream", "StreamInternal"]
+__all__ = ["ALL_WORK", "MAX_ITERATIONS", "QUEUE_BOUND", "QUEUE_LIMIT", "SEQ_BITS", "Stream", "StreamInternal"]
 
 #: A stream's record numbers (``seqs``) start at its own multiple of ``1 << SEQ_BITS``: ``seq >> SEQ_BITS`` names
 #: the `Stream` object for the life of the process (a CUDA handle may be reused after a close), 0 names no stream.
@@ -48,6 +48,12 @@ _MAX_SPIN_US = 9.2e15  # the spin's duration in ns is a 64-bit integer on the de
 MAX_ITERATIONS = (1 << 31) - 1  #: the most iterations of the built-in inc_loop (an int32 in the CUDA kernel)
 
 CHECK_EVERY = 64  #: a stream records a checkpoint (a non-timing event) after this many launches
+#: Work, waits and timed blocks enqueued through asyncgpu on every stream of the process so far (`StreamInternal.work`
+#: summed, in one place: ``ALL_WORK[0]``): a step timer's entry reads this one number to see that nothing was enqueued
+#: anywhere since the previous step's exit, where reading each of its streams' `work` costs a loop that the step's
+#: own work has left cold (`asyncgpu._timing.steps`). Its ``+=`` runs under the GIL with no call between the read
+#: and the write, so it never loses a count.
+ALL_WORK = [0]
 
 
 @final
@@ -80,7 +86,7 @@ class StreamInternal:
         "spills",
         "last_kind",
         "ops",
-        "marks",
+        "work",
         "next_check",
         "done_ops",
         "checks",
@@ -101,34 +107,32 @@ class StreamInternal:
         #: (`_spills`): its activity loses the calibration's pair overhead for such work (`clock.cut_kind`)
         self.spills = False
         self.last_kind: str | None = None  # the kind of its latest launch through asyncgpu, None if unknown
-        self.ops = 0  # launches enqueued through asyncgpu (`counted`)
-        #: of those, timing events recorded on their own (`Device.record`, `Event.record`, a step timer's): no work,
-        #: so `work` moves only with work, waits and timed blocks (`asyncgpu._timing.steps`)
-        self.marks = 0
+        self.ops = 0  # launches enqueued through asyncgpu (`counted`, `marked`)
+        #: of those, the work, waits and timed blocks (`counted`): not the timing events recorded on their own
+        #: (`Device.record`, `Event.record`, a step timer's: `marked`). A step timer's steps chain while it stays put
+        #: (`asyncgpu._timing.steps`)
+        self.work = 0
         self.next_check = CHECK_EVERY
         self.done_ops = 0  # launches the device is known to have passed (from the checkpoints)
         self.checks: deque[_Check] = deque()
 
     # -- room in the driver's queue ----------------------------------------------------------------------
     def counted(self, n: int = 1) -> None:
-        """``n`` launches were just enqueued (the launch path calls this; hot: one add and a compare)."""
+        """``n`` launches of work were just enqueued (the launch path calls this; hot: three adds and a compare)."""
         self.ops += n
+        self.work += n
+        ALL_WORK[0] += n
         if self.ops >= self.next_check:
-            self._checkpoint()
+            self.checkpoint()
 
     def marked(self) -> None:
         """A timing event was just recorded on its own: one of the driver's launch slots, and no work (`work`)."""
-        self.marks += 1
         self.ops += 1
         if self.ops >= self.next_check:
-            self._checkpoint()
+            self.checkpoint()
 
-    @property
-    def work(self) -> int:
-        """Work, waits and timed blocks enqueued through asyncgpu so far: `ops` without the lone timing events."""
-        return self.ops - self.marks
-
-    def _checkpoint(self) -> None:
+    def checkpoint(self) -> None:
+        """Record a checkpoint now (every `CHECK_EVERY` launches): what `passed` learns the device has run."""
         self.passed()
         pool = self.dev.plain_pool
         raw = pool.take()

@@ -59,7 +59,7 @@ from asyncgpu._base.records import Timeline
 from asyncgpu._runtime.clock import ClockCalibration, extrapolation_error_ns, placement
 from asyncgpu._runtime.device import Device
 from asyncgpu._runtime.hooks import QUEUE_LIMIT
-from asyncgpu._runtime.stream import Stream, StreamInternal
+from asyncgpu._runtime.stream import ALL_WORK, Stream, StreamInternal
 from asyncgpu._timing.step_cupti import StepRecords, totals
 from asyncgpu._timing.step_live import LiveView, wants_live
 from asyncgpu._timing.step_stats import StepRecord, StepRing, StepStats, render_stats
@@ -74,12 +74,15 @@ _NEW, _OPEN, _DONE = 0, 1, 2
 #: host-bound torch loop of ~3-5 ms steps on one, two and four H100s a harvest made the steps it overlapped 0.6-1.3 ms
 #: longer whether it took 16 steps or 80 (`dev/diag_step_events.py` ``overlap``): every 50 ms that was 1.2-3.1 % of
 #: the loop's time, every 0.25 s 0.4-0.95 %, every 0.5 s 0.3-1.1 %, every 1 s 0.21-0.22 % on one and two H100s
-#: (`bench_steps`' harvest thread, runs 52-54; on four, +1.40 %: two harvests of 24 and 48 ms of CPU). A
-#: slower cadence costs less; steps reach the results (ring, trace, rank exchange) that late. Steps faster than
-#: ``harvest_s / (max_pending / 2)`` wake it sooner (`DEFAULT_MAX_PENDING`).
-EVENTS_HARVEST_S = 1.0
-#: `step_timer`'s default ``max_pending``: half of it wakes the harvest before its cadence, so a 1 s cadence holds
-#: for steps of ≥ ~2 ms. Each pending step holds one or two pooled events per device.
+#: (`bench_steps`' harvest thread, runs 52-54; on four, +1.40 %: two harvests of 24 and 48 ms of CPU). On four
+#: H100s a harvest at 1 s held ~1.3 ms of fixed CPU (the balance split and the ring: ~1 ms whatever the batch) and
+#: ~13 µs a step (its events placed: 8.5 µs), and its share read 0.28-0.77 % (runs 56-58); every 2 s the fixed part
+#: is paid half as often. A slower cadence costs less; steps reach the results (ring, trace, rank exchange) that late.
+#: Steps faster than ``harvest_s / (max_pending / 2)`` wake it sooner (`DEFAULT_MAX_PENDING`).
+EVENTS_HARVEST_S = 2.0
+#: `step_timer`'s default ``max_pending``: half of it wakes the harvest before its cadence, so a 2 s cadence holds
+#: for steps of ≥ ~4 ms (shorter steps are harvested every 513). Each pending step holds one or two pooled events
+#: per device.
 DEFAULT_MAX_PENDING = 1024
 #: The step timer's clock ages (s), shortest and longest (``max_clock_age_s=None``, the default, `_ClockAge`): its
 #: harvests re-measure a device's clock calibration older than the device's current age before placing steps. Each
@@ -145,7 +148,9 @@ def _record_all(marks: list[_Mark], raws: list, issued: list | None = None) -> i
             m.give(raw)
             raise
         raws.append(raw)
-        si.marked()
+        si.ops += 1  # (`StreamInternal.marked`, inlined: a lone timing event takes a launch slot and is no work)
+        if si.ops >= si.next_check:
+            si.checkpoint()
         work += si.work
     return work
 
@@ -173,6 +178,7 @@ class Step:
         "_ends",
         "_issued",
         "_work",
+        "_all_work",
         "_lent",
         "_kept",
     )
@@ -184,6 +190,7 @@ class Step:
         self._ends: Sequence[Any] = _NONE
         self._issued: Sequence[int] = _NONE  # each end event's record instant (ns)
         self._work = 0  # the streams' work right after the end events (`_record_all`, `StepTimer._chained`)
+        self._all_work = -1  # the process's work (`ALL_WORK`) right before them
         self._lent = self._kept = False
 
     def __enter__(self) -> Step:
@@ -333,7 +340,8 @@ class StepTimer:
             )
         self._current = step
         step._begin_ns = _now_ns()
-        if self._tail is not None and self._chained(step):
+        tail = self._tail
+        if tail is not None and self._chained(step, tail):
             return
         starts: list[Any] = []
         try:
@@ -344,19 +352,22 @@ class StepTimer:
             raise
         step._starts = starts
 
-    def _chained(self, step: Step) -> bool:
-        """Whether ``step`` takes the newest closed step's end events as its start events: when ``chain`` is on and
-        nothing but lone event records was enqueued through asyncgpu on the timer's streams since they were
-        recorded (no work, wait or timed block: `StreamInternal.work`), a start event
-        recorded now would complete at the same device instant (the stream runs in order). Otherwise that step's
-        end events go back to the pools here if it was harvested already. The loop's thread; never blocks."""
-        work = 0
-        for m in self._marks:  # (as `_record_all` sums it)
-            work += m.si.work
+    def _chained(self, step: Step, tail: Step) -> bool:
+        """Whether ``step`` takes the newest closed step's end events (``tail``'s) as its start events: when
+        ``chain`` is on and nothing but lone event records was enqueued through asyncgpu on the timer's streams
+        since they were recorded (no work, wait or timed block: `StreamInternal.work`), a start event recorded now
+        would complete at the same device instant (the stream runs in order). Otherwise that step's end events go
+        back to the pools here if it was harvested already. The loop's thread; never blocks."""
+        if ALL_WORK[0] == tail._all_work:  # (nothing on any stream: one read where the streams' sum takes a loop)
+            work = tail._work
+        else:
+            work = 0
+            for m in self._marks:  # (as `_record_all` sums it)
+                work += m.si.work
         with self._lock:
-            tail, self._tail = self._tail, None
-            if tail is None:
+            if self._tail is not tail:  # (None: the harvest dropped it at a failure)
                 return False
+            self._tail = None
             if self._chain and work == tail._work:
                 tail._lent = True
                 step._starts = tail._ends  # (never changed once recorded: shared, not copied)
@@ -373,6 +384,7 @@ class StepTimer:
             raise ScopeError(f"step {step.index} was already marked issued: call issued() once per step")
         ends: list[Any] = []
         issued: list[int] = []
+        step._all_work = ALL_WORK[0]  # (before the records: work enqueued while they are made is seen as work)
         try:
             step._work = _record_all(self._marks, ends, issued)
         except BaseException:
@@ -428,6 +440,13 @@ class StepTimer:
             s._internal.dev.recycle_later(raw)
         for s, raw in zip(self._streams, ends):
             s._internal.dev.recycle_later(raw)
+
+    def _give_back_unharvested(self, steps: Sequence[Step], kept: Sequence[Any]) -> None:
+        """Give back the events of closed ``steps`` that no harvest will place (a failed device, the timer's end),
+        and ``kept``: the newest closed step's end events that nothing takes any more (`_drop_tail`)."""
+        for item in steps:
+            self._give_back(item._starts, [] if item._lent else item._ends)
+        self._give_back([], kept)
 
     # -- the harvest thread -------------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -508,9 +527,7 @@ class StepTimer:
                 self._pending.clear()
                 self._dropped += len(done)
                 kept = self._drop_tail()  # (nothing takes their events now)
-            for item in done:
-                self._give_back(item._starts, [] if item._lent else item._ends)
-            self._give_back([], kept)
+            self._give_back_unharvested(done, kept)
             return 0
         # (the Python here runs per step under the GIL, taken from the loop's threads: one pass over the steps, the
         # events transposed per device by zip, the rest in numpy)
@@ -708,9 +725,7 @@ class StepTimer:
                 self._dropped += len(left) + self._held_steps  # (held: cancelled before CUPTI's flush)
                 self._held, self._held_steps = [], 0
                 kept = self._drop_tail()
-            for item in left:
-                self._give_back(item._starts, [] if item._lent else item._ends)
-            self._give_back([], kept)
+            self._give_back_unharvested(left, kept)
         finally:
             self._give_deferred()
             if self._collecting:
@@ -838,7 +853,7 @@ def step_timer(
     ``"auto"`` draws only when stdout is a terminal, ``True`` always, ``False`` (default) never. ``trace``: a
     path to stream the steps to as a Perfetto trace (`asyncgpu._timing.step_trace`: valid at every packet boundary,
     open it while it grows). ``harvest_s``: how often (seconds) finished steps are taken (default
-    `EVENTS_HARVEST_S`, 1.0, or the live view's redraw period when it draws; with the CUPTI source
+    `EVENTS_HARVEST_S`, 2.0, or the live view's redraw period when it draws; with the CUPTI source
     `CUPTI_HARVEST_S`, 2.0: each harvest flushes CUPTI, whose fixed cost a slower cadence spreads; steps reach the
     results that late). ``max_clock_age_s``: a harvest re-measures a
     device's clock calibration older than this (seconds; ``math.inf``: never re-measure). Default None: an age
