@@ -70,19 +70,18 @@ __all__ = ["Step", "StepTimer", "step_timer"]
 _NEW, _OPEN, _DONE = 0, 1, 2
 #: The events source's default harvest cadence (s) without a live view; with one, the harvest follows the redraw
 #: period (``1 / refresh_hz``, 0.5 s by default), so each redraw has new steps. A harvest runs Python under the GIL,
-#: taken from the loop's threads, and what it costs the loop is mostly fixed per harvest, not per step: on a
+#: taken from the loop's threads. At short cadences what it costs the loop is mostly fixed per harvest: on a
 #: host-bound torch loop of ~3-5 ms steps on one, two and four H100s a harvest made the steps it overlapped 0.6-1.3 ms
 #: longer whether it took 16 steps or 80 (`dev/diag_step_events.py` ``overlap``): every 50 ms that was 1.2-3.1 % of
 #: the loop's time, every 0.25 s 0.4-0.95 %, every 0.5 s 0.3-1.1 %, every 1 s 0.21-0.22 % on one and two H100s
-#: (`bench_steps`' harvest thread, runs 52-54; on four, +1.40 %: two harvests of 24 and 48 ms of CPU). On four
-#: H100s a harvest at 1 s held ~1.3 ms of fixed CPU (the balance split and the ring: ~1 ms whatever the batch) and
-#: ~13 µs a step (its events placed: 8.5 µs), and its share read 0.28-0.77 % (runs 56-58); every 2 s the fixed part
-#: is paid half as often. A slower cadence costs less; steps reach the results (ring, trace, rank exchange) that late.
-#: Steps faster than ``harvest_s / (max_pending / 2)`` wake it sooner (`DEFAULT_MAX_PENDING`).
-EVENTS_HARVEST_S = 2.0
-#: `step_timer`'s default ``max_pending``: half of it wakes the harvest before its cadence, so a 2 s cadence holds
-#: for steps of ≥ ~4 ms (shorter steps are harvested every 513). Each pending step holds one or two pooled events
-#: per device.
+#: (`bench_steps`' harvest thread, runs 52-54; on four, +1.40 %: two harvests of 24 and 48 ms of CPU). Beyond 1 s
+#: the cadence stops mattering: on four H100s a harvest's CPU is mostly per step (15-25 µs a step, its events
+#: placed the most of it), and every 2 s it cost a host-bound loop 0.44 and 0.36 % against 0.36 and 0.39 % every
+#: 1 s in the same run (run 59). Steps reach the results (ring, trace, rank exchange) up to this late. Steps
+#: faster than ``harvest_s / (max_pending / 2)`` wake it sooner (`DEFAULT_MAX_PENDING`).
+EVENTS_HARVEST_S = 1.0
+#: `step_timer`'s default ``max_pending``: half of it wakes the harvest before its cadence, so a 1 s cadence holds
+#: for steps of ≥ ~2 ms. Each pending step holds one or two pooled events per device.
 DEFAULT_MAX_PENDING = 1024
 #: The step timer's clock ages (s), shortest and longest (``max_clock_age_s=None``, the default, `_ClockAge`): its
 #: harvests re-measure a device's clock calibration older than the device's current age before placing steps. Each
@@ -853,7 +852,7 @@ def step_timer(
     ``"auto"`` draws only when stdout is a terminal, ``True`` always, ``False`` (default) never. ``trace``: a
     path to stream the steps to as a Perfetto trace (`asyncgpu._timing.step_trace`: valid at every packet boundary,
     open it while it grows). ``harvest_s``: how often (seconds) finished steps are taken (default
-    `EVENTS_HARVEST_S`, 2.0, or the live view's redraw period when it draws; with the CUPTI source
+    `EVENTS_HARVEST_S`, 1.0, or the live view's redraw period when it draws; with the CUPTI source
     `CUPTI_HARVEST_S`, 2.0: each harvest flushes CUPTI, whose fixed cost a slower cadence spreads; steps reach the
     results that late). ``max_clock_age_s``: a harvest re-measures a
     device's clock calibration older than this (seconds; ``math.inf``: never re-measure). Default None: an age
