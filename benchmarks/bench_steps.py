@@ -234,6 +234,7 @@ async def harvest_share(devs: list, work: list, steps: int, profile: bool = Fals
     longest: list[Any] = [-1, None]  # (the CPU ns of the longest harvest, and its parts)
     parts: dict[str, int] = {}  # (the current harvest's CPU ns per part, `_harvest_parts`)
     all_parts: dict[str, int] = {}
+    each_parts: list[dict[str, int]] = []  # (every harvest's parts, in order: the first one pays one-off costs)
     harvest_cpu: list[int] = []  # (each harvest's own thread's CPU ns: what it could have taken from the loop)
     spans: list[tuple[int, int]] = []
     real_cal = internal.calibrate
@@ -263,6 +264,7 @@ async def harvest_share(devs: list, work: list, steps: int, profile: bool = Fals
                         parts["(the rest)"] = harvest_cpu[-1] - sum(v for k, v in parts.items() if "⊂" not in k)
                         for k, v in parts.items():
                             all_parts[k] = all_parts.get(k, 0) + v
+                        each_parts.append(dict(parts))
                         if harvest_cpu[-1] >= longest[0]:
                             longest[0], longest[1] = harvest_cpu[-1], dict(parts)
 
@@ -272,6 +274,9 @@ async def harvest_share(devs: list, work: list, steps: int, profile: bool = Fals
             cals.clear()
             harvests.clear()
             harvest_cpu.clear()
+            each_parts.clear()
+            all_parts.clear()
+            longest[:] = [-1, None]
             gc.callbacks.append(on_gc)
             for _ in range(steps):
                 t0 = time.perf_counter_ns()
@@ -332,6 +337,7 @@ async def harvest_share(devs: list, work: list, steps: int, profile: bool = Fals
         {
             "harvest_parts_cpu_us": {k: v / 1e3 for k, v in all_parts.items()},
             "longest_harvest_parts_cpu_us": {k: v / 1e3 for k, v in longest[1].items()},
+            "harvest_parts_each_cpu_us": [{k: v / 1e3 for k, v in p.items()} for p in each_parts],
         }
         if longest[1] is not None
         else {}
@@ -657,11 +663,15 @@ def main(argv: list[str] | None = None) -> int:
             every, longest = r["harvest_parts_cpu_us"], r["longest_harvest_parts_cpu_us"]
             total, n = sum(r["harvest_cpu_us"]), r["steps"]
             harvests = len(r["harvest_cpu_us"])
-            print(f"    its parts, µs of the harvest thread's CPU: all {harvests} harvests (a step) | the longest")
+            first = r["harvest_parts_each_cpu_us"][0] if r["harvest_parts_each_cpu_us"] else {}
+            print(
+                f"    its parts, µs of the harvest thread's CPU: all {harvests} harvests (a step) | the longest | "
+                "the first"
+            )
             for k in sorted(every, key=lambda k: -every[k]):
                 print(
                     f"      {every[k]:9.0f} ({100 * every[k] / total:4.1f} %, {every[k] / n:6.2f} µs a step) | "
-                    f"{longest.get(k, 0.0):8.0f}  {k}"
+                    f"{longest.get(k, 0.0):8.0f} | {first.get(k, 0.0):8.0f}  {k}"
                 )
         for who, mine in (("the harvest thread", True), ("the loop's threads", False)):
             got = [c for c in r["collections"] if c["harvest_thread"] == mine]
