@@ -77,7 +77,7 @@ _NEW, _OPEN, _DONE = 0, 1, 2
 #: (`bench_steps`' harvest thread, runs 52-54; on four, +1.40 %: two harvests of 24 and 48 ms of CPU). Beyond 1 s
 #: the cadence stops mattering: on four H100s a harvest's CPU is mostly per step (15-25 µs a step, its events
 #: placed the most of it), and every 2 s it cost a host-bound loop 0.44 and 0.36 % against 0.36 and 0.39 % every
-#: 1 s in the same run (run 59). Steps reach the results (ring, trace, rank exchange) up to this late. Steps
+#: 1 s in the same run (run 58). Steps reach the results (ring, trace, rank exchange) up to this late. Steps
 #: faster than ``harvest_s / (max_pending / 2)`` wake it sooner (`DEFAULT_MAX_PENDING`).
 EVENTS_HARVEST_S = 1.0
 #: `step_timer`'s default ``max_pending``: half of it wakes the harvest before its cadence, so a 1 s cadence holds
