@@ -211,7 +211,8 @@ async def harvest_share(devs: list, work: list, steps: int, profile: bool = Fals
     same in every class (``neighbours`` measures it); whole runs against bare runs cannot resolve either.
 
     ``profile``: each harvest's parts timed on its thread's CPU clock (`_harvest_parts`): per part, the CPU of all
-    harvests (``harvest_parts_cpu_us``) and of the longest one (``longest_harvest_parts_cpu_us``). (cProfile cannot
+    harvests (``harvest_parts_cpu_us``), of the longest one (``longest_harvest_parts_cpu_us``) and of each one in
+    order (``harvest_parts_each_cpu_us``: the first pays one-off costs). (cProfile cannot
     say it: on Python 3.12 it profiles every thread, the loop's too, against the one thread's clock.)"""
     from asyncgpu._runtime import internal
     from asyncgpu._timing.steps import _clock_age
@@ -231,9 +232,7 @@ async def harvest_share(devs: list, work: list, steps: int, profile: bool = Fals
             collections.append((started.pop(me), time.perf_counter_ns(), info["generation"], me == harvest_ident[0]))
 
     harvest_ident = [0]
-    longest: list[Any] = [-1, None]  # (the CPU ns of the longest harvest, and its parts)
     parts: dict[str, int] = {}  # (the current harvest's CPU ns per part, `_harvest_parts`)
-    all_parts: dict[str, int] = {}
     each_parts: list[dict[str, int]] = []  # (every harvest's parts, in order: the first one pays one-off costs)
     harvest_cpu: list[int] = []  # (each harvest's own thread's CPU ns: what it could have taken from the loop)
     spans: list[tuple[int, int]] = []
@@ -262,11 +261,7 @@ async def harvest_share(devs: list, work: list, steps: int, profile: bool = Fals
                     harvest_cpu.append(time.thread_time_ns() - cpu0)
                     if profile:
                         parts["(the rest)"] = harvest_cpu[-1] - sum(v for k, v in parts.items() if "⊂" not in k)
-                        for k, v in parts.items():
-                            all_parts[k] = all_parts.get(k, 0) + v
                         each_parts.append(dict(parts))
-                        if harvest_cpu[-1] >= longest[0]:
-                            longest[0], longest[1] = harvest_cpu[-1], dict(parts)
 
             st._harvest = timed_harvest  # type: ignore[method-assign]
             undo = _harvest_parts(st, devs, harvest_ident, parts) if profile else []
@@ -275,8 +270,6 @@ async def harvest_share(devs: list, work: list, steps: int, profile: bool = Fals
             harvests.clear()
             harvest_cpu.clear()
             each_parts.clear()
-            all_parts.clear()
-            longest[:] = [-1, None]
             gc.callbacks.append(on_gc)
             for _ in range(steps):
                 t0 = time.perf_counter_ns()
@@ -333,15 +326,24 @@ async def harvest_share(devs: list, work: list, steps: int, profile: bool = Fals
         "clock_errors_us": [_us_or_none(_clock_age(d).error_ns) for d in devs],
         "classes": classes,
         "share_pct": sum(c["share_pct"] for c in classes.values()),
-    } | (
-        {
-            "harvest_parts_cpu_us": {k: v / 1e3 for k, v in all_parts.items()},
-            "longest_harvest_parts_cpu_us": {k: v / 1e3 for k, v in longest[1].items()},
-            "harvest_parts_each_cpu_us": [{k: v / 1e3 for k, v in p.items()} for p in each_parts],
-        }
-        if longest[1] is not None
-        else {}
-    )
+    } | _parts_summary([(p, c) for (a, _), c, p in zip(harvests, harvest_cpu, each_parts) if a < end])
+
+
+def _parts_summary(runs: list[tuple[dict[str, int], int]]) -> dict[str, Any]:
+    """The harvests' parts (`_harvest_parts`), each harvest's with its CPU ns, as µs: summed over all of them,
+    the longest one's, and each one's in order; nothing when none was profiled."""
+    if not runs:
+        return {}
+    every: dict[str, int] = {}
+    for p, _ in runs:
+        for k, v in p.items():
+            every[k] = every.get(k, 0) + v
+    longest = max(runs, key=lambda run: run[1])[0]
+    return {
+        "harvest_parts_cpu_us": {k: v / 1e3 for k, v in every.items()},
+        "longest_harvest_parts_cpu_us": {k: v / 1e3 for k, v in longest.items()},
+        "harvest_parts_each_cpu_us": [{k: v / 1e3 for k, v in p.items()} for p, _ in runs],
+    }
 
 
 def _harvest_parts(st: Any, devs: list, ident: list[int], parts: dict[str, int]) -> list[Callable[[], None]]:
