@@ -21,12 +21,16 @@ any profiler has run in the process; each run after ``--warmup`` steps of its ow
 * ``bare``: no timing at all;
 * ``steps``: ``asyncgpu.step_timer(devs)`` around the loop, ``with st.step(i):`` around each step (a pooled event per
   device at each step's exit, steps back to back chained, harvested off the loop's thread);
+* ``steps, step.wait``: the same, the loop waiting for each step through ``await step.wait()`` (the timer's end events)
+  instead of recording an event per device of its own;
 * ``steps, neighbours``: the same cost measured step by step: in one step timer, steps marked and unmarked in turn
   (L M U U L M, ``--neighbours`` groups of six; L, a marked lead-in not counted, lets each counted marked step chain
   as in an always-on loop), each marked step against its unmarked neighbour, so that the loop's drift cancels within
   a pair of steps (a whole run's step time wanders by more than the marking costs); each class's
   steps also by phase (the step's entry, the work, its exit, the records and the waits that follow, and how many
-  waits found their event done at once): where a marked step's extra time goes;
+  waits found their event done at once): where a marked step's extra time goes; and ``steps, neighbours, step.wait``:
+  the marked steps waited for through ``step.wait()``, the unmarked ones through the loop's own records (the
+  always-on cost of a loop that waits on the step);
 * ``harvest thread`` (`harvest_share`): what neighbours cancel, the timer's own thread: ``--harvest-steps`` marked
   steps in one timer, the steps that overlap its harvests or its clock calibrations against the others (their time
   beyond the others' mean, as a share of the run's);
@@ -52,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import math
 import os
@@ -68,7 +73,7 @@ import numpy as np
 import asyncgpu
 from asyncgpu._timing.steps import CUPTI_HARVEST_S
 
-MODES = ("bare", "steps", "torch.profiler cuda", "torch.profiler cpu+cuda")
+MODES = ("bare", "steps", "steps, step.wait", "torch.profiler cuda", "torch.profiler cpu+cuda")
 CUPTI_MODES = ("bare", "steps cupti")  # a child process: CUPTI taken before torch loads (see `main`)
 
 
@@ -119,11 +124,16 @@ def host_work(dev: asyncgpu.Device, loop: str, args: argparse.Namespace) -> Call
 
 
 # -- one run ----------------------------------------------------------------------------------------------------------
-async def run_steps(devs: list, work: list, steps: int, st: Any) -> None:
+async def run_steps(devs: list, work: list, steps: int, st: Any, step_wait: bool = False) -> None:
+    """``steps`` steps, each waited for (every device's result read): through an event per device that the loop
+    records, or with ``step_wait`` through ``await step.wait()`` (the step timer ``st``'s end events)."""
     for _ in range(steps):
         if st is not None:
-            with st.step():
+            with st.step() as step:
                 await _one(devs, work)
+            if step_wait:
+                await step.wait()
+                continue
         else:
             await _one(devs, work)
         for d in devs:
@@ -137,12 +147,12 @@ async def _one(devs: list, work: list) -> None:
             tg.start_soon(d.run, w)
 
 
-async def timed_steps(devs: list, work: list, args: argparse.Namespace, st: Any) -> float:
+async def timed_steps(devs: list, work: list, args: argparse.Namespace, st: Any, step_wait: bool = False) -> float:
     """The mean step time (ms) of ``args.steps`` steps, or of as many more (in runs of ``args.steps``) as fill
-    ``args.block_s`` seconds."""
+    ``args.block_s`` seconds (`run_steps`)."""
     n, t0 = 0, time.perf_counter()
     while True:
-        await run_steps(devs, work, args.steps, st)
+        await run_steps(devs, work, args.steps, st, step_wait)
         n += args.steps
         dt = time.perf_counter() - t0
         if dt >= args.block_s:
@@ -154,8 +164,9 @@ async def one_rep(devs: list, work: list, mode: str, args: argparse.Namespace, e
     (ms) goes to ``exits_ms``."""
     if mode.startswith("steps"):
         async with asyncgpu.step_timer(devs, source="cupti" if mode == "steps cupti" else "events") as st:
-            await run_steps(devs, work, args.warmup, st)
-            ms = await timed_steps(devs, work, args, st)
+            wait = mode == "steps, step.wait"
+            await run_steps(devs, work, args.warmup, st, wait)
+            ms = await timed_steps(devs, work, args, st, wait)
             t0 = time.perf_counter()
         exits_ms.append((time.perf_counter() - t0) * 1e3)
         return ms
@@ -427,6 +438,8 @@ async def bench(devs: list, args: argparse.Namespace, modes: tuple[str, ...]) ->
         }
         if "steps" in modes and args.neighbours:
             out[loop]["steps, neighbours"] = await neighbours(devs, work, args.neighbours)
+            nb = await neighbours(devs, work, args.neighbours, step_wait=True)
+            out[loop]["steps, neighbours, step.wait"] = nb
         if "steps" in modes and args.harvest_steps:
             timer = {} if args.harvest_s is None else {"harvest_s": args.harvest_s}
             share = await harvest_share(devs, work, args.harvest_steps, profile=args.profile_harvests, **timer)
@@ -434,7 +447,9 @@ async def bench(devs: list, args: argparse.Namespace, modes: tuple[str, ...]) ->
     return out
 
 
-async def neighbours(devs: list, work: list, groups: int, source: str = "events") -> dict[str, Any]:
+async def neighbours(
+    devs: list, work: list, groups: int, source: str = "events", step_wait: bool = False
+) -> dict[str, Any]:
     """``groups`` of six steps in one step timer (``source``), marked in the order L M U U L M (``2 * groups``
     neighbour pairs), each step timed with its wait for the devices: the median of the marked steps' (M) ratios to
     their unmarked neighbours (U), with its interval, as the other modes report theirs. A lead-in step (L, marked,
@@ -445,7 +460,8 @@ async def neighbours(devs: list, work: list, groups: int, source: str = "events"
     Each step is also timed by phase (`PHASES`, µs), marked and unmarked apart: entering the step (nothing for an
     unmarked one), the work (the devices' tasks, launched and back), leaving the step, the records of the waits'
     events, and the waits; and how many waits found their event complete at once (`Event.wait`'s fast path, no trip
-    through the engine): where a marked step's extra time goes."""
+    through the engine): where a marked step's extra time goes. ``step_wait``: the marked steps are waited for through
+    ``await step.wait()`` (no records of the loop's own: that phase is 0 for them), the unmarked ones as before."""
     steps_ms: dict[bool, list[float]] = {True: [], False: []}
     ratios: list[float] = []
     phases: dict[bool, list[list[float]]] = {True: [], False: []}
@@ -459,7 +475,7 @@ async def neighbours(devs: list, work: list, groups: int, source: str = "events"
             mark = k % 6 in (1, 5)
             t0 = time.perf_counter_ns()
             if mark:
-                with st.step():
+                with st.step() as step:
                     t1 = time.perf_counter_ns()
                     await _one(devs, work)
                     t2 = time.perf_counter_ns()
@@ -469,13 +485,17 @@ async def neighbours(devs: list, work: list, groups: int, source: str = "events"
                 t2 = time.perf_counter_ns()
             t3 = time.perf_counter_ns()
             rec_ns = wait_ns = 0
-            for d in devs:  # (as `run_steps`: each device's event recorded, then waited for)
-                a = time.perf_counter_ns()
-                with d.record() as done:
-                    b = time.perf_counter_ns()
-                    at_once[mark] += done.query()
-                    await done.wait()
-                rec_ns, wait_ns = rec_ns + b - a, wait_ns + time.perf_counter_ns() - b
+            if mark and step_wait:
+                await step.wait()
+                wait_ns = time.perf_counter_ns() - t3
+            else:
+                for d in devs:  # (as `run_steps`: each device's event recorded, then waited for)
+                    a = time.perf_counter_ns()
+                    with d.record() as done:
+                        b = time.perf_counter_ns()
+                        at_once[mark] += done.query()
+                        await done.wait()
+                    rec_ns, wait_ns = rec_ns + b - a, wait_ns + time.perf_counter_ns() - b
             t4 = time.perf_counter_ns()
             phases[mark].append([(t1 - t0) / 1e3, (t2 - t1) / 1e3, (t3 - t2) / 1e3, rec_ns / 1e3, wait_ns / 1e3])
             steps_ms[mark].append((t4 - t0) / 1e6)
@@ -500,6 +520,8 @@ async def neighbours(devs: list, work: list, groups: int, source: str = "events"
 
 
 PHASES = ("step entry", "work", "step exit", "wait records", "waits")  # `neighbours`' phases of a step
+#: `neighbours`' rows, and what `always_on` adds to the loop's name for each
+_NEIGHBOURS = (("steps, neighbours", ""), ("steps, neighbours, step.wait", ", step.wait"))
 
 
 def always_on(results: dict[str, Any], shares: dict[str, Any]) -> dict[str, Any]:
@@ -508,10 +530,11 @@ def always_on(results: dict[str, Any], shares: dict[str, Any]) -> dict[str, Any]
     after it, whose first pays for the step's launches in the driver, so an exit's record takes that from them. Work
     and waits, which hold the devices' time, are left out: whole steps' noise does not blur it) plus the harvest
     thread (`harvest_share`), which neighbours cancel: None where the harvest share did not run
-    (``--harvest-steps 0``), with the totals."""
+    (``--harvest-steps 0``), with the totals. A loop that waits on the step (``steps, neighbours, step.wait``) is
+    ``<loop>, step.wait``, with the same harvest share."""
     out = {}
-    for loop, rows in results.items():
-        nb, share = rows.get("steps, neighbours"), shares.get(loop)
+    for (loop, rows), (name, how) in itertools.product(results.items(), _NEIGHBOURS):
+        nb, share = rows.get(name), shares.get(loop)
         if not nb:
             continue
         ph = nb["phases_us"]
@@ -519,7 +542,7 @@ def always_on(results: dict[str, Any], shares: dict[str, Any]) -> dict[str, Any]
         unmarked_us = statistics.median(nb["unmarked_ms"]) * 1e3
         marks, by_phase = (nb["ratio_to_bare"] - 1) * 100, extra_us / unmarked_us * 100
         harvest = share["share_pct"] if share else None
-        out[loop] = {
+        out[loop + how] = {
             "marks_pct": marks,
             "phases_us": extra_us,
             "phases_pct": by_phase,
@@ -621,9 +644,9 @@ def main(argv: list[str] | None = None) -> int:
     skipped = {}
     modes: tuple[str, ...] = MODES
     if backend == "host":
-        modes = ("bare", "steps")
+        modes = ("bare", "steps", "steps, step.wait")
         skipped = {
-            m: "the host backend has no CUPTI and runs no torch: CUDA only" for m in (*MODES[2:], *CUPTI_MODES[1:])
+            m: "the host backend has no CUPTI and runs no torch: CUDA only" for m in (*MODES[3:], *CUPTI_MODES[1:])
         }
     elif args.cupti_child:
         modes = CUPTI_MODES
@@ -682,22 +705,22 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"    Python's collections on {who}: {len(got)} ({gens}{', ...' if len(got) > 12 else ''})")
         doc.setdefault("harvest_thread", {})[loop] = r
     for loop, rows in results.items():
-        head = "mode                      median ms   min ms    max ms   vs bare (paired p50 [95 % CI] {min, max})"
+        head = "mode                          median ms   min ms    max ms   vs bare (paired p50 [95 % CI] {min, max})"
         print(f"\n{loop}:  {head}")
         for m, r in rows.items():
             pr, (lo, hi) = r["paired_ratios"], r.get("ratio_ci95", (1.0, 1.0))
             print(
-                f"    {m:<26} {r['median_ms']:9.3f} {r['min_ms']:9.3f} {r['max_ms']:9.3f}   {r['ratio_to_bare']:.4f}x "
+                f"    {m:<30} {r['median_ms']:9.3f} {r['min_ms']:9.3f} {r['max_ms']:9.3f}   {r['ratio_to_bare']:.4f}x "
                 f"[{lo:.4f}, {hi:.4f}] {{{min(pr):.3f}, {max(pr):.3f}}}"
             )
             if r.get("phases_us"):
                 ph, once = r["phases_us"], r["waits_at_once"]
                 for cls in ("marked", "unmarked"):
                     parts = ", ".join(f"{p} {ph[cls][p]:.1f}" for p in PHASES)
-                    print(f"    {'':26} {cls} steps, µs p50: {parts}; waits done at once {100 * once[cls]:.0f} %")
+                    print(f"    {'':30} {cls} steps, µs p50: {parts}; waits done at once {100 * once[cls]:.0f} %")
             if r.get("exit_ms") and m == "steps cupti":
                 print(
-                    f"    {'':26} runs of ≥ {r['run_s']:.1f} s; the timer's exit (its last flush and parse, once a "
+                    f"    {'':30} runs of ≥ {r['run_s']:.1f} s; the timer's exit (its last flush and parse, once a "
                     f"run, left out above) {statistics.median(r['exit_ms']):.1f} ms p50"
                 )
     doc["always_on"] = always_on(results, shares)

@@ -4,9 +4,10 @@ python examples/train_loop.py --steps 2000 --live                  # every CUDA 
 python examples/train_loop.py --backend host --steps 500 --live    # two host devices: the same loop in numpy
 
 Each step, every device trains its own MLP (forward, backward, SGD) from its worker thread (``await dev.run(...)``,
-one task per device), on the device's asyncgpu stream (handed to torch as an ``ExternalStream``). The loop reads the
-loss of every device after each step (as ``loss.item()`` would). ``asyncgpu.step_timer`` marks each step: a pooled
-event per device at its exit (steps back to back share their boundary), harvested off the loop's thread.
+one task per device), on the device's asyncgpu stream (handed to torch as an ``ExternalStream``).
+``asyncgpu.step_timer`` marks each step: a pooled event per device at its exit (steps back to back share their
+boundary), harvested off the loop's thread. The loop waits for every device's loss after each step (as
+``loss.item()`` would) through ``await step.wait()``: on those same events, with no record of its own.
 ``--live`` draws the panel (busy bars, step p50/p99, stragglers, host- or device-bound); ``--trace PATH`` streams
 the steps to a Perfetto trace you can open while it grows.
 """
@@ -98,13 +99,11 @@ async def train(devs: list, steps: int, *, live: Any = False, trace: str | None 
     models = [make(d, width, layers, batch) for d in devs]
     async with asyncgpu.step_timer(devs, live=live, trace=trace, label="train") as st:
         for i in range(steps):
-            with st.step(i):
+            with st.step(i) as s:
                 async with anyio.create_task_group() as tg:  # one task per device: each launches from its worker
                     for d, m in zip(devs, models):
                         tg.start_soon(d.run, step, m)
-            for d in devs:  # the loss of every device, as loss.item() would wait for it
-                with d.record() as done:
-                    await done.wait()
+            await s.wait()  # every device's loss, as loss.item() would wait for it (on the step's own events)
             if on_step is not None:
                 on_step(i)
     return st

@@ -707,18 +707,22 @@ async def test_chained_steps_beside_a_busy_harvest_leak_no_event(anyio_backend, 
 
     rng = random.Random(seed)
     devs = asyncgpu.devices("host", count=2)
+    steps = []
     async with asyncgpu.step_timer(devs, harvest_s=0.0005, max_pending=rng.choice([1, 3, 50])) as st:
         for i in range(150):
-            with st.step(i):
+            with st.step(i) as step:
                 for d in devs:
                     if rng.random() < 0.8:
                         d.stream.spin_us(rng.choice([0, 20, 100]))
+            steps.append(step)
             if rng.random() < 0.3:
                 devs[rng.randrange(2)].stream.spin_us(10)  # work between steps: the next one is not chained
-            if rng.random() < 0.5:
+            if rng.random() < 0.3:
                 for d in devs:
                     with d.record() as done:
                         await done.wait()
+            elif rng.random() < 0.4:  # (this step, or an older one: harvested, dropped, pinned meanwhile)
+                await rng.choice(steps[-4:]).wait()
             if rng.random() < 0.2:
                 await anyio.sleep(0.001)
     s = st.stats()
@@ -726,6 +730,157 @@ async def test_chained_steps_beside_a_busy_harvest_leak_no_event(anyio_backend, 
     assert s.steps + s.dropped == 150 and s.pending == 0
     assert all(r.begin_ns <= dv.start_ns <= dv.end_ns for r in st.steps() for dv in r.devices)
     await _aquiet(devs)
+
+
+async def test_a_wait_on_the_step_returns_once_its_devices_finished_it_and_records_nothing(anyio_backend, monkeypatch):
+    """``await step.wait()`` after the block resumes once every device has run the step's work (the last of it on
+    each stream has run), through the timer's own end events: chained steps then take one event per device a step,
+    where a loop's own ``device.record()`` would take a second."""
+    devs = asyncgpu.devices("host", count=2)
+    made = []
+    for d in devs:
+        pool = d._internal.timing_pool
+        monkeypatch.setattr(pool, "take", lambda real=pool.take: made.append(1) or real())
+    ran: list[tuple[int, int]] = []
+    async with asyncgpu.step_timer(devs, keep=50) as st:
+        for i in range(12):
+            n = len(made)
+            with st.step(i) as step:
+                for k, d in enumerate(devs):
+                    d.stream.spin_us(2000 if (i + k) % 2 else 100)  # (each device the slower one in turn)
+                    d.stream.launch(ran.append, None, (i, k), name="last")
+            await step.wait()
+            assert {(i, 0), (i, 1)} <= set(ran)
+            assert len(made) - n == (4 if i == 0 else 2)  # (the first step records its start too)
+            await step.wait()  # (again: at once)
+    assert st.stats().steps == 12 and st.error is None
+    await _aquiet(devs)
+
+
+async def test_a_wait_on_the_step_waits_for_every_device(anyio_backend, two_devs):
+    """On each backend: each device the slower one in turn, ``await step.wait()`` after the block returns once both
+    devices have passed the step's end events (and not before: each took at least its work's length), and the
+    steps stay timed."""
+    devs = two_devs
+    async with asyncgpu.step_timer(devs, keep=50) as st:
+        for i in range(10):
+            with st.step(i) as step:
+                for k, d in enumerate(devs):
+                    d.stream.spin_us(3000 if (i + k) % 2 else 200)
+            t0 = time.perf_counter()
+            await step.wait()
+            waited_s = time.perf_counter() - t0
+            assert all(s.device._internal.bd.query(raw) for s, raw in zip(st._streams, step._ends))
+            assert waited_s < 2.0
+    recs = st.steps()
+    assert [r.index for r in recs] == list(range(10)) and st.error is None
+    assert all(max(dv.busy_ms for dv in r.devices) >= 2.5 for r in recs)
+    await _aquiet(devs)
+
+
+async def test_a_wait_inside_the_step_after_issued(anyio_backend):
+    dev = asyncgpu.device(0, backend="host")
+    ran = []
+    async with asyncgpu.step_timer(dev) as st:
+        with st.step() as step:
+            with pytest.raises(ScopeError, match="after its `with st.step"):
+                step.wait()
+            dev.stream.spin_us(1000)
+            dev.stream.launch(ran.append, None, 1, name="last")
+            step.issued()
+            await step.wait()
+            assert ran == [1]
+    assert st.stats().steps == 1
+    await _aquiet([dev])
+
+
+async def test_a_step_harvested_during_its_wait_keeps_its_events_until_the_wait_ends(anyio_backend, monkeypatch):
+    """The harvest may place and release a finished step while a wait on its end events is still parked: those
+    events stay out of the pools (a record taking one meanwhile would move the wait onto the new record) until
+    the wait ends, then go back. A wait after the harvest returns at once; one on a dropped step waits through
+    new records."""
+    import asyncgpu._timing.steps as steps_module
+
+    dev = asyncgpu.device("host:0")
+    parked, go = anyio.Event(), anyio.Event()
+    real = steps_module.await_completion
+
+    async def slow(*a):  # (the wait is registered: hold it there while the harvest runs)
+        parked.set()
+        await go.wait()
+        await real(*a)
+
+    monkeypatch.setattr(steps_module, "await_completion", slow)
+    async with asyncgpu.step_timer(dev, harvest_s=3600) as st:
+        with st.step(0) as step:
+            dev.stream.spin_us(100)
+        with st.step(1):  # (chained: step 0's end event is its start event)
+            dev.stream.spin_us(100)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(step.wait)
+            await parked.wait()
+            await dev.asynchronize()
+            assert st._harvest() == 2
+            # step 0's end event (step 1's start), kept for the wait, and step 1's (the newest: kept for step 2)
+            assert len(st._pinned_out) == 1 and dev.pool_stats().in_use == 2
+            go.set()
+        assert not st._pins and not st._pinned_out
+        dev._internal.reclaim(everything=True)
+        assert dev.pool_stats().in_use == 1
+        monkeypatch.setattr(steps_module, "await_completion", real)
+        await step.wait()  # (harvested: at once)
+    async with asyncgpu.step_timer(dev, harvest_s=3600, max_pending=1) as st:
+        gate = threading.Event()
+        dev.stream.launch(gate.wait, None, name="held")
+        with st.step(0) as first:
+            dev.stream.spin_us(10)
+        with st.step(1):
+            dev.stream.spin_us(10)
+        assert st.stats().dropped == 1 and first._dropped
+        with anyio.move_on_after(0.05) as scope:
+            await first.wait()  # (new records behind the held launch)
+        assert scope.cancelled_caught
+        gate.set()
+        await first.wait()
+    await _aquiet([dev])
+
+
+async def test_a_cancelled_wait_on_the_step_leaks_nothing(anyio_backend):
+    dev = asyncgpu.device(0, backend="host")
+    gate = threading.Event()
+    async with asyncgpu.step_timer(dev) as st:
+        with st.step() as step:
+            dev.stream.launch(gate.wait, None, name="held")
+        with anyio.move_on_after(0.05) as scope:
+            await step.wait()
+        assert scope.cancelled_caught and not st._pins
+        gate.set()
+    assert st.stats().steps == 1
+    await _aquiet([dev])
+
+
+def test_the_blocking_wait_on_the_step_in_a_plain_thread():
+    dev = asyncgpu.device(0, backend="host")
+    gate, ran, out = threading.Event(), [], {}
+
+    def run():
+        with asyncgpu.step_timer(dev) as st:
+            with st.step() as step:
+                dev.stream.launch(gate.wait, None, name="held")
+                dev.stream.launch(ran.append, None, 1, name="last")
+            try:
+                step.wait_sync(timeout_s=0.05)
+            except TimeoutError as exc:
+                out["timeout"] = exc
+            gate.set()
+            step.wait_sync()
+            out["ran"] = list(ran)
+
+    th = threading.Thread(target=run)
+    th.start()
+    th.join(30)
+    assert "after 0.05 s" in str(out["timeout"]) and out["ran"] == [1]
+    _quiet([dev])
 
 
 async def test_cancelled_exit_waits_for_nothing_and_leaks_nothing(anyio_backend):
@@ -1259,7 +1414,12 @@ def test_bench_steps_runs_on_the_host_backend(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     doc = json.loads((tmp_path / "bench_steps.json").read_text())
     assert set(doc["results"]) == {"host-bound", "gpu-bound"}
-    assert set(doc["results"]["host-bound"]) == {"bare", "steps", "steps, neighbours"}
+    assert set(doc["results"]["host-bound"]) == {
+        "bare", "steps", "steps, step.wait", "steps, neighbours", "steps, neighbours, step.wait"
+    }  # fmt: skip
+    waited = doc["results"]["host-bound"]["steps, neighbours, step.wait"]["phases_us"]
+    assert waited["marked"]["wait records"] == 0 < waited["unmarked"]["wait records"]  # (no record of the loop's own)
+    assert {"host-bound", "host-bound, step.wait"} <= set(doc["always_on"])
     nb = doc["results"]["host-bound"]["steps, neighbours"]
     assert len(nb["paired_ratios"]) == 12  # (6 groups M U U M: 12 pairs)
     # each class's steps by phase: an unmarked step has no step exit to pay; the work and the waits take time in both
