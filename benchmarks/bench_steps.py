@@ -515,7 +515,8 @@ async def neighbours(
             cls: {p: float(np.median([row[i] for row in phases[m]])) for i, p in enumerate(PHASES)}
             for cls, m in (("marked", True), ("unmarked", False))
         },
-        "waits_at_once": {"marked": at_once[True] / waits, "unmarked": at_once[False] / waits},
+        # (a step's wait is not looked at beforehand: None)
+        "waits_at_once": {"marked": None if step_wait else at_once[True] / waits, "unmarked": at_once[False] / waits},
     }
 
 
@@ -717,7 +718,8 @@ def main(argv: list[str] | None = None) -> int:
                 ph, once = r["phases_us"], r["waits_at_once"]
                 for cls in ("marked", "unmarked"):
                     parts = ", ".join(f"{p} {ph[cls][p]:.1f}" for p in PHASES)
-                    print(f"    {'':30} {cls} steps, µs p50: {parts}; waits done at once {100 * once[cls]:.0f} %")
+                    at_once = "" if once[cls] is None else f"; waits done at once {100 * once[cls]:.0f} %"
+                    print(f"    {'':30} {cls} steps, µs p50: {parts}{at_once}")
             if r.get("exit_ms") and m == "steps cupti":
                 print(
                     f"    {'':30} runs of ≥ {r['run_s']:.1f} s; the timer's exit (its last flush and parse, once a "
