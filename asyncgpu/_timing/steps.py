@@ -194,7 +194,6 @@ class Step:
         "_all_work",
         "_lent",
         "_kept",
-        "_harvested",
         "_dropped",
     )
 
@@ -207,8 +206,8 @@ class Step:
         self._seqs: Sequence[int] = _NONE  # each end event's record number on its stream
         self._work = 0  # the streams' work right after the end events (`_record_all`, `StepTimer._chained`)
         self._all_work = -1  # the process's work (`ALL_WORK`) right before them
-        # harvested: its devices passed its end events; dropped: its events went back unplaced
-        self._lent = self._kept = self._harvested = self._dropped = False
+        self._lent = self._kept = False
+        self._dropped = False  # its events went back unplaced (the queue's bound, a failed device, the timer's end)
 
     def __enter__(self) -> Step:
         self._timer._open(self)
@@ -230,11 +229,7 @@ class Step:
 
         Any asyncio (uvloop) or trio task, any number of times; a checkpoint. Cancellation withdraws the waits at
         once. Raises `ScopeError` before the step's end events exist, `BackendError` if a device fails."""
-        if not self._ends:
-            raise ScopeError(
-                f"step {self.index} has no end yet: await step.wait() after its `with st.step()` block "
-                "(or after step.issued())"
-            )
+        self._check_ended("await step.wait()")
         return self._timer._wait(self)
 
     def wait_sync(self, *, timeout_s: float | None = None) -> None:
@@ -242,12 +237,14 @@ class Step:
         plain thread's loop. ``timeout_s`` (seconds): `TimeoutError` if the devices have not finished by then,
         nothing lost. Called from an event loop's thread on a step not yet finished, it warns
         (`BlockingCallWarning`): ``await step.wait()`` there."""
+        self._check_ended("call step.wait_sync()")
+        self._timer._wait_sync(self, None if timeout_s is None else check_timeout_s(timeout_s))
+
+    def _check_ended(self, call: str) -> None:
         if not self._ends:
             raise ScopeError(
-                f"step {self.index} has no end yet: call step.wait_sync() after its `with st.step()` block "
-                "(or after step.issued())"
+                f"step {self.index} has no end yet: {call} after its `with st.step()` block (or after step.issued())"
             )
-        self._timer._wait_sync(self, None if timeout_s is None else check_timeout_s(timeout_s))
 
     def __exit__(self, *exc: object) -> None:
         self._timer._close(self)
@@ -453,10 +450,10 @@ class StepTimer:
             self._current = None
             self._give_back(step._starts, [])
             raise
-        self._current = None
         step._exit_ns = _now_ns()
-        with self._lock:
+        with self._lock:  # (open or pending at every instant, to a wait on it from another thread: `_pin`)
             self._pending.append(step)
+            self._current = None
             self._tail = step
             waiting = len(self._pending)
             if waiting <= self._max_pending:
@@ -516,11 +513,12 @@ class StepTimer:
         return events
 
     def _pin(self, step: Step) -> Sequence[Any] | None:
-        """Keep ``step``'s end events from the pools until `_unpin` (a wait is on them): they are returned; None
-        when they may be back in the pools already (the step was harvested: its devices passed them; or dropped)."""
-        ends = step._ends
+        """Keep ``step``'s end events from the pools until `_unpin` (a wait is on them): they are returned. None
+        when they may be back in the pools already: the step was dropped, or is neither open nor pending, so a
+        harvest has taken it (its devices passed it). A loop waits on its newest step: one look at the queue's end."""
+        ends, q = step._ends, self._pending
         with self._lock:
-            if step._harvested or step._dropped:
+            if step._dropped or not (step is self._current or (q and (q[-1] is step or step in q))):
                 return None
             self._pins[id(ends)] = self._pins.get(id(ends), 0) + 1
         return ends
@@ -550,12 +548,16 @@ class StepTimer:
         """`Step.wait`."""
         ends = self._pin(step)
         if ends is None:
-            if step._dropped:  # (its events may be another step's by now: a new record on each stream follows it)
-                for s in self._streams:
-                    with s.device.record(s, timing=False) as ev:
-                        await ev.wait()
-            else:
+            if not step._dropped:
                 await loops.checkpoint(*loops.current())
+                return
+            evs = self._plain_records()  # (its events may be another step's by now: new records follow its end)
+            try:
+                for ev in evs:
+                    await ev.wait()
+            finally:
+                for ev in evs:
+                    ev.release()
             return
         try:
             for engine, query, wait_for in self._waits(step, ends):
@@ -569,9 +571,13 @@ class StepTimer:
         ends = self._pin(step)
         if ends is None:
             if step._dropped:
-                for s in self._streams:
-                    with s.device.record(s, timing=False) as ev:
+                evs = self._plain_records()
+                try:
+                    for ev in evs:
                         ev.wait_sync(timeout_s=None if deadline_ns is None else max(0, deadline_ns - _now_ns()) / 1e9)
+                finally:
+                    for ev in evs:
+                        ev.release()
             return
         try:
             waits = self._waits(step, ends)
@@ -692,8 +698,6 @@ class StepTimer:
         with self._lock:
             tail = done[-1]
             tail._kept = tail is self._tail  # (only the newest closed step can be the tail)
-            for it in done:  # (a wait on one of them from now on returns at once: `_pin`)
-                it._harvested = True
             free = [i for i, it in enumerate(done) if not (it._lent or it._kept)]
             if self._pins:  # (a wait is on some of these events: they go back at its end)
                 held_starts = {i for i, it in enumerate(done) if self._unless_pinned(it._starts) is not it._starts}
@@ -897,11 +901,15 @@ class StepTimer:
         return f"step {step.index} was never closed: its `with st.step()` block did not end before the timer's"
 
     def _drain_events(self) -> list[Any]:
-        """What the exit waits for while steps are pending: one event without timing per stream, which takes no
-        launch slot (a stream the body filled still gets it: no `QueueFullError` at the exit)."""
+        """What the exit waits for while steps are pending (`_plain_records`), else nothing."""
         with self._lock:
             busy = bool(self._pending)
-        return [s.device.record(s, timing=False) for s in self._streams] if busy else []
+        return self._plain_records() if busy else []
+
+    def _plain_records(self) -> list[Any]:
+        """One event without timing recorded now on each stream: it takes no launch slot (a stream the body filled
+        still gets it: no `QueueFullError`)."""
+        return [s.device.record(s, timing=False) for s in self._streams]
 
     async def __aenter__(self) -> StepTimer:
         import anyio
