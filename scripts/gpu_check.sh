@@ -111,6 +111,7 @@ step "dev/diag_step_cupti (CUPTI step source: harvests by part)" 540 24 python3 
 step "dev/diag_step_events (events step source: where the cost is)" 240 10 python3 -X faulthandler dev/diag_step_events.py --devices "$NGPU" --steps 150 --pairs 10 --variants alternate,toggle,default
 step "dev/diag_outliers (events vs CUPTI vs in-kernel stamps, back to back)" 240 30 python3 -X faulthandler dev/diag_outliers.py --rounds 5 --out "$OUT/outliers.txt"
 step "dev/diag_busy_pair (events vs CUPTI per busy sequence and hold)" 180 40 python3 -X faulthandler dev/diag_busy_pair.py --rounds 5 --reference cupti,apart,torch --out "$OUT/busy_pair.txt"
+step "dev/diag_cut_choice (which cut each held case takes, and its raw pair excess, per GPU)" 300 60 bash -c "for g in \$(seq 0 $((NGPU - 1))); do python3 -X faulthandler dev/diag_cut_choice.py --rounds ${CUT_ROUNDS:-12} --device \$g --out \"$OUT/cut_choice_\$g.txt\" || exit 1; done"
 step "dev/diag_spill (work that spills the L2: events and CUPTI against %globaltimer brackets)" 180 40 python3 -X faulthandler dev/diag_spill.py --rounds 20 --out "$OUT/spill.txt"
 step "dev/diag_copy_cut (the calibration's pair around copies and memsets by size and tail)" 120 30 python3 -X faulthandler dev/diag_copy_cut.py --repeats 5 --out "$OUT/copy_cut.txt"
 step "dev/diag_copy_pair (copies between device buffers: the copy test's pattern, per position)" 150 20 python3 -X faulthandler dev/diag_copy_pair.py --rounds 60 --variants test,raw,tail,lead,slow --out "$OUT/copy_pair.txt"
