@@ -276,6 +276,8 @@ def test_the_calibration_says_how_the_pair_overhead_was_measured():
             sizes = {bd.cache_bytes // 4, bd.cache_bytes // 2, 3 * bd.cache_bytes // 4, bd.cache_bytes}
             assert bd.spill_bytes in sizes | {2 * bd.cache_bytes}, (bd.spill_bytes, bd.cache_bytes)
             assert "spilling from" in source, source
+            assert bd.memory_bound_passes is not None and bd.memory_bound_passes >= 1, bd.memory_bound_passes
+            assert f"bound by memory up to {bd.memory_bound_passes} passes" in source, source
         assert source.startswith("against CUPTI") and set(by_kind) == kinds, (source, by_kind)
         assert cupti.available()[0]  # the session was closed again
     else:
@@ -402,7 +404,8 @@ def test_memsets_copies_and_kernels_that_spill_the_cache_lose_the_spilling_pairs
 
 def test_a_launch_says_whether_it_spills_the_devices_cache(monkeypatch):
     """`Stream.memset`, `Stream.inc_loop` and `Stream.copy` flag their launch while the observers see it when its
-    bytes reach the backend's `spill_bytes` (a memset, an `inc_loop` that runs) or `cache_bytes` (a copy) behind
+    bytes reach the backend's `spill_bytes` (a memset, an `inc_loop` that runs, up to `memory_bound_passes`
+    passes where measured) or `cache_bytes` (a copy) behind
     other work on the stream, and only then (onto an idle stream, or with nobody timing, never); the flag is down
     again after the launch. A user's kernel is never flagged (what it touches is its own)."""
     from asyncgpu._runtime import hooks
@@ -429,8 +432,10 @@ def test_a_launch_says_whether_it_spills_the_devices_cache(monkeypatch):
         def correlate(self, stream):
             return None
 
-    monkeypatch.setattr(dev._internal.bd, "spill_bytes", 1000, raising=False)
-    monkeypatch.setattr(dev._internal.bd, "cache_bytes", 2000, raising=False)
+    bd = dev._internal.bd
+    monkeypatch.setattr(bd, "spill_bytes", 1000, raising=False)
+    monkeypatch.setattr(bd, "cache_bytes", 2000, raising=False)
+    monkeypatch.setattr(bd, "memory_bound_passes", None, raising=False)  # (not measured: any pass count)
     dev.synchronize()
     assert not _spills(s._internal, 1000, 1000)  # (nobody times it)
     watch = Watch()
@@ -447,6 +452,9 @@ def test_a_launch_says_whether_it_spills_the_devices_cache(monkeypatch):
         s.inc_loop(f_small, 1)
         s.inc_loop(f_big, 1)
         s.inc_loop(f_big, 0)  # (no pass: touches nothing)
+        monkeypatch.setattr(bd, "memory_bound_passes", 3)
+        s.inc_loop(f_big, 3)
+        s.inc_loop(f_big, 4)  # (its arithmetic bounds it)
         s.launch(lambda: None, None, name="user")
         s.spin_us(1)
     finally:
@@ -462,10 +470,23 @@ def test_a_launch_says_whether_it_spills_the_devices_cache(monkeypatch):
         ("inc_loop", False),
         ("inc_loop", True),
         ("inc_loop", False),
+        ("inc_loop", True),
+        ("inc_loop", False),
         ("user", False),
         ("spin", False),
     ], seen
     assert not s._internal.spills
+
+
+def test_an_inc_loop_is_bound_by_memory_up_to_the_passes_whose_arithmetic_takes_one_pass():
+    """`memory_bound_passes`: the many passes' time per pass against the one memory-bound pass's time; at least
+    one pass, also when a time is not positive."""
+    from asyncgpu._backends.cuda.calibration import _MANY_PASSES, memory_bound_passes
+
+    assert memory_bound_passes(80_000.0, 80_000.0 * _MANY_PASSES / 60) == 60
+    assert memory_bound_passes(80_000.0, 80_000.0) == _MANY_PASSES  # (as slow as one pass: still memory-bound)
+    assert memory_bound_passes(1.0, 1e9) == 1
+    assert memory_bound_passes(0.0, 5.0) == memory_bound_passes(5.0, -1.0) == 1
 
 
 def test_the_spilling_size_is_where_the_pair_costs_what_it_costs_around_spilling_work():

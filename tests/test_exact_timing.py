@@ -384,6 +384,43 @@ def test_events_time_launches_at_compute_copy_switches_as_cupti_does(dev, backen
     a.free()
 
 
+def test_an_inc_loop_that_its_arithmetic_bounds_loses_the_kernels_cut(dev, backend):
+    """An `inc_loop` over the device's spilling size on a busy stream loses the spilling kernel's cut while its
+    memory traffic bounds it (one pass), and the kernel's once its arithmetic does (four times the calibration's
+    `memory_bound_passes`): each reads CUPTI's duration as nearly as a spin in the same rounds does. Given the
+    spilling cut, run 60's 1,000-pass ones (2× H100) read the cuts' difference (0.45 µs) long. Judged against half
+    that difference, where it exceeds 0.3 µs; else the two cuts agree and no choice shows."""
+    _cupti_or_skip(backend)
+    cal, bd = dev.clock(), dev._internal.bd
+    cuts = cal.bracket_overhead_by_kind_ns
+    if bd.memory_bound_passes is None or bd.spill_bytes is None or "kernel_spill" not in cuts:
+        pytest.skip(f"no spilling kernel's cut measured here ({cal.bracket_overhead_source})")
+    gap_us = abs(cuts["kernel"] - cuts["kernel_spill"]) / 1e3
+    if gap_us <= 0.3:
+        pytest.skip(f"the kernel's and the spilling kernel's cuts agree within {gap_us:.2f} µs on this device")
+    a = dev.alloc(bd.spill_bytes // 4 + 1)
+    s, many = dev.stream, 4 * bd.memory_bound_passes
+    s.inc_loop(a, 1)
+    dev.synchronize()
+    errs: dict[str, list[float]] = {"spin": [], "one pass": [], "many": []}
+    for _ in range(8):
+        dev._internal.forget_pair_excess()  # (the calibration's cuts, not what a CUPTI scope taught)
+        dev.synchronize()
+        with gpu_timer(dev, source="cupti") as outer:
+            with gpu_timer(dev, source="events") as inner:
+                s.spin_us(1000)
+                s.inc_loop(a, 1)
+                s.spin_us(50)
+                s.inc_loop(a, many)
+        got = [(r_e.duration_ms - r_c.duration_ms) * 1e3 for r_e, r_c in zip(inner.records, outer.records, strict=True)]
+        for key, err in zip(("lead", "one pass", "spin", "many"), got, strict=True):
+            errs.setdefault(key, []).append(err)
+    spin = float(np.median(errs["spin"]))
+    for key in ("one pass", "many"):
+        assert abs(float(np.median(errs[key])) - spin) < gap_us / 2, (key, many, gap_us, errs)
+    a.free()
+
+
 def _handle(raw) -> int:
     return int(raw[2]) if isinstance(raw, tuple) and len(raw) > 2 else -1
 

@@ -59,6 +59,14 @@ class BackendDevice(ABC):
     #: None: no such cache.
     spill_bytes: int | None = None
 
+    #: asyncgpu's `inc_loop` over ``spill_bytes`` or more spills the cache only while memory bounds it: up to this
+    #: many passes. Past them its arithmetic takes longer than its traffic, and its pair costs what a kernel's does
+    #: (run 60, 2× H100: 1,000 and 1,500 passes over 40 MB given the spilling cut read +0.55 to +0.63 µs; their
+    #: raw excess was the kernel's; 50 passes, memory-bound, took the spilling cut within 0.25 µs). Measured per
+    #: device by its first clock calibration (CUDA: `memory_bound_passes`); None: not measured, every pass count
+    #: counts as spilling.
+    memory_bound_passes: int | None = None
+
     #: The kernels the backend launches by itself (engine primers, clock calibration), by the names `prepare`
     #: takes: what ``await device.prepare()`` loads besides the built-in workloads.
     own_kernels: tuple[str, ...] = ()

@@ -308,13 +308,14 @@ class ClockMixin(CudaDeviceBase):
         spilling kinds are left out when their buffer (twice the L2) cannot be allocated. Where they were measured,
         memsets of a quarter to all of the L2 are measured too (`_spill_ladder`), and the device's `spill_bytes` is set
         from them (`spill_threshold`): from how many bytes on a memset's pair costs what it costs around the spilling
-        one.
+        one; and the ``inc_loop`` of ``_MANY_PASSES`` over twice the L2 is timed against its one pass, which sets
+        `memory_bound_passes`: up to how many passes an ``inc_loop`` over ``spill_bytes`` still spills.
 
         The work's own time is CUPTI's record of it where CUPTI can be used here (cupti-python installed, no
         other profiler subscribed: the session is opened for this work and closed again): what the events source
         is compared with. Otherwise only the kernel is measured, against its first-to-last ``%globaltimer`` span,
         which leaves out its own launch and exit (~1 µs): durations then read that much short. Blocks the
-        calling thread for its rounds (up to nine against CUPTI, each a 1 ms kernel, its work and a flush; the
+        calling thread for its rounds (up to ten against CUPTI, each a 1 ms kernel, its work and a flush; the
         first CUPTI session of a process: longer)."""
         from asyncgpu._backends import cupti
 
@@ -335,6 +336,7 @@ class ClockMixin(CudaDeviceBase):
             # between device buffers (each behind its primer, another copy) are told apart by running them alone,
             # second in each primer-copy pair, and the spilling kinds by running each alone.
             first: tuple[np.ndarray, np.ndarray] | None = None  # the kernels' (elapsed, spans)
+            spill_pairs: np.ndarray | None = None  # the spilling kernel's pairs (elapsed ns): `memory_bound_passes`
             rounds: list[tuple[str, ...]] = [("kernel", "memset", "memcpy"), ("memcpy_d2d",)]
             if self.cache_bytes is not None:  # (a round each: CUPTI names them as their small kinds)
                 rounds += [("memset_spill",), ("memcpy_d2d_spill",), ("kernel_spill",)]
@@ -345,6 +347,7 @@ class ClockMixin(CudaDeviceBase):
                     continue
                 if first is None:
                     first = elapsed["kernel"], spans
+                spill_pairs = elapsed.get("kernel_spill", spill_pairs)
                 records, _ = cupti.flush(cupti.CALIBRATION)
                 for kind, pairs in elapsed.items():
                     ns = pair_excess_ns(records, kind, self.index, pairs)
@@ -355,6 +358,18 @@ class ClockMixin(CudaDeviceBase):
                     "against the kernel's own %globaltimer span (CUPTI did not record the calibration)"
                 )
             how = f"against CUPTI ({repeats} of each)"
+            if spill_pairs is not None and "kernel_spill" in out:
+                try:
+                    passes, _ = self._bracket_pairs(_PASSES_REPEATS, ("kernel_passes",))
+                except MemoryError:
+                    passes = None
+                cupti.flush(cupti.CALIBRATION)  # (their records: not needed)
+                if passes is not None:
+                    one, many = (
+                        float(np.median(p)) - out["kernel_spill"] for p in (spill_pairs, passes["kernel_passes"])
+                    )
+                    self.memory_bound_passes = memory_bound_passes(one, many)
+                    how += f"; inc_loop bound by memory up to {self.memory_bound_passes} passes"
             if self.cache_bytes is not None and "memset" in out and "memset_spill" in out:
                 ladder = self._spill_ladder(repeats)
                 self.spill_bytes = spill_threshold(out["memset"], out["memset_spill"], ladder, 2 * self.cache_bytes)
@@ -398,7 +413,7 @@ class ClockMixin(CudaDeviceBase):
         one = _one_thread()
         kernel = self._kernel("asyncgpu_clock_bracket")
         self.prepare_kernel(kernel)  # loaded now, not at its first launch inside a hold (a load may synchronize)
-        if "kernel_spill" in kinds:
+        if "kernel_spill" in kinds or "kernel_passes" in kinds:
             self.prepare("inc_loop")
         out = self.alloc(2 * repeats, np.uint64, s)  # device memory: stores to host memory would slow the exit
         scratch = self.alloc(_MEMSET_BYTES, np.uint8, s)
@@ -407,7 +422,7 @@ class ClockMixin(CudaDeviceBase):
             cal.copy_page = self.alloc_mapped(_COPY_BYTES)
         host = np.frombuffer(cal.copy_page.view, np.uint8, _COPY_BYTES)  # type: ignore[call-overload]
         big, big_bytes = None, 2 * (self.cache_bytes or 0)  # twice the L2 (`cache_bytes`)
-        if big_bytes and any(k.endswith(("_spill", "_part")) for k in kinds):
+        if big_bytes and any(k.endswith(("_spill", "_part", "_passes")) for k in kinds):
             try:
                 big = self.alloc(big_bytes, np.uint8, s)
             except Exception as exc:  # (the driver's out-of-memory error, whichever class cuda.core gives it)
@@ -436,6 +451,7 @@ class ClockMixin(CudaDeviceBase):
             ops["memcpy_d2d_spill"] = lambda k: copy_big(half_big)
             ops["memcpy_d2d_part"] = lambda k: copy_big(min(part_bytes, half_big))
             ops["kernel_spill"] = lambda k: self.inc_loop(s, big, big_bytes // 4, 1)  # (float32: reads, writes all)
+            ops["kernel_passes"] = lambda k: self.inc_loop(s, big, big_bytes // 4, _MANY_PASSES)
         self.spin(s, 1_000_000)
         pairs = {kind: [(self.create_event(True), self.create_event(True)) for _ in range(repeats)] for kind in kinds}
         tails = [self.create_event(True) for _ in range(2 if timed_tail and tail_ns else 0)]  # (reused: not read)
@@ -497,6 +513,21 @@ class ClockMixin(CudaDeviceBase):
 
 #: the kernel each kernel kind of `bracket_overhead` times (CUPTI's name for it): the lead spin is another kernel
 _CALIBRATION_KERNELS = {"kernel": "asyncgpu_clock_bracket", "kernel_spill": "asyncgpu_inc_loop"}
+
+
+#: `memory_bound_passes`: passes enough that the ``inc_loop``'s arithmetic, not its traffic, sets its time (run 60,
+#: H100: from under a hundred on), and how many times they run
+_MANY_PASSES, _PASSES_REPEATS = 256, 5
+
+
+def memory_bound_passes(one_ns: float, many_ns: float) -> int:
+    """Up to how many passes asyncgpu's ``inc_loop`` over twice the L2 is bound by its memory traffic
+    (`BackendDevice.memory_bound_passes`): the passes whose arithmetic takes one pass's time, ``one_ns`` (a
+    memory-bound pass), at the rate of ``_MANY_PASSES`` of them, which took ``many_ns`` (their arithmetic's time):
+    ``_MANY_PASSES × one / many``, at least 1. The arithmetic's own fixed start makes it a little low."""
+    if many_ns <= 0 or one_ns <= 0:
+        return 1
+    return max(1, int(_MANY_PASSES * one_ns / many_ns))
 
 
 def pair_excess_ns(records: list, kind: str, device: int, pairs_ns: np.ndarray) -> float | None:
