@@ -66,6 +66,7 @@ EXPECTED_US = np.concatenate([[LEAD_US] + [L] * REPEAT for L in LENGTHS_US])
 
 
 REPS = 20
+FEW_REPS = 12  #: the first launches and the demo's sequence (its three ``inc_loop``s: 36 kernels)
 DEMO_N = 10_000_000
 _CUPTI_KIND = {"kernel": "kernel", "gpu_memset": "memset", "gpu_memcpy": "memcpy"}
 
@@ -139,7 +140,7 @@ def _cases(
             s.spin_us(50)
     got.append(("idle spin 3 ms", t.records[0]))
     got.extend(("busy stream", r) for r in t.records[1:])
-    for _ in range(5):
+    for _ in range(FEW_REPS):
         _idle(d)
         with asyncgpu.gpu_timer(d) as t:
             s.memset(a, 0)
@@ -345,7 +346,7 @@ def _part1(args: argparse.Namespace) -> dict:
     s.spin_us(1)
     d.synchronize()
     d.clock()
-    kernels = {mode: _user_kernels(d, mode[0], 5) for mode in _HOLDS}
+    kernels = {mode: _user_kernels(d, mode[0], FEW_REPS) for mode in _HOLDS}
     got: list[tuple[str, str, asyncgpu.ActivityRecord]] = []
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for mode, hold in _HOLDS.items():
