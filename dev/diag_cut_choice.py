@@ -25,6 +25,7 @@ from asyncgpu._runtime.clock import cut_kind, placement
 
 _sys.path.insert(0, _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))))  # the repository root
 from benchmarks._common import tee_stdout_to
+from benchmarks.bench_accuracy import _user_kernels  # (distinct spin kernels on %globaltimer, never launched)
 
 _FLAGS: list[bool] = []  # the spill flag of each flagged launch (memset, inc_loop), in order
 _original = stream_mod.Stream._run_flagged
@@ -36,23 +37,6 @@ def _run_flagged(self, spills, *args):  # noqa: ANN001, ANN202
 
 
 stream_mod.Stream._run_flagged = _run_flagged  # type: ignore[method-assign]
-
-
-def _spin_kernels(d: asyncgpu.Device, tag: str, n: int) -> list:
-    """``n`` distinct spin kernels (every thread waits ``ns`` on ``%globaltimer``), compiled now, never launched."""
-    from cuda.core import Program, ProgramOptions
-
-    src = "".join(
-        f"""extern "C" __global__ void {tag}{i}(unsigned long long ns) {{
-            unsigned long long t0, t;
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-            do {{ asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); }} while (t - t0 < ns);
-        }}
-"""
-        for i in range(n)
-    )
-    code = Program(src, "c++", ProgramOptions(arch=f"sm_{d._internal.bd.arch}")).compile("cubin")
-    return [(f"{tag}{i}", code.get_kernel(f"{tag}{i}")) for i in range(n)]
 
 
 def _idle(d: asyncgpu.Device) -> None:
@@ -79,8 +63,8 @@ def main() -> None:
     big = d.alloc(10_000_000, np.float32)
     small = d.alloc(2_000_000, np.float32)
     host = d.alloc_pinned(10_000_000, np.float32)
-    fresh = _spin_kernels(d, "fresh", a.rounds)
-    wide = _spin_kernels(d, "wide", 1)[0][1]
+    fresh = _user_kernels(d, "fresh", a.rounds)
+    wide = _user_kernels(d, "wide", 1)[0][1]
     grids = (1, 132, 1056)
     s.launch(wide, LaunchConfig(grid=1, block=128), np.uint64(1000), name="wide")  # (loaded, warm)
     for arr in (big, small):
