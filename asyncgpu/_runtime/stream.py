@@ -334,8 +334,9 @@ class Stream:
         # (it reads and writes the whole array: it spills the cache from the size a memset does, while its traffic,
         # not its arithmetic, bounds it: `memory_bound_passes`. A user's kernel touches what its code says, which
         # asyncgpu cannot see: it keeps the kernel's cut)
-        bound = si.bd.memory_bound_passes
-        spills = 0 < iterations <= (bound or iterations) and _spills(si, array.nbytes, si.bd.spill_bytes)
+        bound = si.bd.memory_bound_passes  # (None: not measured, any pass count)
+        bounded_by_memory = iterations > 0 and (bound is None or iterations <= bound)
+        spills = bounded_by_memory and _spills(si, array.nbytes, si.bd.spill_bytes)
         self._run_flagged(spills, "inc_loop", "kernel", si.bd.inc_loop, si.raw, array.live(), array.size, iterations)
 
     def memset(self, array: DeviceArray, byte: int = 0) -> None:
