@@ -9,7 +9,8 @@ Variants: ``nested`` (a clock calibration, then 20 events scopes nested in CUPTI
 memset and an ``inc_loop``; no `close_all`); ``nvrtc`` (the same, plus a kernel compiled with NVRTC through
 cuda.core and launched in each round, as the cut diagnostic does); ``close`` (``nested``, then `asyncgpu.close_all`);
 ``no-finalize`` (``nested``, with the CUPTI session's exit hook left to end the session but not to call
-``cuptiFinalize``); ``events`` (``nvrtc`` with events scopes only: CUPTI only in the calibration).
+``cuptiFinalize``); ``events`` (``nvrtc`` with events scopes only: CUPTI only in the calibration); ``cut``
+(`dev/diag_cut_choice.py` itself, 3 rounds); ``cut-no-finalize`` (``cut`` without the exit hook's ``cuptiFinalize``).
 
 Run 60, 4× H200: none of 24 runs of any variant aborted, where `diag_cut_choice` aborted in 2 of 13 on the same
 kind of machine; what it does that these do not (pinned host memory and copies to it, a dozen NVRTC kernels, one
@@ -23,10 +24,13 @@ import os
 import subprocess
 import sys
 
-VARIANTS = ("nested", "nvrtc", "close", "no-finalize", "events")
+VARIANTS = ("nested", "nvrtc", "close", "no-finalize", "events", "cut", "cut-no-finalize")
 
 
 def child(variant: str, device: int) -> None:
+    if variant.startswith("cut"):
+        _cut_choice(variant, device)
+        return
     import numpy as np
 
     import asyncgpu
@@ -56,6 +60,35 @@ def child(variant: str, device: int) -> None:
     if variant == "close":
         asyncgpu.close_all()
     print("DONE", flush=True)
+
+
+def _cut_choice(variant: str, device: int) -> None:
+    """``cut``: `dev/diag_cut_choice.py` itself, 3 rounds, its output dropped (the process that aborted);
+    ``cut-no-finalize``: the same with the exit hook's ``cuptiFinalize`` left out (buffers flushed and dropped, then
+    made immortal), to see whether CUPTI's teardown at exit is what aborts."""
+    import runpy
+
+    if variant == "cut-no-finalize":
+        from asyncgpu._backends import cupti_buffers
+
+        def detach(self: cupti_buffers.Buffers) -> int:
+            self.flush_all(forced=True)
+            self.drop()
+            self.outlive_interpreter()
+            return 0
+
+        cupti_buffers.Buffers.detach = detach  # type: ignore[method-assign]
+    sys.argv = [_CUT_CHOICE, "--rounds", "3", "--device", str(device)]
+    with open(os.devnull, "w") as sink:
+        stdout, sys.stdout = sys.stdout, sink
+        try:
+            runpy.run_path(_CUT_CHOICE, run_name="__main__")
+        finally:
+            sys.stdout = stdout
+    print("DONE", flush=True)
+
+
+_CUT_CHOICE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "diag_cut_choice.py")
 
 
 def main() -> None:
