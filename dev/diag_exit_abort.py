@@ -1,7 +1,7 @@
 """Which part of a process that nests events scopes in CUPTI-source scopes makes it abort at exit ("terminate called
 without an active exception", exit 134: `dev/diag_cut_choice.py`, 1 of 12 runs on 4× H200, run 60). Each variant
 runs ``--repeat`` times in child processes, one device per child, all devices at once; prints each variant's exit
-codes.
+codes. With ``LD_PRELOAD`` of `dev/abort_backtrace.c`'s library and ``--log``, each abort's native backtrace.
 
     PYTHONPATH=$PWD python dev/diag_exit_abort.py [--repeat 6] [--variants nested,nvrtc,close,no-finalize]
 
@@ -96,6 +96,7 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=6)
     p.add_argument("--devices", type=int, default=0, help="devices to use at once (0: every one)")
     p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--log", help="append each failing child's whole stderr to this file")
     p.add_argument("--child", nargs=2, metavar=("VARIANT", "DEVICE"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
@@ -121,6 +122,9 @@ def main() -> None:
                 codes.append(proc.returncode)
                 if proc.returncode or "DONE" not in out:
                     tails.append(err.strip().splitlines()[0] if err.strip() else out[-200:])
+                    if a.log:
+                        with open(a.log, "a") as log:
+                            log.write(f"=== {variant}, exit {proc.returncode}\n{err}\n")
         bad = sum(c != 0 for c in codes)
         print(f"{variant:<12} {bad} of {len(codes)} exited non-zero: {sorted(set(codes))} {tails[:2]}", flush=True)
 
