@@ -7,10 +7,14 @@ from __future__ import annotations
 import contextvars
 import functools
 import gc
+import os
+import subprocess
+import sys
 import threading
 import time
 import traceback
 import warnings
+from pathlib import Path
 
 import anyio
 import numpy as np
@@ -19,6 +23,8 @@ import pytest
 import asyncgpu
 from asyncgpu import gpu_timer
 from asyncgpu.errors import BlockingCallWarning, ClosedError, DeviceMismatchError
+
+ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.anyio
 
@@ -433,6 +439,76 @@ async def test_a_large_pinned_block_is_freed_on_the_workers_thread():
     del late
     gc.collect()
     assert freed_on[-1] == threading.current_thread().name  # closed: freed in place
+
+
+_EXIT_CHILD = """
+import atexit, os, sys, threading, time
+import asyncgpu
+from asyncgpu._runtime import worker
+
+worker.EXIT_SETTLE_S = float(sys.argv[1])
+free_s = float(sys.argv[2])
+dev = asyncgpu.device("host:0")
+given = dev._internal.bd.free_elsewhere
+write = os.write
+
+
+class Witness:  # dropped with the block it rides with; the first free takes free_s, GIL released, as unpinning does
+    def __init__(self, sleep_s):
+        self.sleep_s = sleep_s
+
+    def __del__(self):
+        time.sleep(self.sleep_s)
+        write(1, f"freed on {threading.current_thread().name}\\n".encode())
+
+
+sleeps = [free_s]
+
+
+def give(holder):
+    holder.append(Witness(sleeps.pop() if sleeps else 0.0))
+    return given(holder)
+
+
+dev._internal.bd.free_elsewhere = give
+late = []
+atexit.register(late.clear)  # (registered before the worker starts: runs after asyncgpu's hook)
+late.append(dev.alloc_pinned(1 << 20))  # (large: starts the worker, to free it there)
+host = dev.alloc_pinned(1 << 20)
+del host  # the last view, dropped just before the exit: its free runs on the worker
+print("exiting", flush=True)
+"""
+
+
+def _exit_child(settle_s: float, free_s: float) -> tuple[subprocess.CompletedProcess, float]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    t0 = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-c", _EXIT_CHILD, str(settle_s), str(free_s)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return out, time.monotonic() - t0
+
+
+def test_a_pinned_block_dropped_just_before_exit_is_freed_before_the_interpreter_ends():
+    """The worker's free of a block dropped just before the exit finishes during it; a block dropped later in the
+    exit is freed by the thread that drops it. (Unsettled, the interpreter's teardown ended the worker thread in
+    the middle of such a free; in cuda.core's C++ free of a pinned block that aborted the process.)"""
+    out, _ = _exit_child(10.0, 0.3)
+    assert out.returncode == 0, out.stderr
+    worker_name = "asyncgpu-host:0-worker"
+    assert out.stdout.splitlines() == ["exiting", f"freed on {worker_name}", "freed on MainThread"], out
+    assert out.stderr == ""
+
+
+def test_an_exit_waits_for_the_worker_only_so_long_and_says_so():
+    out, took_s = _exit_child(0.2, 5.0)
+    assert took_s < 4.0, (took_s, out)  # (not the free's 5 s: the wait ends after 0.2 s)
+    assert "asyncgpu-host:0-worker still ran a job or a free 0.2 s into the interpreter's exit" in out.stderr, out
+    assert "asyncgpu.close_all()" in out.stderr
 
 
 # -- the demo starts every device at once --------------------------------------------------------------------

@@ -21,14 +21,24 @@ result is dropped, and an exception it raised becomes the cancellation's ``__con
 Closing (`close`): jobs still queued fail with `ClosedError`; the running one finishes and the thread is joined
 (unless `close` is called from a job, whose thread then ends after it). In a child process after ``os.fork()``
 (`forget`) the worker is closed without waiting for a thread that is not there.
+
+At the interpreter's exit (`settle_at_exit`, an ``atexit`` hook: Python still runs): each running worker finishes
+what is queued, for up to `EXIT_SETTLE_S`, and from then on declines `give` (the dropping thread frees the block
+itself). The thread is a daemon, and the interpreter's teardown ends a daemon thread that takes the GIL back after
+a driver call: one doing so inside cuda.core's C++ free of a pinned block aborted the process ("terminate called
+without an active exception", `dev/diag_exit_abort.py`, run 61).
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextvars
 import queue
 import threading
+import time
+import warnings
+import weakref
 from typing import Any, Callable
 
 from asyncgpu._base.errors import ClosedError
@@ -38,7 +48,10 @@ from asyncgpu._runtime.engine import report_unraisable
 __all__ = ["RUNNING", "Job", "Worker"]
 
 RUNNING = 3  #: a `loops.Parked` state of jobs only: the job runs, so a cancellation can no longer withdraw it
+EXIT_SETTLE_S = 10.0  #: how long the interpreter's exit waits for the workers' queued jobs and frees, all together
 _STOP = object()
+_started: weakref.WeakSet[Worker] = weakref.WeakSet()  # the workers whose thread was started (`settle_at_exit`)
+_started_lock = threading.Lock()
 
 
 class Job:
@@ -75,6 +88,7 @@ class Worker:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()  # (its `put` may be called from a finalizer)
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._exiting = False  # the interpreter exits (`settle_at_exit`): `give` declines
         self._running = False  # a job runs now (`busy`)
 
     @property
@@ -97,6 +111,11 @@ class Worker:
         t = threading.Thread(target=self._main, name=self.name, daemon=True)
         t.start()
         self._thread = t
+        with _started_lock:
+            _started.add(self)
+            # (registered again, so that it runs before the hooks registered since: atexit runs the newest first)
+            atexit.unregister(settle_at_exit)
+            atexit.register(settle_at_exit)
 
     # -- the loop's side ----------------------------------------------------------------------------------
     def submit(self, fn: Callable[..., Any], args: tuple) -> Job:
@@ -291,10 +310,23 @@ class Worker:
         thread does not run (not started, closed, or in a child process after ``os.fork()``): the caller frees
         it."""
         t = self._thread
-        if self._closed or t is None or not t.is_alive():
+        if self._closed or self._exiting or t is None or not t.is_alive():
             return False
         self._queue.put(_Call(holder.clear, even_closed=True))
         return True
+
+    def settle(self) -> threading.Event | None:
+        """At the interpreter's exit: from now on `give` declines. Returns an event set once what was queued
+        before (jobs and frees) has finished, or None when the thread does not run (or is the caller's). Any
+        thread; never blocks."""
+        with self._lock:
+            self._exiting = True
+            t = self._thread
+            if t is None or not t.is_alive() or t is threading.current_thread():
+                return None
+            done = threading.Event()
+            self._queue.put(_Call(done.set, even_closed=True))
+        return done
 
     def close(self) -> None:
         """Fail the jobs still queued with `ClosedError`, let the running one finish and join the thread (not
@@ -316,6 +348,25 @@ class Worker:
         self._closed = True
         self._thread = None
         self._queue = queue.SimpleQueue()
+
+
+def settle_at_exit() -> None:
+    """The ``atexit`` hook (see the module docstring): every started worker settles (`Worker.settle`), all within
+    `EXIT_SETTLE_S` together; one still busy then is named in a `RuntimeWarning`, and the exit goes on."""
+    deadline = time.monotonic() + EXIT_SETTLE_S
+    with _started_lock:
+        workers = list(_started)
+    settling = [(w.name, w.settle()) for w in workers]  # (every one first: their queues finish in parallel)
+    busy = [
+        name for name, done in settling if done is not None and not done.wait(max(0.0, deadline - time.monotonic()))
+    ]
+    if busy:
+        warnings.warn(
+            f"asyncgpu: {', '.join(busy)} still ran a job or a free {EXIT_SETTLE_S:g} s into the interpreter's exit, "
+            "which may cut it off: close the devices (`asyncgpu.close_all()`) or await their jobs before exiting",
+            RuntimeWarning,
+            stacklevel=1,
+        )
 
 
 def _chain(exc: BaseException, parked: loops.Parked) -> None:
