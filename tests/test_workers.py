@@ -511,6 +511,31 @@ def test_an_exit_waits_for_the_worker_only_so_long_and_says_so():
     assert "asyncgpu.close_all()" in out.stderr
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_that_exits_normally_never_waits_for_the_parents_worker():
+    """A child forked while the parent's worker runs a job ends through its own exit hooks at once."""
+    script = """
+import os, threading, time
+import anyio, asyncgpu
+
+dev = asyncgpu.device("host:0")
+anyio.run(dev.prepare)  # the worker thread runs in the parent
+release = threading.Event()
+dev._internal.worker.call_soon(lambda: release.wait(30))  # and is busy at the fork
+pid = os.fork()
+if pid:
+    t0 = time.monotonic()
+    _, status = os.waitpid(pid, 0)
+    print("child", os.waitstatus_to_exitcode(status), round(time.monotonic() - t0, 1), flush=True)
+    release.set()
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    code, took_s = out.stdout.split()[1:]
+    assert code == "0" and float(took_s) < 5.0, out  # (not the 10 s a settle would wait for the parent's job)
+
+
 # -- the demo starts every device at once --------------------------------------------------------------------
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextvars
+import os
 import queue
 import threading
 import time
@@ -319,11 +320,11 @@ class Worker:
         """At the interpreter's exit: from now on `give` declines. Returns an event set once what was queued
         before (jobs and frees) has finished, or None when the thread does not run (or is the caller's). Any
         thread; never blocks."""
+        self._exiting = True
+        t = self._thread
+        if t is None or not t.is_alive() or t is threading.current_thread():
+            return None  # (before the lock: after `forget`, a parent thread may have held it at the fork)
         with self._lock:
-            self._exiting = True
-            t = self._thread
-            if t is None or not t.is_alive() or t is threading.current_thread():
-                return None
             done = threading.Event()
             self._queue.put(_Call(done.set, even_closed=True))
         return done
@@ -348,6 +349,16 @@ class Worker:
         self._closed = True
         self._thread = None
         self._queue = queue.SimpleQueue()
+
+
+def _after_fork_in_child() -> None:
+    """The parent's workers are not this process's (`Worker.forget`), and a parent thread may have held the lock."""
+    global _started, _started_lock
+    _started, _started_lock = weakref.WeakSet(), threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # (not on Windows, which has no fork)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def settle_at_exit() -> None:
