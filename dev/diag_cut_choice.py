@@ -149,7 +149,7 @@ def main() -> None:
             with asyncgpu.gpu_timer(d, source="cupti") as outer:
                 with asyncgpu.gpu_timer(d, source="events") as inner:
                     fn()
-            cuts = placement(d).cuts
+                cuts = placement(d).cuts  # (the ones the events scope used: the outer scope's exit teaches others)
             flags = iter(list(_FLAGS))
             ev, cu = inner.timeline, outer.timeline
             by_kind: dict[str, list[tuple[str, float, bool]]] = defaultdict(list)
