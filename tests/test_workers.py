@@ -511,6 +511,40 @@ def test_an_exit_waits_for_the_worker_only_so_long_and_says_so():
     assert "asyncgpu.close_all()" in out.stderr
 
 
+def test_an_exit_finishes_the_running_call_and_the_frees_and_skips_what_has_not_begun():
+    """At the exit the worker finishes what it runs and the frees queued behind it, and skips the library calls
+    queued that have not begun: nobody waits for them any more."""
+    script = """
+import os, time
+import asyncgpu
+
+dev = asyncgpu.device("host:0")
+worker = dev._internal.worker
+write = os.write
+
+
+def running():
+    time.sleep(0.3)
+    write(1, b"running call done\\n")
+
+
+class Witness:
+    def __del__(self):
+        write(1, b"freed\\n")
+
+
+worker.call_soon(running)
+time.sleep(0.05)  # (it runs now)
+worker.call_soon(lambda: write(1, b"queued call ran\\n"))
+assert worker.give([Witness()])
+print("exiting", flush=True)
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["exiting", "running call done", "freed"], out
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_forked_child_that_exits_normally_never_waits_for_the_parents_worker():
     """A child forked while the parent's worker runs a job ends through its own exit hooks at once."""

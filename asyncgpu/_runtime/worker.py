@@ -23,10 +23,11 @@ Closing (`close`): jobs still queued fail with `ClosedError`; the running one fi
 (`forget`) the worker is closed without waiting for a thread that is not there.
 
 At the interpreter's exit (`settle_at_exit`, an ``atexit`` hook: Python still runs): each running worker finishes
-what is queued, for up to `EXIT_SETTLE_S`, and from then on declines `give` (the dropping thread frees the block
-itself). The thread is a daemon, and the interpreter's teardown ends a daemon thread that takes the GIL back after
-a driver call: one doing so inside cuda.core's C++ free of a pinned block aborted the process ("terminate called
-without an active exception", `dev/diag_exit_abort.py`, run 61).
+the job it runs and the frees queued, for up to `EXIT_SETTLE_S`, skips the jobs and library calls not begun
+(nobody awaits them now), and from then on declines `give` (the dropping thread frees the block itself). The
+thread is a daemon, and the interpreter's teardown ends a daemon thread that takes the GIL back after a driver
+call: one doing so inside cuda.core's C++ free of a pinned block aborted the process ("terminate called without
+an active exception", `dev/diag_exit_abort.py`, run 61).
 """
 
 from __future__ import annotations
@@ -223,7 +224,7 @@ class Worker:
                 break
             if type(item) is _Call:
                 self._call(item)
-            elif self._closed:  # queued before `close`: never run
+            elif self._closed or self._exiting:  # queued before `close`, or the interpreter exits: never run
                 self._fail(item, self._closed_error())
             else:
                 self._run(item)
@@ -255,7 +256,7 @@ class Worker:
         parked.wake()
 
     def _call(self, item: _Call) -> None:
-        if self._closed and not item.even_closed:
+        if (self._closed or self._exiting) and not item.even_closed:
             return
         try:
             self._make_current()  # (a driver call, a free too, runs in the device's context)
@@ -317,9 +318,10 @@ class Worker:
         return True
 
     def settle(self) -> threading.Event | None:
-        """At the interpreter's exit: from now on `give` declines. Returns an event set once what was queued
-        before (jobs and frees) has finished, or None when the thread does not run (or is the caller's). Any
-        thread; never blocks."""
+        """At the interpreter's exit: from now on `give` declines, and jobs and library calls not begun are
+        skipped (a job fails with `ClosedError`). Returns an event set once the running job and the frees queued
+        before have finished, or None when the thread does not run (or is the caller's). Any thread; never
+        blocks."""
         self._exiting = True
         t = self._thread
         if t is None or not t.is_alive() or t is threading.current_thread():
