@@ -27,6 +27,10 @@ else
 fi
 export PYTHONUNBUFFERED=1 COLUMNS=110 NCCL_NVLS_ENABLE=0 NCCL_CUMEM_ENABLE=0
 ALL="$OUT/all.txt"
+if [ -e "$ALL" ] && [ /proc/self/fd/1 -ef "$ALL" ]; then  # (both would write it: each step's log overwritten)
+  echo "gpu_check: its standard output is $ALL, the log it writes itself: send it elsewhere (> \$OUT/stdout.txt)" >&2
+  exit 2
+fi
 NGPU=$(nvidia-smi -L | wc -l)
 TABLE=()
 FAILED=0
