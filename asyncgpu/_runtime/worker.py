@@ -50,7 +50,7 @@ from asyncgpu._runtime.engine import report_unraisable
 __all__ = ["RUNNING", "Job", "Worker"]
 
 RUNNING = 3  #: a `loops.Parked` state of jobs only: the job runs, so a cancellation can no longer withdraw it
-EXIT_SETTLE_S = 10.0  #: how long the interpreter's exit waits for the workers' queued jobs and frees, all together
+EXIT_SETTLE_S = 10.0  #: how long the interpreter's exit waits for the workers' running jobs and queued frees, in all
 _STOP = object()
 _started: weakref.WeakSet[Worker] = weakref.WeakSet()  # the workers whose thread was started (`settle_at_exit`)
 _started_lock = threading.Lock()
@@ -90,7 +90,6 @@ class Worker:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()  # (its `put` may be called from a finalizer)
         self._thread: threading.Thread | None = None
         self._closed = False
-        self._exiting = False  # the interpreter exits (`settle_at_exit`): `give` declines
         self._running = False  # a job runs now (`busy`)
 
     @property
@@ -224,7 +223,7 @@ class Worker:
                 break
             if type(item) is _Call:
                 self._call(item)
-            elif self._closed or self._exiting:  # queued before `close`, or the interpreter exits: never run
+            elif self._closed:  # queued before `close` (or `settle`): never run
                 self._fail(item, self._closed_error())
             else:
                 self._run(item)
@@ -256,7 +255,7 @@ class Worker:
         parked.wake()
 
     def _call(self, item: _Call) -> None:
-        if (self._closed or self._exiting) and not item.even_closed:
+        if self._closed and not item.even_closed:
             return
         try:
             self._make_current()  # (a driver call, a free too, runs in the device's context)
@@ -312,21 +311,22 @@ class Worker:
         thread does not run (not started, closed, or in a child process after ``os.fork()``): the caller frees
         it."""
         t = self._thread
-        if self._closed or self._exiting or t is None or not t.is_alive():
+        if self._closed or t is None or not t.is_alive():
             return False
         self._queue.put(_Call(holder.clear, even_closed=True))
         return True
 
     def settle(self) -> threading.Event | None:
-        """At the interpreter's exit: from now on `give` declines, and jobs and library calls not begun are
-        skipped (a job fails with `ClosedError`). Returns an event set once the running job and the frees queued
-        before have finished, or None when the thread does not run (or is the caller's). Any thread; never
-        blocks."""
-        self._exiting = True
+        """At the interpreter's exit: `close` without the join. From now on `give` declines, and the jobs and
+        library calls not begun are skipped (a job fails with `ClosedError`). Returns an event set once the
+        running job and the frees queued before have finished, or None when the thread does not run (or is the
+        caller's). Any thread; never blocks."""
         t = self._thread
         if t is None or not t.is_alive() or t is threading.current_thread():
-            return None  # (before the lock: after `forget`, a parent thread may have held it at the fork)
+            self._closed = True  # (before the lock: after `forget`, a parent thread may have held it at the fork)
+            return None
         with self._lock:
+            self._closed = True
             done = threading.Event()
             self._queue.put(_Call(done.set, even_closed=True))
         return done
